@@ -1,0 +1,38 @@
+# provisioner developer entry points. `make help` lists them.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+
+.PHONY: help venv test test-unit lint demo clean
+
+help:
+	@echo "make venv       create .venv with the first Python >= 3.12 found (PATH, then pyenv)"
+	@echo "make test       run the whole test suite (unit + simulated rack + vLLM end-to-end; root needed for the rack)"
+	@echo "make test-unit  unit tests only (no root, no rack)"
+	@echo "make lint       ansible-lint (production profile) + yamllint"
+	@echo "make demo       bring up the simulated rack and provision it"
+
+$(PY):
+	@./.ci/find-python.sh >/dev/null || exit 1
+	@set -e; P=$$(./.ci/find-python.sh); echo "using $$P"; $$P -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+
+venv: $(PY)
+
+test: venv
+	$(VENV)/bin/pytest tests
+
+test-unit: venv
+	$(VENV)/bin/pytest tests -m "not testbed and not vllm"
+
+lint: venv
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks roles
+	$(VENV)/bin/yamllint -s playbooks roles inventories
+
+demo: venv
+	$(VENV)/bin/provision testbed up --nodes 4
+	$(VENV)/bin/provision run inventories/testbed.ini
+
+clean:
+	rm -rf $(VENV) .pytest_cache
