@@ -1,0 +1,864 @@
+#!/usr/bin/env python3
+"""node_health: is this GPU node fit to serve? One JSON result per check; exit 0 healthy, 1 a check failed, 2 usage.
+
+Standalone (Python 3.8+ standard library only), shipped to every GPU node by roles/node_health and runnable by hand:
+
+    python3 node_health.py --gpu-count 8 --gpu-name "NVIDIA H100 80GB HBM3" --driver 580.95.05 \
+        --ib-hca "=mlx5_0:1,mlx5_1:1" --ib-rate 400 --busbw-min 330
+
+Checks (each prints one JSON object per line, `--format text` for a table):
+  gpu            GPU count and model (nvidia-smi --query-gpu)
+  driver         driver version == the pinned one
+  persistence    persistence mode enabled on every GPU
+  fabricmanager  nvidia-fabricmanager active, its version == the driver's, fabric state Completed (NVSwitch systems)
+  ecc            no uncorrectable ECC errors (volatile) and no pending / failed row remaps
+  xid            no critical XIDs in the kernel log (/dev/kmsg read non-blocking, --kmsg FILE, or journalctl -k)
+  nvlink         every NVLink of every GPU active (multi-GPU nodes)
+  ib             every HCA port named by NCCL_IB_HCA: State ACTIVE, phys LinkUp, rate == expected (sysfs)
+  gpudirect      nvidia-peermem loaded, or DMA-BUF usable (open kernel modules on kernel >= 5.12)
+  allreduce      single-node all-reduce bus bandwidth (nccl-tests all_reduce_perf, else torch.distributed/NCCL)
+
+A result: {"check": ..., "status": "pass"|"fail"|"warn"|"skip", "message": ..., "expected": ..., "found": ...}.
+The last line is {"check": "summary", "status": "pass"|"fail", "failed": [...], "host": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+VERSION = "1.0"
+
+# XIDs that take a GPU out of service (NVIDIA's XID catalog; the list public health suites gate on).
+CRITICAL_XIDS = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
+
+CHECKS = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "gpudirect", "allreduce")
+
+QUERY_FIELDS = "index,name,memory.total,driver_version,persistence_mode,pci.bus_id"
+ECC_FIELDS = "index,ecc.mode.current,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,remapped_rows.failure"
+
+_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, (.*))?")
+
+
+# ----------------------------------------------------------------------------------------------------- results
+def result(check, status, message, expected=None, found=None, **extra):
+    r = {"check": check, "status": status, "message": message}
+    if expected is not None:
+        r["expected"] = expected
+    if found is not None:
+        r["found"] = found
+    r.update(extra)
+    return r
+
+
+class Ctx:
+    """What the checks share: arguments and the outputs of commands run once."""
+
+    def __init__(self, args):
+        self.args = args
+        self._cache = {}
+
+    def run(self, argv, timeout=60):
+        """(rc, stdout, stderr); rc 127 when the program is missing, 124 on timeout. Cached per argv."""
+        key = tuple(argv)
+        if key in self._cache:
+            return self._cache[key]
+        exe = argv[0]
+        if os.sep not in exe and shutil.which(exe) is None:
+            out = (127, "", "%s: not found" % exe)
+        else:
+            try:
+                p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                                   universal_newlines=True, errors="replace")
+                out = (p.returncode, p.stdout, p.stderr)
+            except FileNotFoundError:
+                out = (127, "", "%s: not found" % exe)
+            except subprocess.TimeoutExpired:
+                out = (124, "", "%s: timed out after %ss" % (exe, timeout))
+            except OSError as exc:
+                out = (126, "", "%s: %s" % (exe, exc))
+        self._cache[key] = out
+        return out
+
+    def smi(self, *a, timeout=60):
+        return self.run([self.args.nvidia_smi] + list(a), timeout=timeout)
+
+    def gpus(self):
+        """Parsed --query-gpu rows, or raise CheckError."""
+        if "gpus" not in self._cache:
+            rc, out, err = self.smi("--query-gpu=" + QUERY_FIELDS, "--format=csv,noheader,nounits")
+            if rc != 0:
+                self._cache["gpus"] = CheckError("nvidia-smi failed (rc %d): %s" % (rc, _first(err or out)))
+            else:
+                self._cache["gpus"] = parse_query_csv(out, QUERY_FIELDS.split(","))
+        g = self._cache["gpus"]
+        if isinstance(g, CheckError):
+            raise g
+        return g
+
+    def smi_q(self):
+        """`nvidia-smi -q` parsed into nested dicts (one per GPU under 'GPUs'), or None."""
+        if "smi_q" not in self._cache:
+            rc, out, _ = self.smi("-q")
+            self._cache["smi_q"] = parse_smi_q(out) if rc == 0 else None
+        return self._cache["smi_q"]
+
+
+class CheckError(Exception):
+    pass
+
+
+def _first(text):
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------------- parsers
+def parse_query_csv(text, fields):
+    """nvidia-smi --query-gpu ... --format=csv,noheader,nounits -> list of dicts (values stripped)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        vals = [v.strip() for v in line.split(",")]
+        if len(vals) != len(fields):
+            # a name with a comma would shift columns: rejoin the surplus into the 'name' column
+            if "name" in fields and len(vals) > len(fields):
+                i = fields.index("name")
+                extra = len(vals) - len(fields)
+                vals = vals[:i] + [", ".join(vals[i:i + extra + 1])] + vals[i + extra + 1:]
+            else:
+                continue
+        rows.append(dict(zip(fields, vals)))
+    return rows
+
+
+def parse_smi_q(text):
+    """`nvidia-smi -q` -> {'header': {...}, 'GPUs': [{section: {...}|value}]} keeping nesting by indentation."""
+    root = {"header": {}, "GPUs": []}
+    stack = []  # (indent, dict)
+    cur_top = root["header"]
+    for raw in text.splitlines():
+        if not raw.strip() or raw.strip().startswith("==="):
+            continue
+        m = re.match(r"^GPU ([0-9A-Fa-f:.]+)\s*$", raw)
+        if m:
+            cur_top = {"_bus_id": m.group(1)}
+            root["GPUs"].append(cur_top)
+            stack = [(0, cur_top)]
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        line = raw.strip()
+        if ":" in line:
+            k, _, v = line.partition(":")
+            k, v = k.strip(), v.strip()
+        else:
+            k, v = line, ""
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else cur_top
+        if v == "":
+            child = {}
+            parent[k] = child
+            stack.append((indent, child))
+        else:
+            if k not in parent:
+                parent[k] = v
+    return root
+
+
+def dig(d, *path):
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+def parse_nvlink_status(text):
+    """`nvidia-smi nvlink --status` -> {gpu_index: {link: 'speed GB/s' | 'inactive'}}."""
+    gpus = {}
+    cur = None
+    for line in text.splitlines():
+        m = re.match(r"^GPU (\d+):", line)
+        if m:
+            cur = int(m.group(1))
+            gpus[cur] = {}
+            continue
+        m = re.match(r"^\s+Link (\d+):\s*(.*)$", line)
+        if m and cur is not None:
+            val = m.group(2).strip()
+            gpus[cur][int(m.group(1))] = "inactive" if "inactive" in val.lower() else val
+    return gpus
+
+
+def parse_kmsg_xids(text):
+    """Kernel log text (kmsg records 'pri,seq,ts,flags;msg', dmesg or journalctl lines) -> [(bus, xid, detail)]."""
+    out = []
+    for line in text.splitlines():
+        m = _XID_RE.search(line)
+        if m:
+            out.append((m.group(1), int(m.group(2)), (m.group(3) or "").strip()))
+    return out
+
+
+def parse_nccl_hca(value):
+    """NCCL_IB_HCA -> (exact, exclude, [(name, port|None)])."""
+    v = (value or "").strip()
+    exclude = exact = False
+    if v.startswith("^"):
+        exclude, v = True, v[1:]
+    if v.startswith("="):
+        exact, v = True, v[1:]
+    items = []
+    for tok in v.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        name, _, port = tok.partition(":")
+        items.append((name, int(port) if port.isdigit() else None))
+    return exact, exclude, items
+
+
+def read_nccl_conf(path):
+    vals = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line or line.startswith("#") or "=" not in line:
+                    continue
+                k, _, v = line.partition("=")
+                vals[k.strip()] = v.strip()
+    except OSError:
+        pass
+    return vals
+
+
+def parse_rate(text):
+    """sysfs rate '400 Gb/sec (4X NDR)' -> 400.0"""
+    m = re.match(r"\s*([0-9.]+)", text or "")
+    return float(m.group(1)) if m else None
+
+
+def strip_pkg_version(v):
+    """'580.95.05-1' -> '580.95.05' (a Debian revision or epoch is not part of the driver version)."""
+    v = (v or "").strip()
+    if ":" in v:
+        v = v.split(":", 1)[1]
+    return v.split("-", 1)[0]
+
+
+# ----------------------------------------------------------------------------------------------------- checks
+def check_gpu(ctx):
+    a = ctx.args
+    gpus = ctx.gpus()
+    names = sorted({g.get("name", "") for g in gpus})
+    found = {"count": len(gpus), "names": names,
+             "memory_mib": sorted({g.get("memory.total", "") for g in gpus})}
+    problems = []
+    if a.gpu_count is not None and len(gpus) != a.gpu_count:
+        problems.append("%d GPUs, expected %d" % (len(gpus), a.gpu_count))
+    if a.gpu_name:
+        bad = [g for g in gpus if g.get("name") not in a.gpu_name]
+        if bad:
+            problems.append("GPU %s is %r, expected %s" % (bad[0].get("index"), bad[0].get("name"),
+                                                           " or ".join(repr(n) for n in a.gpu_name)))
+    if not gpus:
+        problems.append("nvidia-smi lists no GPU")
+    exp = {"count": a.gpu_count, "names": a.gpu_name or None}
+    if problems:
+        return result("gpu", "fail", "; ".join(problems), exp, found)
+    return result("gpu", "pass", "%d x %s" % (len(gpus), ", ".join(names)), exp, found)
+
+
+def check_driver(ctx):
+    gpus = ctx.gpus()
+    versions = sorted({g.get("driver_version", "") for g in gpus})
+    if not ctx.args.driver:
+        return result("driver", "pass", "driver %s (no pinned version given)" % ",".join(versions), None, versions)
+    want = strip_pkg_version(ctx.args.driver)
+    if versions != [want]:
+        return result("driver", "fail", "driver %s, pinned %s" % (",".join(versions) or "none", want), want, versions)
+    return result("driver", "pass", "driver %s == pinned" % want, want, versions)
+
+
+def check_persistence(ctx):
+    gpus = ctx.gpus()
+    off = [g.get("index") for g in gpus if g.get("persistence_mode", "").lower() != "enabled"]
+    if off:
+        return result("persistence", "fail", "persistence mode off on GPU %s (is nvidia-persistenced running?)"
+                      % ",".join(off), "Enabled", {g.get("index"): g.get("persistence_mode") for g in gpus})
+    return result("persistence", "pass", "enabled on %d GPUs" % len(gpus), "Enabled", "Enabled")
+
+
+def _fm_version(ctx):
+    rc, out, err = ctx.run([ctx.args.fabricmanager_bin, "--version"])
+    if rc == 127:
+        return None
+    m = re.search(r"version is\s*:?\s*([0-9][0-9.]+)", out + err) or re.search(r"([0-9]{3}\.[0-9]+\.[0-9]+)", out + err)
+    return m.group(1) if m else ""
+
+
+def _nvswitch_present(ctx, q):
+    """True on NVSwitch (HGX) systems: a fabric state other than N/A, or an nvswitch device node."""
+    for g in (q or {}).get("GPUs", []):
+        st = dig(g, "Fabric", "State")
+        if st and st.upper() != "N/A":
+            return True
+    root = ctx.args.sysfs_root
+    devdir = os.path.join(root, "dev")
+    try:
+        return any(n.startswith("nvidia-nvswitch") for n in os.listdir(devdir))
+    except OSError:
+        return False
+
+
+def check_fabricmanager(ctx):
+    a = ctx.args
+    q = ctx.smi_q()
+    gpus = ctx.gpus()
+    drivers = sorted({g.get("driver_version", "") for g in gpus})
+    nvswitch = _nvswitch_present(ctx, q)
+    fm_ver = _fm_version(ctx)
+    required = a.fabricmanager == "required" or (a.fabricmanager == "auto" and (nvswitch or fm_ver is not None))
+    if a.fabricmanager == "off" or not required:
+        return result("fabricmanager", "skip", "no NVSwitch and no Fabric Manager installed", None,
+                      {"nvswitch": nvswitch, "version": fm_ver})
+    problems = []
+    found = {"nvswitch": nvswitch, "version": fm_ver}
+    if fm_ver is None:
+        problems.append("nv-fabricmanager not installed")
+    elif drivers and fm_ver != drivers[0]:
+        problems.append("fabric manager version %s != driver %s" % (fm_ver or "unknown", drivers[0]))
+    rc, out, _ = ctx.run(["systemctl", "is-active", a.fabricmanager_unit])
+    state = out.strip() or ("unknown" if rc == 127 else "inactive")
+    found["service"] = state
+    if state != "active":
+        problems.append("%s is %s" % (a.fabricmanager_unit, state))
+        rc, jout, _ = ctx.run(["journalctl", "-u", a.fabricmanager_unit, "-n", "50", "--no-pager", "-o", "cat"])
+        mm = [line for line in jout.splitlines() if "don't match" in line or "not match" in line]
+        if mm:
+            problems.append(mm[-1].strip()[:300])
+    if nvswitch:
+        states = sorted({str(dig(g, "Fabric", "State")) for g in (q or {}).get("GPUs", [])})
+        found["fabric_state"] = states
+        if states != ["Completed"]:
+            problems.append("fabric state %s, expected Completed" % ",".join(states))
+    exp = {"version": drivers[0] if drivers else None, "service": "active"}
+    if problems:
+        return result("fabricmanager", "fail", "; ".join(problems), exp, found)
+    return result("fabricmanager", "pass", "fabric manager %s active" % fm_ver, exp, found)
+
+
+def check_ecc(ctx):
+    rc, out, err = ctx.smi("--query-gpu=" + ECC_FIELDS, "--format=csv,noheader,nounits")
+    rows = parse_query_csv(out, ECC_FIELDS.split(",")) if rc == 0 else []
+    found = {}
+    problems = []
+    if rows:
+        for r in rows:
+            idx = r.get("index")
+            unc = r.get("ecc.errors.uncorrected.volatile.total", "")
+            pend = r.get("remapped_rows.pending", "")
+            fail = r.get("remapped_rows.failure", "")
+            found[idx] = {"ecc_mode": r.get("ecc.mode.current"), "uncorrectable": unc,
+                          "remap_pending": pend, "remap_failure": fail}
+            if unc.isdigit() and int(unc) > 0:
+                problems.append("GPU %s: %s uncorrectable ECC errors" % (idx, unc))
+            if pend.lower() in ("yes", "1"):
+                problems.append("GPU %s: row remap pending (reset the GPU)" % idx)
+            if fail.lower() in ("yes", "1"):
+                problems.append("GPU %s: row remap failed (RMA)" % idx)
+    else:
+        q = ctx.smi_q()
+        if not q or not q.get("GPUs"):
+            return result("ecc", "fail", "cannot read ECC state: %s" % _first(err or out))
+        for i, g in enumerate(q["GPUs"]):
+            unc = dig(g, "ECC Errors", "Volatile", "DRAM Uncorrectable") or dig(g, "ECC Errors", "Volatile",
+                                                                               "Double Bit", "Total")
+            pend = dig(g, "Remapped Rows", "Pending")
+            fail = dig(g, "Remapped Rows", "Remapping Failure Occurred")
+            found[str(i)] = {"uncorrectable": unc, "remap_pending": pend, "remap_failure": fail}
+            if unc and unc.isdigit() and int(unc) > 0:
+                problems.append("GPU %d: %s uncorrectable ECC errors" % (i, unc))
+            if pend and pend.lower() == "yes":
+                problems.append("GPU %d: row remap pending (reset the GPU)" % i)
+            if fail and fail.lower() == "yes":
+                problems.append("GPU %d: row remap failed (RMA)" % i)
+    exp = {"uncorrectable": 0, "remap_pending": "No"}
+    if problems:
+        return result("ecc", "fail", "; ".join(problems), exp, found)
+    return result("ecc", "pass", "no uncorrectable ECC errors, no pending row remaps", exp, found)
+
+
+def read_kmsg(path):
+    """All records currently in a kmsg device (non-blocking) or the whole of a kmsg-shaped file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    chunks = []
+    try:
+        is_dev = not os.path.isfile(path)
+        while True:
+            try:
+                b = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # record overwritten while reading: continue with the next
+                    continue
+                if exc.errno == errno.EINVAL:
+                    break
+                raise
+            if not b:
+                break
+            chunks.append(b.decode("utf-8", "replace"))
+            if is_dev and not chunks[-1].endswith("\n"):
+                chunks.append("\n")
+    finally:
+        os.close(fd)
+    return "".join(chunks)
+
+
+def check_xid(ctx):
+    a = ctx.args
+    source, text = None, None
+    errors = []
+    for path in ([a.kmsg] if a.kmsg else ["/dev/kmsg"]):
+        try:
+            text, source = read_kmsg(path), path
+        except OSError as exc:
+            errors.append("%s: %s" % (path, exc.strerror or exc))
+    if text is None and not a.kmsg:
+        rc, out, err = ctx.run(["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"], timeout=60)
+        if rc == 0:
+            text, source = out, "journalctl -k"
+        else:
+            errors.append("journalctl -k: %s" % _first(err))
+            rc, out, err = ctx.run(["dmesg"])
+            if rc == 0:
+                text, source = out, "dmesg"
+            else:
+                errors.append("dmesg: %s" % _first(err))
+    if text is None:
+        return result("xid", "fail", "cannot read the kernel log (%s)" % "; ".join(errors))
+    xids = parse_kmsg_xids(text)
+    crit = [x for x in xids if x[1] in CRITICAL_XIDS]
+    found = {"source": source, "xids": [{"pci": b, "xid": x, "detail": d[:160]} for b, x, d in xids[-20:]]}
+    if crit:
+        summary = sorted({"%d on %s" % (x, b) for b, x, _ in crit})
+        return result("xid", "fail", "critical XID %s in the kernel log" % ", ".join(summary), "no critical XID",
+                      found)
+    msg = "no critical XID (%d other XIDs)" % len(xids) if xids else "no XID in the kernel log"
+    return result("xid", "pass", msg + " [%s]" % source, "no critical XID", found)
+
+
+def check_nvlink(ctx):
+    gpus = ctx.gpus()
+    rc, out, err = ctx.smi("nvlink", "--status")
+    if rc != 0:
+        if len(gpus) <= 1:
+            return result("nvlink", "skip", "single GPU: no NVLink peers (%s)" % _first(err or out))
+        return result("nvlink", "fail", "nvidia-smi nvlink --status failed: %s" % _first(err or out))
+    links = parse_nvlink_status(out)
+    total = sum(len(v) for v in links.values())
+    if total == 0:
+        if len(gpus) <= 1:
+            return result("nvlink", "skip", "single GPU: no NVLink reported", None, {"links": 0})
+        return result("nvlink", "fail", "%d GPUs but no NVLink reported" % len(gpus), "all links active",
+                      {"links": 0})
+    inactive = {g: sorted(l for l, s in v.items() if s == "inactive") for g, v in links.items()}
+    inactive = {g: v for g, v in inactive.items() if v}
+    found = {"gpus": len(links), "links": total, "inactive": inactive}
+    if len(gpus) <= 1 and len(inactive) == len(links):
+        return result("nvlink", "skip", "single GPU: %d links, none active (no peer)" % total, None, found)
+    if inactive:
+        desc = "; ".join("GPU %s links %s" % (g, ",".join(map(str, l))) for g, l in sorted(inactive.items()))
+        return result("nvlink", "fail", "inactive NVLinks: %s" % desc, "all links active", found)
+    return result("nvlink", "pass", "%d links active on %d GPUs" % (total, len(links)), "all links active", found)
+
+
+def _ib_hca_setting(a):
+    if a.ib_hca is not None:
+        return a.ib_hca, "--ib-hca"
+    if os.environ.get("NCCL_IB_HCA"):
+        return os.environ["NCCL_IB_HCA"], "NCCL_IB_HCA (environment)"
+    conf = read_nccl_conf(a.nccl_conf)
+    if conf.get("NCCL_IB_HCA"):
+        return conf["NCCL_IB_HCA"], a.nccl_conf
+    return "", None
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def check_ib(ctx):
+    a = ctx.args
+    setting, source = _ib_hca_setting(a)
+    if not setting:
+        return result("ib", "skip", "NCCL_IB_HCA not set (no --ib-hca, environment or %s)" % a.nccl_conf)
+    exact, exclude, items = parse_nccl_hca(setting)
+    ibdir = os.path.join(a.sysfs_root, "sys/class/infiniband")
+    try:
+        present = sorted(os.listdir(ibdir))
+    except OSError:
+        present = []
+    wanted = []  # (hca, port|None)
+    problems = []
+    if exclude:
+        names = [p for p in present if not any((p == n) if exact else p.startswith(n) for n, _ in items)]
+        wanted = [(p, None) for p in names]
+    else:
+        for name, port in items:
+            match = [p for p in present if (p == name if exact else p.startswith(name))]
+            if not match:
+                problems.append("%s: no such HCA" % name)
+            wanted.extend((m, port) for m in match)
+    ports_found = {}
+    for hca, port in wanted:
+        pdir = os.path.join(ibdir, hca, "ports")
+        try:
+            ports = [int(p) for p in os.listdir(pdir) if p.isdigit()]
+        except OSError:
+            ports = []
+        for p in sorted(ports if port is None else [port]):
+            base = os.path.join(pdir, str(p))
+            state = _read(os.path.join(base, "state"))
+            phys = _read(os.path.join(base, "phys_state"))
+            rate_s = _read(os.path.join(base, "rate"))
+            rate = parse_rate(rate_s)
+            key = "%s:%d" % (hca, p)
+            ports_found[key] = {"state": state, "phys_state": phys, "rate": rate_s,
+                                "link_layer": _read(os.path.join(base, "link_layer"))}
+            if state is None:
+                problems.append("%s: port missing" % key)
+                continue
+            if "ACTIVE" not in state.upper():
+                problems.append("%s: state %s" % (key, state.split(":")[-1].strip()))
+            if phys is not None and "LINKUP" not in phys.upper().replace(" ", ""):
+                problems.append("%s: phys_state %s" % (key, phys.split(":")[-1].strip()))
+            if a.ib_rate and rate is not None and rate < a.ib_rate:
+                problems.append("%s: rate %g Gb/s, expected %g" % (key, rate, a.ib_rate))
+    exp = {"hcas": setting, "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": a.ib_rate}
+    found = {"source": source, "ports": ports_found}
+    if problems:
+        return result("ib", "fail", "; ".join(problems), exp, found)
+    if not ports_found:
+        return result("ib", "fail", "no HCA port matches NCCL_IB_HCA=%s" % setting, exp, found)
+    return result("ib", "pass", "%d ports ACTIVE at >= %s Gb/s" % (len(ports_found), a.ib_rate or "any"), exp, found)
+
+
+def check_gpudirect(ctx):
+    a = ctx.args
+    root = a.sysfs_root
+    modules = _read(os.path.join(root, "proc/modules")) or ""
+    peermem = any(line.split(" ", 1)[0] == "nvidia_peermem" for line in modules.splitlines()) or \
+        os.path.isdir(os.path.join(root, "sys/module/nvidia_peermem"))
+    ver = _read(os.path.join(root, "proc/driver/nvidia/version")) or ""
+    open_km = "Open Kernel Module" in ver
+    rel = os.uname().release if root == "/" else (_read(os.path.join(root, "proc/sys/kernel/osrelease")) or "")
+    m = re.match(r"(\d+)\.(\d+)", rel)
+    kernel_ok = bool(m) and (int(m.group(1)), int(m.group(2))) >= (5, 12)
+    dmabuf = open_km and kernel_ok
+    found = {"nvidia_peermem": peermem, "open_kernel_module": open_km, "kernel": rel, "dmabuf": dmabuf}
+    if peermem or dmabuf:
+        how = "nvidia-peermem loaded" if peermem else "DMA-BUF (open kernel modules, kernel %s)" % rel
+        return result("gpudirect", "pass", how, "nvidia-peermem or DMA-BUF", found)
+    setting, _ = _ib_hca_setting(a)
+    if not setting:
+        return result("gpudirect", "skip", "no RDMA HCA configured; GPUDirect RDMA not available either",
+                      "nvidia-peermem or DMA-BUF", found)
+    return result("gpudirect", "fail", "neither nvidia-peermem loaded nor DMA-BUF usable (open driver: %s, kernel %s)"
+                  % (open_km, rel), "nvidia-peermem or DMA-BUF", found)
+
+
+# ---- all-reduce
+_TORCH_WORKER = r'''
+import json, os, sys, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def parse_size(s):
+    s = s.strip().upper(); mult = 1
+    for suf, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if s.endswith(suf): mult, s = m, s[:-1]
+    return int(float(s) * mult)
+
+def worker(rank, n, port, sizes, iters, warmup, q):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=n)
+    res = []
+    try:
+        for nbytes in sizes:
+            numel = nbytes // 2
+            x = torch.full((numel,), float(rank + 1), dtype=torch.bfloat16, device="cuda")
+            for _ in range(warmup):
+                dist.all_reduce(x)
+            torch.cuda.synchronize(); dist.barrier()
+            x.fill_(float(rank + 1))
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+            ok = float(x[0].item()) == float(n * (n + 1) // 2) and float(x[-1].item()) == float(n * (n + 1) // 2)
+            dist.barrier()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            e.record(); torch.cuda.synchronize()
+            sec = s.elapsed_time(e) / 1000.0 / iters
+            algbw = nbytes / sec / 1e9
+            res.append({"bytes": nbytes, "time_us": sec * 1e6, "algbw_gbps": algbw,
+                        "busbw_gbps": algbw * 2 * (n - 1) / n, "correct": ok})
+            del x; torch.cuda.empty_cache()
+        if rank == 0:
+            q.put(res)
+    finally:
+        dist.destroy_process_group()
+
+if __name__ == "__main__":
+    n, port, iters, warmup = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5])
+    sizes = [parse_size(s) for s in sys.argv[3].split(",")]
+    ctx = mp.get_context("spawn"); q = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, n, port, sizes, iters, warmup, q)) for r in range(n)]
+    for p in procs: p.start()
+    res = None
+    try:
+        res = q.get(timeout=float(os.environ.get("NODE_HEALTH_AR_TIMEOUT", "300")))
+    finally:
+        for p in procs: p.join(timeout=30)
+    bad = [p.exitcode for p in procs if p.exitcode]
+    print(json.dumps({"results": res, "world_size": n, "torch": torch.__version__,
+                      "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                      "device": torch.cuda.get_device_name(0), "exitcodes": bad}))
+'''
+
+
+def parse_size(s):
+    s = s.strip().upper()
+    mult = 1
+    for suf, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if s.endswith(suf):
+            mult, s = m, s[:-1]
+    return int(float(s) * mult)
+
+
+def parse_nccl_tests(text):
+    """all_reduce_perf output -> (rows [(bytes, algbw, busbw)], avg busbw). Out-of-place columns."""
+    rows = []
+    avg = None
+    for line in text.splitlines():
+        m = re.search(r"Avg bus bandwidth\s*:\s*([0-9.]+)", line)
+        if m:
+            avg = float(m.group(1))
+            continue
+        if line.lstrip().startswith("#"):
+            continue
+        f = line.split()
+        if len(f) >= 8 and f[0].isdigit():
+            try:
+                rows.append((int(f[0]), float(f[6]), float(f[7])))
+            except ValueError:
+                pass
+    return rows, avg
+
+
+def _find_torch_python(a):
+    cands = [a.torch_python] if a.torch_python else [sys.executable, "/opt/vllm/venv/bin/python", "python3"]
+    for c in cands:
+        exe = c if os.sep in c else shutil.which(c)
+        if not exe or not os.access(exe, os.X_OK):
+            continue
+        try:
+            p = subprocess.run([exe, "-c", "import torch,sys; sys.exit(0 if torch.cuda.is_available() and "
+                                "torch.distributed.is_nccl_available() else 3)"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if p.returncode == 0:
+            return exe
+    return None
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def check_allreduce(ctx):
+    a = ctx.args
+    if a.busbw_min is None and a.allreduce != "required":
+        pass  # still measure when possible: the figure is reported
+    try:
+        ngpu = len(ctx.gpus())
+    except CheckError:
+        ngpu = 0
+    if ngpu == 0:
+        return result("allreduce", "fail" if a.allreduce == "required" else "skip", "no GPU to test")
+    sizes = a.allreduce_sizes
+    nccl_tests = a.nccl_tests or shutil.which("all_reduce_perf")
+    exp = {"busbw_min_gbps": a.busbw_min, "bytes": parse_size(sizes.split(",")[-1])}
+    found = {"gpus": ngpu}
+    if nccl_tests and os.access(nccl_tests, os.X_OK):
+        lo, hi = sizes.split(",")[0], sizes.split(",")[-1]
+        rc, out, err = ctx.run([nccl_tests, "-b", lo, "-e", hi, "-f", "2", "-g", str(ngpu), "-n", str(a.allreduce_iters)],
+                               timeout=a.allreduce_timeout)
+        rows, _avg = parse_nccl_tests(out)
+        if rc != 0 or not rows:
+            return result("allreduce", "fail", "all_reduce_perf failed (rc %d): %s" % (rc, _first(err or out)),
+                          exp, found)
+        found.update({"tool": "nccl-tests", "sizes": [{"bytes": b, "algbw_gbps": al, "busbw_gbps": bu}
+                                                       for b, al, bu in rows]})
+        busbw = rows[-1][2]
+        algbw = rows[-1][1]
+    else:
+        py = _find_torch_python(a)
+        if not py:
+            st = "fail" if a.allreduce == "required" else "skip"
+            return result("allreduce", st, "neither nccl-tests (all_reduce_perf) nor torch with CUDA/NCCL found", exp,
+                          found)
+        fd, path = tempfile.mkstemp(prefix="node_health_ar_", suffix=".py")
+        with os.fdopen(fd, "w") as f:
+            f.write(_TORCH_WORKER)
+        try:
+            env = dict(os.environ, NODE_HEALTH_AR_TIMEOUT=str(a.allreduce_timeout))
+            try:
+                p = subprocess.run([py, path, str(ngpu), str(_free_port()), sizes, str(a.allreduce_iters),
+                                    str(a.allreduce_warmup)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   timeout=a.allreduce_timeout + 60, universal_newlines=True, env=env)
+            except subprocess.TimeoutExpired:
+                return result("allreduce", "fail", "torch all-reduce timed out after %ds" % a.allreduce_timeout,
+                              exp, found)
+        finally:
+            os.unlink(path)
+        data = None
+        for line in reversed(p.stdout.splitlines()):
+            if line.startswith("{"):
+                try:
+                    data = json.loads(line)
+                    break
+                except ValueError:
+                    pass
+        if p.returncode != 0 or not data or not data.get("results"):
+            return result("allreduce", "fail", "torch all-reduce failed (rc %d): %s"
+                          % (p.returncode, _first(p.stderr[-2000:]) or _first(p.stdout)), exp, found)
+        found.update({"tool": "torch.distributed/nccl", "torch": data.get("torch"), "nccl": data.get("nccl"),
+                      "device": data.get("device"),
+                      "sizes": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
+                                for r in data["results"]]})
+        if not all(r.get("correct") for r in data["results"]):
+            return result("allreduce", "fail", "all-reduce returned a wrong sum", exp, found)
+        busbw = data["results"][-1]["busbw_gbps"]
+        algbw = data["results"][-1]["algbw_gbps"]
+    found["busbw_gbps"] = round(busbw, 2)
+    found["algbw_gbps"] = round(algbw, 2)
+    if ngpu < 2:
+        # NCCL's all-reduce on one rank is a no-op (no peer, in place): its time is launch overhead, so no
+        # bandwidth figure is meaningful. The run still proves torch + NCCL + the GPU work and the sum is right.
+        return result("allreduce", "skip", "1 GPU: NCCL all-reduce path works (sum correct); bus bandwidth needs "
+                      ">= 2 GPUs", exp, found)
+    if a.busbw_min is not None and busbw < a.busbw_min:
+        return result("allreduce", "fail", "all-reduce busbw %.1f GB/s < %.1f GB/s (%d GPUs, %s)"
+                      % (busbw, a.busbw_min, ngpu, sizes.split(",")[-1]), exp, found)
+    return result("allreduce", "pass", "all-reduce busbw %.1f GB/s on %d GPUs (min %s)" % (busbw, ngpu, a.busbw_min),
+                  exp, found)
+
+
+CHECK_FUNCS = {
+    "gpu": check_gpu, "driver": check_driver, "persistence": check_persistence, "fabricmanager": check_fabricmanager,
+    "ecc": check_ecc, "xid": check_xid, "nvlink": check_nvlink, "ib": check_ib, "gpudirect": check_gpudirect,
+    "allreduce": check_allreduce,
+}
+
+
+# ----------------------------------------------------------------------------------------------------- main
+def build_parser():
+    p = argparse.ArgumentParser(prog="node_health.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Exit status: 0 every check passed or was skipped, 1 a check failed, 2 usage.")
+    p.add_argument("--gpu-count", type=int, help="expected number of GPUs")
+    p.add_argument("--gpu-name", action="append", default=[],
+                   help="accepted nvidia-smi product name (repeatable), e.g. 'NVIDIA H100 80GB HBM3'")
+    p.add_argument("--driver", help="pinned driver version (580.95.05 or the package version 580.95.05-1)")
+    p.add_argument("--fabricmanager", choices=("auto", "required", "off"), default="auto",
+                   help="auto: required when an NVSwitch fabric or nv-fabricmanager is present (default)")
+    p.add_argument("--fabricmanager-unit", default="nvidia-fabricmanager")
+    p.add_argument("--fabricmanager-bin", default="nv-fabricmanager")
+    p.add_argument("--kmsg", help="kernel log: a kmsg device or kmsg-shaped file (default /dev/kmsg, then journalctl -k)")
+    p.add_argument("--ib-hca", help="NCCL_IB_HCA value to check (default: environment, then --nccl-conf)")
+    p.add_argument("--nccl-conf", default="/etc/nccl.conf")
+    p.add_argument("--ib-rate", type=float, default=400.0, help="expected IB port rate in Gb/s (default 400)")
+    p.add_argument("--sysfs-root", default="/", help="root under which sys/class/infiniband, proc/ and dev/ are read")
+    p.add_argument("--allreduce", choices=("auto", "required", "off"), default="auto",
+                   help="auto: run when nccl-tests or torch+CUDA is present, skip otherwise")
+    p.add_argument("--busbw-min", type=float, help="minimum all-reduce bus bandwidth, GB/s (per GPU model and count)")
+    p.add_argument("--allreduce-sizes", default="4G", help="comma list of message sizes; the last one is gated")
+    p.add_argument("--allreduce-iters", type=int, default=20)
+    p.add_argument("--allreduce-warmup", type=int, default=5)
+    p.add_argument("--allreduce-timeout", type=int, default=300)
+    p.add_argument("--nccl-tests", help="path to all_reduce_perf (default: on PATH)")
+    p.add_argument("--torch-python", help="python with torch for the all-reduce (default: this one, "
+                   "/opt/vllm/venv/bin/python, python3)")
+    p.add_argument("--nvidia-smi", default="nvidia-smi")
+    p.add_argument("--only", action="append", choices=CHECKS, help="run only these checks (repeatable)")
+    p.add_argument("--skip", action="append", default=[], choices=CHECKS, help="skip these checks (repeatable)")
+    p.add_argument("--format", choices=("jsonl", "text"), default="jsonl")
+    p.add_argument("--output", help="also write the JSON results (one document) to this file")
+    p.add_argument("--version", action="version", version="node_health " + VERSION)
+    return p
+
+
+def run_checks(args):
+    ctx = Ctx(args)
+    names = [c for c in (args.only or CHECKS) if c not in args.skip]
+    out = []
+    for name in names:
+        t0 = time.monotonic()
+        try:
+            r = CHECK_FUNCS[name](ctx)
+        except CheckError as exc:
+            r = result(name, "fail", str(exc))
+        except Exception as exc:  # a check must never take the others down
+            r = result(name, "fail", "check crashed: %s: %s" % (type(exc).__name__, exc))
+        r["seconds"] = round(time.monotonic() - t0, 3)
+        out.append(r)
+    return out
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    results = run_checks(args)
+    failed = [r["check"] for r in results if r["status"] == "fail"]
+    summary = {"check": "summary", "status": "fail" if failed else "pass", "failed": failed,
+               "host": socket.gethostname(), "version": VERSION, "time": int(time.time())}
+    if args.format == "jsonl":
+        for r in results + [summary]:
+            print(json.dumps(r, sort_keys=False))
+    else:
+        for r in results:
+            print("%-14s %-5s %s" % (r["check"], r["status"].upper(), r["message"]))
+        print("%-14s %-5s %s" % ("summary", summary["status"].upper(), ", ".join(failed) or "all checks passed"))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"results": results, "summary": summary}, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
