@@ -1,0 +1,254 @@
+"""One simulated host: its overlayfs root, identity (hostname, machine-id, SSH host key, authorized key, static
+address), hardware directory, and the `systemd-nspawn -b` process that boots it.
+
+The host's disk is `upper/` over the shared read-only base (and, with `--with-vllm`, the vLLM golden layer); a
+host that is stopped and started again keeps its disk, like a rebooted server.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioner.testbed.state import HostState, Proc, RackState, children, terminate
+
+HWSIM_MOUNT = "/var/lib/hwsim"
+IDENTITY_MARK = "var/lib/provisioner-testbed/identity"
+
+#: Inside each host: lays the simulated HCAs' sysfs-shaped tree (`/var/lib/hwsim/sys/class/*`) over `/sys/class`
+#: with a read-only overlayfs, so the real `ibstat`/libibumad see them. nspawn cannot do this itself: it mounts
+#: sysfs's /class over any bind below /sys/class (checked with systemd 252). Re-run it (restart the unit) after the
+#: tree gained or lost a directory; file contents written in place are seen live.
+HWSIM_SYSFS_SCRIPT = """#!/bin/sh
+# provisioner testbed: expose the simulated hardware's sysfs-shaped files under /sys/class (generated)
+set -e
+src=/var/lib/hwsim/sys/class
+while [ "$(findmnt -n -o FSTYPE /sys/class 2>/dev/null)" = overlay ]; do umount /sys/class; done
+[ -d "$src" ] || exit 0
+mount -t overlay hwsim-sysfs -o ro,lowerdir="$src":/sys/class /sys/class
+"""
+
+HWSIM_SYSFS_UNIT = """[Unit]
+Description=Simulated hardware: sysfs-shaped HCA files under /sys/class (provisioner testbed)
+DefaultDependencies=no
+After=local-fs.target
+Before=sysinit.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/hwsim-sysfs
+ExecStop=/bin/sh -c 'while [ "$(findmnt -n -o FSTYPE /sys/class)" = overlay ]; do umount /sys/class; done'
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    root: Path  # hosts/HOST
+
+    @property
+    def upper(self) -> Path:
+        return self.root / "upper"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def merged(self) -> Path:
+        return self.root / "root"
+
+    @property
+    def hwsim(self) -> Path:
+        return self.root / "hwsim"
+
+    @property
+    def spec(self) -> Path:
+        """The host's hardware spec as given (before resolve): `fault`/`clear` rewrite it."""
+        return self.root / "spec.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "boot.log"
+
+
+def paths(rack: RackState, host: HostState) -> HostPaths:
+    return HostPaths(rack.dir / "hosts" / host.name)
+
+
+def mounted_under(prefix: Path) -> list[str]:
+    """Mount points at or below `prefix`, deepest first (from /proc/self/mountinfo)."""
+    out = []
+    p = str(prefix).rstrip("/")
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4:
+            mp = fields[4].encode().decode("unicode_escape")
+            if mp == p or mp.startswith(p + "/"):
+                out.append(mp)
+    return sorted(set(out), key=lambda m: m.count("/"), reverse=True)
+
+
+def is_mounted(path: Path) -> bool:
+    return str(path) in mounted_under(path)
+
+
+def umount_all(prefix: Path) -> list[str]:
+    """Unmount everything at or below `prefix` (lazily when busy); return what is still mounted."""
+    for mp in mounted_under(prefix):
+        if subprocess.run(["umount", mp], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", mp], capture_output=True)
+    return mounted_under(prefix)
+
+
+def mount_root(hp: HostPaths, lowers: list[str]) -> None:
+    """Mount the host's overlayfs (idempotent)."""
+    for d in (hp.upper, hp.work, hp.merged, hp.hwsim):
+        d.mkdir(parents=True, exist_ok=True)
+    os.chmod(hp.upper, 0o755)
+    if is_mounted(hp.merged):
+        return
+    opts = f"lowerdir={':'.join(lowers)},upperdir={hp.upper},workdir={hp.work}"
+    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(hp.merged)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"overlayfs mount for {hp.root.name} failed: {proc.stderr.strip()}")
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        path.unlink()
+    path.write_text(text)
+    os.chmod(path, mode)
+
+
+def host_key(rack: RackState, host: HostState) -> tuple[str, str]:
+    """(private, public) ed25519 host key, generated once per host and kept with the rack (survives `reset`)."""
+    kd = rack.dir / "ssh" / "hostkeys"
+    kd.mkdir(parents=True, exist_ok=True)
+    key = kd / f"{host.name}_ed25519"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)],
+                       check=True, capture_output=True)
+    return key.read_text(), Path(f"{key}.pub").read_text()
+
+
+def write_identity(rack: RackState, host: HostState, authorized_key: str, *, proxy_url: str) -> None:
+    """First boot only: everything that makes this host itself (written through the overlay into upper/)."""
+    m = paths(rack, host).merged
+    if (m / IDENTITY_MARK).exists():
+        return
+    priv, pub = host_key(rack, host)
+    _write(m / "etc/hostname", host.name + "\n")
+    others = "".join(f"{h.address}\t{h.name}\n" for h in rack.hosts)
+    _write(m / "etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n::1\tlocalhost ip6-localhost\n"
+                            f"{rack.gateway}\tcontroller\n{others}")
+    _write(m / "etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
+    _write(m / "etc/resolv.conf", "# provisioner testbed: no DNS (hosts reach Debian's mirror through the proxy)\n")
+    _write(m / "etc/ssh/ssh_host_ed25519_key", priv, 0o600)
+    _write(m / "etc/ssh/ssh_host_ed25519_key.pub", pub)
+    _write(m / "etc/ssh/sshd_config.d/20-testbed-hostkey.conf", "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    (m / "root/.ssh").mkdir(parents=True, exist_ok=True)
+    os.chmod(m / "root/.ssh", 0o700)
+    _write(m / "root/.ssh/authorized_keys", authorized_key.strip() + "\n", 0o600)
+    _write(m / "etc/systemd/network/10-host0.network",
+           "[Match]\nName=host0\n\n[Network]\n"
+           f"Address={host.address}/{rack.prefix}\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n")
+    # apt reaches Debian's mirror through the rack's proxy; the controller itself (stand-in repo) directly.
+    _write(m / "etc/apt/apt.conf.d/80testbed-proxy",
+           f'Acquire::http::Proxy "{proxy_url}";\nAcquire::http::Proxy::{rack.gateway} "DIRECT";\n')
+    _write(m / "usr/local/sbin/hwsim-sysfs", HWSIM_SYSFS_SCRIPT, 0o755)
+    _write(m / "etc/systemd/system/hwsim-sysfs.service", HWSIM_SYSFS_UNIT)
+    wants = m / "etc/systemd/system/sysinit.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / "hwsim-sysfs.service"
+    if not link.is_symlink():
+        link.symlink_to("/etc/systemd/system/hwsim-sysfs.service")
+    _write(m / IDENTITY_MARK, f"{host.name} {host.address} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+
+
+def boot(rack: RackState, host: HostState) -> Proc:
+    """Start `systemd-nspawn -b` for the host as our own detached child (its own session); return it."""
+    hp = paths(rack, host)
+    cmd = [
+        "systemd-nspawn",
+        "--boot",
+        f"--directory={hp.merged}",
+        f"--machine={host.machine}",
+        f"--hostname={host.name}",
+        "--register=no",
+        "--keep-unit",
+        f"--network-bridge={rack.bridge}",
+        f"--bind-ro={hp.hwsim}:{HWSIM_MOUNT}",
+        "--resolv-conf=off",
+        "--link-journal=no",
+        "--timezone=off",
+        "--console=read-only",
+    ]
+    with open(hp.log, "ab") as log:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    proc = Proc.of(p.pid)
+    if proc is None:
+        raise RuntimeError(f"{host.name}: systemd-nspawn exited at once (see {hp.log})")
+    return proc
+
+
+def stop(host: HostState, grace: float = 10.0) -> None:
+    """Power the host off (SIGTERM to nspawn = clean shutdown), kill it after `grace` seconds."""
+    p = host.proc
+    if p is None or not p.alive():
+        return
+    inits = [q for q in (Proc.of(c) for c in children(p.pid)) if q is not None]
+    terminate([p], grace)
+    # If nspawn had to be killed, its container init may survive it: end that process namespace too.
+    for q in inits:
+        if q.alive():
+            terminate([q], 2.0)
+
+
+def ssh_banner(address: str, timeout: float = 1.0) -> bool:
+    """True when sshd answers on port 22 with its SSH banner."""
+    try:
+        with socket.create_connection((address, 22), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_ssh(addresses: list[str], timeout: float) -> list[str]:
+    """Wait until every address answers with an SSH banner; return those that did not in time."""
+    deadline = time.monotonic() + timeout
+    left = list(addresses)
+    while left and time.monotonic() < deadline:
+        left = [a for a in left if not ssh_banner(a, 0.5)]
+        if left:
+            time.sleep(0.2)
+    return left
+
+
+def ssh_argv(rack: RackState, address: str, *command: str) -> list[str]:
+    """An `ssh` command with the rack's key and known_hosts, host key checking ON."""
+    sshd = rack.dir / "ssh"
+    return ["ssh", "-i", str(sshd / "id_ed25519"), "-o", f"UserKnownHostsFile={sshd / 'known_hosts'}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", f"root@{address}", *command]
+
+
+def remove_dir(hp: HostPaths) -> None:
+    umount_all(hp.root)
+    shutil.rmtree(hp.root, ignore_errors=True)
