@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""Active /health check for the vLLM balancer (stock nginx has none; `health_check` is NGINX Plus only).
+
+Reads the configuration the role rendered (SOURCE, every head up), probes each upstream server's
+`http://ADDR/health` (vLLM answers 200 when ready, 503 once its engine died, nothing while loading), and writes
+DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its servers marked
+down (fail open: nginx's passive checks still apply). When DEST changes: `nginx -t`, then reload.
+Prints one JSON line: {"changed": bool, "down": ["addr:port", ...], "up": [...]}.
+Managed by provisioner (roles/serving_lb). Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+SERVER = re.compile(r"^(?P<indent>\s*)server\s+(?P<addr>\S+)(?P<rest>[^;]*);(?P<tail>.*)$")
+UPSTREAM = re.compile(r"^\s*upstream\s+(?P<name>\S+)\s*\{")
+
+
+def probe(addr: str, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{addr}/health", timeout=timeout) as resp:  # noqa: S310 (http only)
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def rewrite(source: str, healthy: dict[str, bool]) -> str:
+    """Mark unhealthy servers `down`, except where that would leave an upstream with no server."""
+    lines = source.splitlines(keepends=True)
+    groups: dict[int, list[int]] = {}  # upstream start line -> server line numbers
+    current = None
+    for i, line in enumerate(lines):
+        if UPSTREAM.match(line):
+            current = i
+            groups[i] = []
+        elif current is not None and line.strip() == "}":
+            current = None
+        elif current is not None and SERVER.match(line):
+            groups[current].append(i)
+    out = list(lines)
+    for members in groups.values():
+        addrs = [SERVER.match(lines[i]).group("addr") for i in members]  # type: ignore[union-attr]
+        if not any(healthy.get(a, True) for a in addrs):
+            continue  # all down: fail open
+        for i, addr in zip(members, addrs):
+            if not healthy.get(addr, True):
+                m = SERVER.match(lines[i])
+                assert m
+                end = "\n" if lines[i].endswith("\n") else ""
+                out[i] = f"{m['indent']}server {addr}{m['rest']} down;{m['tail'].rstrip(chr(10))}  # /health failed{end}"
+    return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", required=True, help="configuration as rendered, every head up")
+    ap.add_argument("--dest", required=True, help="live configuration nginx includes")
+    ap.add_argument("--timeout", type=float, default=3.0, help="seconds per /health probe")
+    ap.add_argument("--check-cmd", default="/usr/local/sbin/vllm-lb-nginx-check", help="run with the new file")
+    ap.add_argument("--reload-cmd", default="systemctl reload nginx", help="'' = do not reload")
+    args = ap.parse_args(argv)
+
+    with open(args.source, encoding="utf-8") as f:
+        source = f.read()
+    addrs = sorted({m.group("addr") for m in map(SERVER.match, source.splitlines()) if m})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(addrs) or 1)) as pool:
+        healthy = dict(zip(addrs, pool.map(lambda a: probe(a, args.timeout), addrs)))
+    new = rewrite(source, healthy)
+    try:
+        with open(args.dest, encoding="utf-8") as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = None
+    changed = new != old
+    if changed:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.dest)), prefix=".vllm-lb.", suffix=".conf")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(new)
+        os.chmod(tmp, 0o644)
+        if args.check_cmd:
+            r = subprocess.run([*args.check_cmd.split(), tmp], capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                os.unlink(tmp)
+                print(json.dumps({"error": "nginx -t failed", "output": r.stderr.strip()}), file=sys.stderr)
+                return 1
+        os.replace(tmp, args.dest)
+        if args.reload_cmd:
+            subprocess.run(args.reload_cmd.split(), check=False)
+    print(json.dumps({"changed": changed, "down": [a for a, ok in healthy.items() if not ok],
+                      "up": [a for a, ok in healthy.items() if ok]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
