@@ -1,14 +1,25 @@
 """Load an Ansible inventory into the typed `Fleet` model.
 
-The only module that touches Ansible's inventory API: ansible-core's own InventoryManager/VariableManager read
-INI or YAML inventories with group_vars/ and host_vars/ exactly as ansible-playbook would.
+The only module that touches Ansible's inventory API: ansible-core's own InventoryManager reads INI or YAML
+inventories (a file or a directory of them), and host variables are merged with ansible-core's own building blocks
+(`sort_groups`, `combine_vars`, the vars plugins that read group_vars/ and host_vars/, `VARIABLE_PRECEDENCE`) in
+exactly the order `VariableManager.get_vars(host=...)` uses. The one difference is speed: the merged group part is
+computed once per distinct set of groups instead of once per host (5,000 hosts in a handful of groups need a handful
+of merges), so loading costs about Ansible's own parse. `tests/unit/test_inventory.py` checks the result against
+`VariableManager.get_vars` on the same inventories.
+
+Errors (missing file, bad INI line, bad YAML in the inventory or in group_vars/host_vars) become `UsageError`s
+whose message names the file, the line when Ansible or YAML knows it, and the reason.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from provisioner.errors import UsageError
 from provisioner.model import Cluster, Fleet, Host, freeze
@@ -33,11 +44,24 @@ VLLM_CLUSTER_DEFAULTS: dict[str, Any] = {
     "extra_args": [],
 }
 
+# NCCL tuning defaults (documented in docs/inventory.md; `nccl_ib_hca` is derived from `ib_hcas`).
+NCCL_DEFAULTS: dict[str, Any] = {
+    "nccl_algo": "Ring",
+    "nccl_ib_timeout": 22,
+    "nccl_ib_retry_cnt": 7,
+    "nccl_ib_gid_index": None,
+    "nccl_cross_nic": None,
+    "nccl_extra": {},
+}
+
+_ANSIBLE_KEEP = {"ansible_host", "ansible_port", "ansible_user", "ansible_ssh_common_args", "ansible_python_interpreter"}
+
 
 def _quiet_ansible() -> None:
     # Keep ansible's own warnings (e.g. "provided hosts list is empty") off our output; we report ourselves.
     os.environ.setdefault("ANSIBLE_LOCALHOST_WARNING", "False")
     os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_WARNING", "False")
+    os.environ.setdefault("ANSIBLE_DEPRECATION_WARNINGS", "False")
 
 
 def load_fleet(path: str | os.PathLike[str]) -> Fleet:
@@ -47,60 +71,107 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
         raise UsageError("inventory not found", path=str(p))
     if not os.access(p, os.R_OK):
         raise UsageError("inventory is not readable", path=str(p))
+    if p.is_file() and p.stat().st_size == 0:
+        raise UsageError("inventory is empty", path=str(p))
     _quiet_ansible()
+    from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
+    # "unparsed" inventories do not raise by default: make ansible fail loudly on a source it cannot parse.
+    C.INVENTORY_UNPARSED_IS_FAILED = True  # type: ignore[attr-defined]
+    chatter = io.StringIO()  # Ansible's own warnings; we report the reason ourselves
+    failure: AnsibleError | None = None
     try:
-        # "unparsed" inventories do not raise by default: make ansible fail loudly on a source it cannot parse.
-        from ansible import constants as C
-
-        C.INVENTORY_UNPARSED_IS_FAILED = True  # type: ignore[attr-defined]
-        inv = InventoryManager(loader=loader, sources=[str(p)])
-        vm = VariableManager(loader=loader, inventory=inv)
-        hosts: dict[str, Host] = {}
-        for h in inv.get_hosts():
-            hv = vm.get_vars(host=h, include_hostvars=False)
-            groups = tuple(sorted(g.name for g in h.get_groups() if g.name != "all"))
-            merged = {k: v for k, v in hv.items() if not k.startswith("ansible_") or k in _ANSIBLE_KEEP}
-            hosts[h.name] = Host(
-                name=h.name,
-                address=str(hv.get("ansible_host") or h.name),
-                groups=groups,
-                vars=freeze(merged),
-            )
-        group_vars = _group_vars(loader, inv, p)
+        with contextlib.redirect_stderr(chatter):
+            inv = InventoryManager(loader=loader, sources=[str(p)])
+            hosts, group_vars, groups = _read(loader, inv)
     except AnsibleError as exc:
-        raise UsageError(f"cannot parse inventory: {_first_line(exc)}", path=str(p)) from None
+        failure = exc
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read inventory: {exc}", path=str(p)) from None
+    except RecursionError:
+        raise UsageError("cannot parse inventory: groups are nested too deeply (a cycle?)", path=str(p)) from None
+    if failure is not None:
+        where, reason = _describe(failure)
+        if where is None or reason.startswith(("No inventory was parsed", "Completely failed")):
+            with contextlib.redirect_stderr(chatter):
+                where, reason = _explain_source(loader, p) or (where, reason)
+        raise UsageError(f"cannot parse inventory: {reason}", path=where or str(p))
 
     clusters = _clusters(inv, hosts, group_vars)
-    return Fleet(source=p, hosts=freeze(hosts), clusters=freeze(clusters), group_vars=freeze(group_vars))
+    return Fleet(
+        source=p,
+        hosts=freeze(hosts),
+        clusters=freeze(clusters),
+        group_vars=freeze(group_vars),
+        groups=freeze(groups),
+    )
 
 
-_ANSIBLE_KEEP = {"ansible_host", "ansible_port", "ansible_user", "ansible_ssh_common_args", "ansible_python_interpreter"}
-
-
-def _first_line(exc: Exception) -> str:
-    msg = getattr(exc, "message", None) or str(exc)
-    return str(msg).strip().splitlines()[0] if str(msg).strip() else type(exc).__name__
-
-
-def _group_vars(loader: Any, inv: Any, source: Path) -> dict[str, Any]:
-    """Each group's own vars: inline ([g:vars] / YAML vars) combined with group_vars/ files, as Ansible does."""
+def _read(loader: Any, inv: Any) -> tuple[dict[str, Host], dict[str, Any], dict[str, tuple[str, ...]]]:
+    """Hosts with merged vars (Ansible's precedence), each group's own vars, group -> member host names."""
+    from ansible import constants as C
+    from ansible.inventory.helpers import get_group_vars, sort_groups
     from ansible.utils.vars import combine_vars
     from ansible.vars.plugins import get_vars_from_inventory_sources
 
-    sources = [str(source)]
-    out: dict[str, Any] = {}
+    sources = inv._sources
+    all_group = inv.groups["all"]
+    stage = "task"  # what VariableManager.get_vars uses by default (ansible-playbook's view)
+
+    def plugin_vars(entities: list[Any]) -> dict[str, Any]:
+        return get_vars_from_inventory_sources(loader, sources, entities, stage)
+
+    all_plugin = plugin_vars([all_group])
+    group_merge: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def merged_groups(host_groups: list[Any]) -> dict[str, Any]:
+        """VariableManager.get_vars' group part for one host, cached per distinct group list."""
+        key = tuple(g.name for g in host_groups)
+        hit = group_merge.get(key)
+        if hit is not None:
+            return hit
+        parts = {
+            "all_inventory": lambda: all_group.get_vars(),
+            "all_plugins_inventory": lambda: all_plugin,
+            "all_plugins_play": lambda: {},  # no play: no playbook-adjacent vars (as get_vars without a play)
+            "groups_inventory": lambda: get_group_vars(host_groups),
+            "groups_plugins_inventory": lambda: plugin_vars(host_groups),
+            "groups_plugins_play": lambda: {},
+        }
+        out: dict[str, Any] = {}
+        for entry in C.VARIABLE_PRECEDENCE:
+            fn = parts.get(entry)
+            if fn is not None:
+                new = fn()
+                if new:
+                    out = combine_vars(out, new)
+        group_merge[key] = out
+        return out
+
+    hosts: dict[str, Host] = {}
+    for h in inv.get_hosts():
+        host_groups = sort_groups([g for g in h.get_groups() if g.name != "all"])
+        hv = combine_vars(merged_groups(host_groups), h.get_vars())
+        hv = combine_vars(hv, plugin_vars([h]))
+        merged = {k: v for k, v in hv.items() if not k.startswith("ansible_") or k in _ANSIBLE_KEEP}
+        hosts[h.name] = Host(
+            name=h.name,
+            address=str(hv.get("ansible_host") or h.name),
+            groups=tuple(sorted(g.name for g in host_groups)),
+            vars=freeze(merged),
+        )
+
+    group_vars: dict[str, Any] = {}
+    groups: dict[str, tuple[str, ...]] = {}
     for name, g in inv.groups.items():
-        plugin_vars = get_vars_from_inventory_sources(loader, sources, [g], "all")
-        out[name] = freeze(combine_vars(g.get_vars(), plugin_vars))
-    return out
+        own = plugin_vars([g]) if name != "all" else all_plugin
+        group_vars[name] = freeze(combine_vars(g.get_vars(), own))
+        groups[name] = tuple(x.name for x in g.get_hosts())
+    return hosts, group_vars, groups
 
 
 def _clusters(inv: Any, hosts: dict[str, Host], group_vars: dict[str, Any]) -> dict[str, Cluster]:
@@ -122,3 +193,116 @@ def _clusters(inv: Any, hosts: dict[str, Host], group_vars: dict[str, Any]) -> d
 
         out[name] = Cluster(name=name, settings=freeze(settings), members=tuple(sorted(member_names, key=key)))
     return out
+
+
+# --- error messages -----------------------------------------------------------------------------------------------
+
+
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _origin_of(exc: BaseException) -> tuple[str, int | None] | None:
+    obj = getattr(exc, "obj", None)
+    if obj is None:
+        return None
+    try:
+        from ansible._internal._datatag._tags import Origin
+    except ImportError:  # pragma: no cover - older ansible-core
+        return None
+    origin = obj if isinstance(obj, Origin) else Origin.get_tag(obj)
+    if origin is None or not origin.path or origin.path.startswith("<"):
+        return None
+    return origin.path, origin.line_num
+
+
+def _describe(exc: BaseException) -> tuple[str | None, str]:
+    """(file[:line], reason) from an Ansible exception chain: the deepest message and the most precise origin."""
+    where: tuple[str, int | None] | None = None
+    reason = ""
+    for e in _chain(exc):
+        o = _origin_of(e)
+        if o is not None and (where is None or (where[1] is None and o[1] is not None)):
+            where = o
+        if type(e).__module__.startswith("yaml"):
+            continue  # Ansible's wrapper says the same in a sentence
+        msg = str(getattr(e, "_message", None) or getattr(e, "message", None) or e).strip()
+        msg = msg.splitlines()[0] if msg else ""
+        if msg and not msg.startswith(("Failed to parse inventory.", "Failed to parse inventory with")):
+            reason = msg.removeprefix("Failed to parse inventory: ")
+    where_s = None if where is None else (f"{where[0]}:{where[1]}" if where[1] else where[0])
+    return where_s, reason or type(exc).__name__
+
+
+def _explain_source(loader: Any, p: Path) -> tuple[str, str] | None:
+    """Re-parse a failed inventory file with the one plugin meant for it, to report the line and the real reason."""
+    if not p.is_file():
+        return None
+    if p.suffix in (".yml", ".yaml", ".json"):
+        return _explain_yaml(loader, p)
+    return _explain_ini(loader, p)
+
+
+def _explain_yaml(loader: Any, p: Path) -> tuple[str, str] | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        return f"{p}{line}", f"invalid YAML: {exc.problem or exc.context}"
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        return str(p), f"invalid YAML: {str(exc).splitlines()[0]}"
+    if not isinstance(data, dict):
+        return str(p), f"a YAML inventory must be a mapping of groups (found {type(data).__name__})"
+    from ansible.inventory.data import InventoryData
+    from ansible.plugins.loader import inventory_loader
+
+    plugin = inventory_loader.get("yaml")
+    try:
+        plugin.parse(InventoryData(), loader, str(p.resolve()), cache=False)
+    except Exception as exc:  # noqa: BLE001 - we only harvest the message
+        _, reason = _describe(exc)
+        return str(p), re.sub(r'"<class \'(?:[\w.]*\.)?(?:_AnsibleTagged)?(\w+)\'>"', lambda m: m.group(1).lower(), reason)
+    return None
+
+
+def _explain_ini(loader: Any, p: Path) -> tuple[str, str] | None:
+    from ansible.inventory.data import InventoryData
+    from ansible.plugins.inventory.ini import InventoryModule
+
+    failed_line: list[int] = []
+
+    class LineTracking(InventoryModule):  # type: ignore[misc]
+        """ansible's INI parser, remembering the line it failed on (it forgets it before raising)."""
+
+        def _parse(self, lines: list[str]) -> None:
+            try:
+                super()._parse(lines)
+            except Exception:
+                if self._origin is not None and self._origin.line_num:
+                    failed_line.append(self._origin.line_num)
+                raise
+
+    try:
+        LineTracking().parse(InventoryData(), loader, str(p.resolve()), cache=False)
+    except Exception as exc:  # noqa: BLE001 - we only harvest the message
+        _, reason = _describe(exc)
+        line = failed_line[0] if failed_line else None
+        if line is not None:
+            try:
+                text = p.read_text(encoding="utf-8", errors="replace").splitlines()[line - 1].strip()
+            except IndexError:
+                text = ""
+            if text.startswith("[") and not text.endswith("]"):
+                reason = f"section header {text!r} is missing its closing ']'"
+            elif reason[:1].islower():  # a bare Python error from inside the parser: show the line it choked on
+                reason = f"cannot read {text!r} ({reason})"
+        return (f"{p}:{line}" if line else str(p)), reason
+    return None

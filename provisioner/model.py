@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -92,16 +93,30 @@ class Fleet:
     source: Path
     hosts: Mapping[str, Host]
     clusters: Mapping[str, Cluster]
-    # group name -> vllm_cluster dict as found in that group's own vars, before host merging; used by rules
-    # that must tell "set on the group" from "set on a host"
+    # group name -> that group's own vars (inline [g:vars] / YAML vars + group_vars/ files), before host merging;
+    # used by rules that must tell "set on the group" from "set on a host"
     group_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+    # group name -> member host names (transitively, as Ansible's `groups` magic variable), "all" included
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     @property
     def gpu_nodes(self) -> list[Host]:
         return [h for h in self.hosts.values() if h.is_gpu_node]
 
     def cluster_of(self, host: str) -> list[str]:
-        return [c.name for c in self.clusters.values() if host in c.members]
+        """Names of the clusters `host` is a member of (normally zero or one)."""
+        return list(self.clusters_by_host.get(host, ()))
+
+    @cached_property
+    def clusters_by_host(self) -> Mapping[str, tuple[str, ...]]:
+        out: dict[str, list[str]] = {}
+        for c in self.clusters.values():
+            for m in c.members:
+                out.setdefault(m, []).append(c.name)
+        return MappingProxyType({k: tuple(v) for k, v in out.items()})
+
+    def head_of(self, cluster: Cluster) -> Host | None:
+        return self.hosts.get(cluster.head) if cluster.head else None
 
 
 def freeze(d: Mapping[str, Any]) -> Mapping[str, Any]:

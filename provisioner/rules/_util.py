@@ -1,0 +1,58 @@
+"""Small helpers shared by the rules (pure)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    for t, n in ((bool, "bool"), (int, "int"), (float, "float"), (str, "string"), (dict, "dict"),
+                 (list, "list"), (tuple, "list")):
+        if isinstance(v, t):
+            return n
+    return type(v).__name__
+
+
+def show(v: Any) -> str:
+    """A found value for a message: repr, shortened."""
+    r = repr(v) if not isinstance(v, (dict, list, tuple)) else repr(type(v)(v) if not isinstance(v, dict) else dict(v))
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def suggest(value: Any, choices: Iterable[str]) -> str:
+    """' (did you mean X?)' or ''."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    if not close:
+        low = {c.lower(): c for c in choices}
+        close = [low[value.lower()]] if value.lower() in low else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def quoted_hint(v: Any, want: str) -> str:
+    """Extra advice when a number/bool arrived as a string (e.g. quoted in YAML)."""
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if want == "int" and s.lstrip("-").isdigit():
+            return f"; write {s} without quotes"
+        if want == "bool" and s in ("true", "false", "yes", "no", "on", "off"):
+            return "; write true/false without quotes"
+        if want == "number":
+            try:
+                float(s)
+                return f"; write {s} without quotes"
+            except ValueError:
+                pass
+    return ""

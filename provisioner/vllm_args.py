@@ -1,0 +1,171 @@
+"""The vLLM command line a cluster member runs: one pure function shared by `validate` and the systemd units.
+
+`serve_args(cluster, host, fleet) -> list[str]` returns the arguments that follow `vllm serve MODEL` on `host`
+(`serve_command` prepends `vllm serve MODEL`). Multi-node clusters use vLLM's own Ray-free `mp` executor:
+
+    head (node_rank 0): --nnodes N --node-rank 0 --master-addr HEAD --master-port P -tp T -pp P [--port 8000] ...
+    worker (rank R):    --nnodes N --node-rank R --master-addr HEAD --master-port P -tp T -pp P ... --headless
+
+`executor: ray` renders `--distributed-executor-backend ray` on the head only; Ray workers run `ray start`, not
+`vllm serve`, so `serve_args` returns [] for them. A one-node cluster gets no --nnodes/--node-rank/--master-* flags.
+HEAD is the head's `vllm_host_ip` when set, else its `ansible_host` (the address the bootstrap interface carries).
+The order is fixed (settings flags, then `extra_args` verbatim) so rendered units are byte-stable.
+
+The function expects a cluster that passed `provision validate` (ints are ints); it never does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from provisioner.model import Cluster, Fleet, Host
+
+# Flags vLLM no longer accepts (vLLM 0.32/0.33) -> what to do instead. Keys are exact option strings.
+REMOVED_FLAGS: Mapping[str, str] = {
+    "--swap-space": "remove it: CPU swap space is gone (removed in vLLM 0.18); preempted requests are recomputed",
+    "--disable-log-requests": "remove it: request logging is off by default (use --enable-log-requests to turn it on)",
+    "--use-v2-block-manager": "remove it: the v2 block manager is the only one",
+    "--worker-use-ray": "use --distributed-executor-backend ray (executor: ray in vllm_cluster)",
+    "--engine-use-ray": "remove it: the engine no longer runs as a Ray actor",
+    "--tokenizer-pool-size": "remove it: tokenizer pools were removed",
+    "--tokenizer-pool-type": "remove it: tokenizer pools were removed",
+    "--tokenizer-pool-extra-config": "remove it: tokenizer pools were removed",
+    "--enable-prompt-adapter": "remove it: prompt adapters were removed",
+    "--max-context-len-to-capture": "remove it: CUDA graph sizes are set through --compilation-config",
+    "--speculative-model": "use --speculative-config '{\"model\": ...}'",
+    "--num-speculative-tokens": "use --speculative-config '{\"num_speculative_tokens\": ...}'",
+    "--speculative-draft-tensor-parallel-size": "use --speculative-config '{\"draft_tensor_parallel_size\": ...}'",
+}
+
+# Flags serve_args renders from vllm_cluster settings; extra_args must not repeat them (FLAG002).
+MANAGED_FLAGS: Mapping[str, str] = {
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--nnodes": "the cluster's members",
+    "--node-rank": "node_rank",
+    "--master-addr": "the head's ansible_host / vllm_host_ip",
+    "--master-port": "master_port",
+    "--headless": "node_rank (workers are headless)",
+    "--distributed-executor-backend": "executor",
+    "--dtype": "dtype",
+    "--quantization": "quantization",
+    "-q": "quantization",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--max-model-len": "max_model_len",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--block-size": "block_size",
+    "--enable-chunked-prefill": "enable_chunked_prefill",
+    "--no-enable-chunked-prefill": "enable_chunked_prefill",
+    "--enable-prefix-caching": "enable_prefix_caching",
+    "--no-enable-prefix-caching": "enable_prefix_caching",
+    "--port": "port",
+}
+
+
+def flag_name(arg: str) -> str:
+    """`--foo=1` -> `--foo`."""
+    return arg.split("=", 1)[0]
+
+
+def _bool_flag(name: str, value: Any) -> list[str]:
+    return [f"--{name}"] if value else [f"--no-{name}"]
+
+
+def serve_args(cluster: Cluster, host: Host | str, fleet: Fleet) -> list[str]:
+    """Arguments after `vllm serve MODEL` for `host` (a member of `cluster`); see the module docstring."""
+    h = fleet.hosts[host] if isinstance(host, str) else host
+    s = cluster.settings
+    members = cluster.members
+    head = fleet.hosts[members[0]] if members else h
+    is_head = h.name == head.name
+    ray = s.get("executor", "mp") == "ray"
+    if ray and not is_head:
+        return []
+    rank = members.index(h.name) if h.name in members else (h.node_rank or 0)
+    if h.node_rank is not None:
+        rank = h.node_rank
+
+    argv: list[str] = []
+    if len(members) > 1 and not ray:
+        master = head.get("vllm_host_ip") or head.address
+        argv += ["--nnodes", str(len(members)), "--node-rank", str(rank),
+                 "--master-addr", str(master), "--master-port", str(s["master_port"])]
+    argv += ["-tp", str(s["tensor_parallel_size"]), "-pp", str(s["pipeline_parallel_size"])]
+    if ray:
+        argv += ["--distributed-executor-backend", "ray"]
+    if is_head:
+        argv += ["--port", str(s["port"])]
+    argv += ["--dtype", str(s["dtype"])]
+    if s.get("quantization"):
+        argv += ["--quantization", str(s["quantization"])]
+    argv += ["--kv-cache-dtype", str(s["kv_cache_dtype"]),
+             "--max-model-len", str(s["max_model_len"]),
+             "--max-num-seqs", str(s["max_num_seqs"])]
+    if s.get("max_num_batched_tokens") is not None:
+        argv += ["--max-num-batched-tokens", str(s["max_num_batched_tokens"])]
+    argv += ["--gpu-memory-utilization", str(s["gpu_memory_utilization"]),
+             "--block-size", str(s["block_size"])]
+    argv += _bool_flag("enable-chunked-prefill", s.get("enable_chunked_prefill"))
+    argv += _bool_flag("enable-prefix-caching", s.get("enable_prefix_caching"))
+    if s.get("served_model_name"):
+        argv += ["--served-model-name", str(s["served_model_name"])]
+    extra = s.get("extra_args") or []
+    if isinstance(extra, (list, tuple)):
+        argv += [str(a) for a in extra]
+    if not is_head:
+        argv.append("--headless")
+    return argv
+
+
+def serve_command(cluster: Cluster, host: Host | str, fleet: Fleet, vllm: str = "vllm") -> list[str]:
+    """The full argv (`vllm serve MODEL ...`), or [] for a Ray worker."""
+    args = serve_args(cluster, host, fleet)
+    h = fleet.hosts[host] if isinstance(host, str) else host
+    if not args and cluster.settings.get("executor") == "ray" and h.name != cluster.head:
+        return []
+    return [vllm, "serve", str(cluster.settings["model"]), *args]
+
+
+def removed_flags(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """(flag, what to do instead) for every flag in argv that vLLM no longer accepts."""
+    return [(flag_name(a), REMOVED_FLAGS[flag_name(a)]) for a in argv if flag_name(a) in REMOVED_FLAGS]
+
+
+def vllm_parser_error(model: str, argv: Sequence[str]) -> str | None:
+    """Check `vllm serve MODEL argv` with vLLM's own parser (no engine start). None when accepted or when vLLM is
+    not importable; else the parser's message. Importing vLLM takes 10-20 s: callers do it once per run."""
+    try:
+        from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found]
+        from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001 - vLLM missing or broken: the static table still applies
+        return None
+    import contextlib
+    import io
+
+    root = FlexibleArgumentParser(prog="vllm")
+    subs = root.add_subparsers(dest="subparser")
+    sc = ServeSubcommand()
+    sc.subparser_init(subs)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
+            ns = root.parse_args(["serve", model, *argv])
+            sc.validate(ns)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            return None
+        lines = [ln for ln in buf.getvalue().strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else f"vLLM's parser exited {exc.code}"
+    except Exception as exc:  # noqa: BLE001 - validate() raises plain errors for bad combinations
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
