@@ -1,0 +1,150 @@
+"""`provision run INVENTORY`: validate, preflight, then apply playbooks/site.yml through ansible-runner."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from provisioner.errors import Exit, UsageError
+
+# Exit codes are raised as SystemExit: cli.main() runs typer with standalone_mode=False, which returns (and there
+# drops) a typer.Exit code.
+
+err = Console(stderr=True, highlight=False)
+
+HELP = """Apply the playbooks (default playbooks/site.yml) to INVENTORY through ansible-runner.
+
+Validates the inventory first (refuses on errors) and runs the preflight probe (unless --skip-preflight); live
+progress on stderr; artifacts under .runs/<time>-run/ (printed). Failed hosts are listed with a ready-to-paste
+`--limit @<run dir>/retry`. Exit codes: 0 all hosts ok, 1 validation/preflight refused or any host failed,
+unreachable or not reached, 2 usage."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# adapters to the other stages (they live in other modules; keep the coupling here, in one place)
+def validate(fleet: Any, targeted: set[str] | None = None) -> tuple[list[Any], list[Any]]:
+    """(errors that block, warnings) from provisioner.rules. Errors on hosts outside `targeted` become warnings."""
+    try:
+        from provisioner.rules import run_rules
+
+        findings = list(run_rules(fleet))
+    except ImportError as exc:  # rules package not importable (partial checkout): say so, do not pretend
+        err.print(f"[yellow]warning:[/] validation rules unavailable ({exc}); not validated")
+        return [], []
+    errors, warnings = [], []
+    for f in findings:
+        sev = getattr(f, "severity", "error")
+        host = getattr(f, "host", None)
+        if sev == "error" and (targeted is None or host is None or host in targeted):
+            errors.append(f)
+        else:
+            warnings.append(f)
+    return errors, warnings
+
+
+def finding_line(f: Any) -> str:
+    where = "/".join(x for x in (getattr(f, "group", None), getattr(f, "host", None)) if x) or "fleet"
+    var = f" ({f.var})" if getattr(f, "var", None) else ""
+    return f"{getattr(f, 'code', '?')} {where}{var}: {getattr(f, 'message', f)}"
+
+
+def preflight(fleet: Any, inventory: Path, targeted: list[str]) -> tuple[bool, list[str]] | None:
+    """Run provisioner.probes.preflight on the targeted hosts when it exists: (ok, problem lines), or None when the
+    probe is not available."""
+    try:
+        from provisioner.probes import preflight as pf
+    except ImportError:
+        return None
+    fn = None
+    for name in ("run_preflight", "preflight", "run", "probe_fleet"):
+        fn = getattr(pf, name, None)
+        if callable(fn):
+            break
+    if fn is None:
+        return None
+    try:
+        res = fn(fleet, hosts=targeted)
+    except TypeError:
+        res = fn(fleet)
+    problems: list[str] = []
+    items = res.values() if isinstance(res, dict) else (getattr(res, "hosts", None) or res)
+    if isinstance(items, dict):
+        items = items.values()
+    for item in items or []:
+        name = getattr(item, "host", getattr(item, "name", None))
+        if targeted and name is not None and name not in targeted:
+            continue
+        ok = getattr(item, "ok", True)
+        if not ok:
+            why = getattr(item, "error", None) or getattr(item, "message", None) or getattr(item, "problems", None)
+            problems.append(f"{name}: {why}")
+    overall = getattr(res, "ok", None)
+    return (bool(overall) if overall is not None else not problems), problems
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def register(app: typer.Typer) -> None:
+    @app.command("run", help=HELP)
+    def run_cmd(
+        inventory: Path = typer.Argument(..., help="Inventory file or directory."),
+        limit: Optional[str] = typer.Option(None, "--limit", "-l", help="Host pattern, or @FILE (a retry file)."),
+        tags: Optional[str] = typer.Option(None, "--tags", "-t", help="Only tasks with these tags (comma list)."),
+        skip_tags: Optional[str] = typer.Option(None, "--skip-tags", help="Skip tasks with these tags."),
+        serial: Optional[str] = typer.Option(None, "--serial", help="Rolling batches: N hosts or N% per batch."),
+        max_fail_percent: Optional[int] = typer.Option(
+            None, "--max-fail-percent", help="Stop the rollout when more than P% of a batch fails (0-100)."),
+        check: bool = typer.Option(False, "--check", help="Dry run (check + diff); changes nothing."),
+        json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout at the end; no progress."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress; short summary only."),
+        skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Do not run the preflight probe."),
+        playbook: Optional[Path] = typer.Option(None, "--playbook", help="Playbook to run (default site.yml)."),
+    ) -> None:
+        from provisioner.inventory import load_fleet
+        from provisioner.reports import run_json, run_text
+        from provisioner.runner import make_progress, resolve_limit, run_playbook, target_hosts, validate_serial
+
+        validate_serial(serial)
+        if max_fail_percent is not None and not 0 <= max_fail_percent <= 100:
+            raise UsageError(f"--max-fail-percent must be 0..100, got {max_fail_percent}")
+        if playbook is not None and not playbook.is_file():
+            raise UsageError("playbook not found", path=str(playbook))
+        fleet = load_fleet(inventory)
+        limit_abs = resolve_limit(limit)
+        targeted = target_hosts(inventory, limit_abs)
+        if not targeted:
+            raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inventory))
+
+        errors, warnings = validate(fleet, set(targeted))
+        for w in warnings:
+            if getattr(w, "severity", "") == "warning" and not quiet and not json_out:
+                err.print(f"[yellow]warning[/] {finding_line(w)}")
+        if errors:
+            for e in errors:
+                err.print(f"[red]error[/] {finding_line(e)}")
+            err.print(f"refusing to run: {len(errors)} validation error(s) (see `provision validate {inventory}`)")
+            raise SystemExit(int(Exit.FAIL))
+
+        if not skip_preflight:
+            pf = preflight(fleet, inventory, targeted)
+            if pf is not None:
+                ok, problems = pf
+                for p in problems:
+                    err.print(f"[red]preflight[/] {p}")
+                if not ok:
+                    err.print("refusing to run: preflight failed (fix the hosts, narrow --limit, or --skip-preflight)")
+                    raise SystemExit(int(Exit.FAIL))
+
+        progress = make_progress("none" if (json_out or quiet) else "auto")
+        result = run_playbook(
+            inventory, command="run", playbook=playbook, limit=limit_abs, tags=tags, skip_tags=skip_tags,
+            check=check, serial=serial, max_fail_percent=max_fail_percent, progress=progress,
+        )
+        if json_out:
+            sys.stdout.write(run_json.render(result))
+        else:
+            sys.stdout.write(run_text.render(result, quiet=quiet))
+        raise SystemExit(int(Exit.OK if result.succeeded else Exit.FAIL))

@@ -1,0 +1,43 @@
+"""Human summary of a `provision run` (recap table, failures, unreachable hosts, the retry command)."""
+
+from __future__ import annotations
+
+import shlex
+
+from provisioner.results import RunResult
+
+COLUMNS = ("ok", "changed", "failed", "unreachable", "skipped", "rescued", "ignored")
+
+
+def render(result: RunResult, *, quiet: bool = False) -> str:
+    lines: list[str] = []
+    if result.error:
+        lines.append(f"ERROR: the run could not complete: {result.error}")
+    if not quiet:
+        width = max([len(n) for n in result.hosts] + [4])
+        header = f"{'HOST':<{width}}  {'STATE':<11}  " + "  ".join(f"{c:>{len(c)}}" for c in COLUMNS) + "  BATCH"
+        lines.append(header)
+        for name in sorted(result.hosts):
+            h = result.hosts[name]
+            row = f"{name:<{width}}  {h.state:<11}  " + "  ".join(f"{getattr(h, c):>{len(c)}}" for c in COLUMNS)
+            lines.append(row + f"  {h.batch if h.batch is not None else '-':>5}")
+    for f in result.failures:
+        where = f"{f.role} : {f.task}" if f.role else f.task
+        msg = f.message.replace("\n", "\n      ")
+        lines.append(f"FAILED {f.host}: TASK [{where}]\n      {msg}")
+    for name in result.unreachable_hosts:
+        msg = (result.hosts[name].unreachable_message or "").replace("\n", "\n      ")
+        lines.append(f"UNREACHABLE {name}: {msg}")
+    if result.aborted and result.not_run_hosts:
+        lines.append("NOT RUN (the rollout stopped before reaching them): " + ", ".join(result.not_run_hosts))
+    t = result.totals()
+    lines.append(
+        f"{len(result.targeted)} hosts in {result.duration:.1f}s: {len(result.failed_hosts)} failed, "
+        f"{len(result.unreachable_hosts)} unreachable, {t['changed']} changes"
+        + (f", {len(result.not_run_hosts)} not run" if result.not_run_hosts else "")
+        + ("; rollout stopped (--max-fail-percent / all hosts of a batch failed)" if result.aborted else "")
+    )
+    if result.retry_file:
+        lines.append(f"retry: provision {result.command} {shlex.quote(result.inventory)} --limit @{result.retry_file}")
+    lines.append(f"run dir: {result.run_dir}")
+    return "\n".join(lines) + "\n"
