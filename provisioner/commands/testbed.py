@@ -1,0 +1,186 @@
+"""`provision testbed ...`: the simulated rack (real systemd hosts over SSH; only GPUs and HCAs are simulated)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from provisioner.errors import Exit
+
+out = Console()
+err = Console(stderr=True)
+
+NAME_OPT = typer.Option("rack", "--name", "-n", help="Rack name (several racks can exist at once).")
+
+
+def _log(msg: str) -> None:
+    err.print(f"[dim]testbed:[/] {msg}", highlight=False)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(Exit.FAIL)
+
+
+def _faults_text(faults: dict[str, Any]) -> str:
+    if not faults:
+        return "-"
+    return ", ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" if v is not True else k for k, v in faults.items())
+
+
+def _table(name: str) -> Table:
+    from provisioner.testbed import rack
+
+    st = rack.load(name)
+    rows = rack.status(name)
+    t = Table(title=f"testbed rack '{name}' · bridge {st.bridge} · {st.gateway}/24 · inventory {st.inventory}")
+    for col in ("host", "address", "state", "ssh", "GPUs", "HCAs up", "faults", "mem MiB"):
+        t.add_column(col, justify="right" if col in ("HCAs up", "mem MiB") else "left")
+    for r in rows:
+        t.add_row(
+            r.name, r.address,
+            "[green]running[/]" if r.running else "[red]stopped[/]",
+            "[green]up[/]" if r.ssh else "[red]down[/]",
+            r.gpus, str(r.hcas), _faults_text(r.faults),
+            f"{r.memory_mib:.0f}" if r.memory_mib is not None else "-",
+        )
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    tb = typer.Typer(
+        name="testbed",
+        help="A simulated rack on this machine (root): real Debian hosts (systemd-nspawn) over SSH, a stand-in NVIDIA "
+        "apt repo, simulated GPUs/HCAs with fault injection. Exit codes: 0 ok, 1 failed, 2 usage.",
+        no_args_is_help=True,
+    )
+
+    @tb.command()
+    def up(
+        nodes: int = typer.Option(4, "--nodes", "-N", help="Number of hosts (node01..)."),
+        spec: Optional[Path] = typer.Option(None, "--spec", help="Hardware spec YAML (defaults + per-host overrides)."),
+        name: str = NAME_OPT,
+        with_vllm: bool = typer.Option(False, "--with-vllm", help="Add the vLLM golden layer (CPU vLLM + tiny model)."),
+    ) -> None:
+        """Bring the rack up (no-op when it is already up; restarts stopped hosts). Writes its inventory."""
+        from provisioner.testbed import rack
+
+        try:
+            res = rack.up(rack.UpOptions(name=name, nodes=nodes, spec_file=spec, with_vllm=with_vllm), _log)
+        except RuntimeError as exc:
+            _fail(exc)
+        out.print(_table(name))
+        what = "created" if res.created else ("repaired: " + ", ".join(res.repaired) if res.repaired else
+                                               "already up (no-op)")
+        out.print(f"rack '{name}' {what} in {res.seconds:.1f} s · inventory: {res.rack.inventory}", highlight=False)
+
+    @tb.command()
+    def status(name: str = NAME_OPT, as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")) -> None:
+        """Per-host state: running, sshd answering, hardware, injected faults, memory."""
+        from provisioner.testbed import rack
+
+        if as_json:
+            rows = rack.status(name)
+            out.print_json(json.dumps([r.__dict__ for r in rows]))
+        else:
+            out.print(_table(name))
+
+    @tb.command()
+    def down(
+        name: str = NAME_OPT,
+        all_racks: bool = typer.Option(False, "--all", help="Every rack on this machine and stray pvbrN bridges."),
+    ) -> None:
+        """Remove the rack: hosts, mounts, bridge, proxy, repo server, state, inventory (also after a crash)."""
+        from provisioner.testbed import rack
+
+        t0 = time.monotonic()
+        try:
+            if all_racks:
+                names = rack.down_all(_log)
+                out.print(f"removed {len(names)} rack(s) in {time.monotonic() - t0:.1f} s", highlight=False)
+            elif rack.down(name, _log):
+                out.print(f"rack '{name}' removed in {time.monotonic() - t0:.1f} s", highlight=False)
+            else:
+                out.print(f"rack '{name}' is not up: nothing to remove", highlight=False)
+        except RuntimeError as exc:
+            _fail(exc)
+
+    @tb.command()
+    def reset(name: str = NAME_OPT) -> None:
+        """Every host back to a fresh disk (same names, addresses, host keys); hardware back to the rack spec."""
+        from provisioner.testbed import rack
+
+        t0 = time.monotonic()
+        try:
+            rack.reset(name, _log)
+        except RuntimeError as exc:
+            _fail(exc)
+        out.print(_table(name))
+        out.print(f"rack '{name}' reset in {time.monotonic() - t0:.1f} s", highlight=False)
+
+    @tb.command()
+    def fault(
+        host: str = typer.Argument(..., help="Host name, e.g. node02."),
+        faults: list[str] = typer.Argument(..., help="hca_down=mlx5_3 · hca_rate=mlx5_2:200 · xid=[GPU:]79 · "
+                                           "ecc_uncorrectable=GPU[:N] · missing_gpu[=N] · nvlink_down[=GPU] · "
+                                           "row_remap_pending[=GPU] · fm_mismatch[=VER] · persistence_off"),
+        name: str = NAME_OPT,
+    ) -> None:
+        """Inject hardware faults into a host, live (its hardware tools answer differently at once)."""
+        from provisioner.testbed import rack
+
+        resolved = rack.fault(name, host, faults, _log)
+        out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
+
+    @tb.command()
+    def clear(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
+        """Remove the faults injected with `fault` (back to the rack spec's hardware for that host)."""
+        from provisioner.testbed import rack
+
+        resolved = rack.clear(name, host)
+        out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
+
+    @tb.command()
+    def stop(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
+        """Power a host off (it becomes unreachable; its disk is kept). `start` or `up` boots it again."""
+        from provisioner.testbed import rack
+
+        rack.stop_host(name, host)
+        out.print(f"{host}: stopped", highlight=False)
+
+    @tb.command()
+    def start(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
+        """Boot a stopped host (waits until SSH answers)."""
+        from provisioner.testbed import rack
+
+        try:
+            started = rack.start_host_cmd(name, host)
+        except RuntimeError as exc:
+            _fail(exc)
+        out.print(f"{host}: {'started' if started else 'already running'}", highlight=False)
+
+    @tb.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def ssh(
+        ctx: typer.Context,
+        host: str = typer.Argument(..., help="Host name."),
+        name: str = NAME_OPT,
+    ) -> None:
+        """Open a shell on a host (or run the command after the host name) with the rack's key and known_hosts."""
+        from provisioner.testbed import hosts, rack
+
+        st = rack.load(name)
+        h = rack.get_host(st, host)
+        argv = hosts.ssh_argv(st, h.address, *ctx.args)
+        if not ctx.args:
+            argv = [a for a in argv if a != "BatchMode=yes"]
+            argv.insert(1, "-t")
+        os.execvp(argv[0], argv)
+
+    app.add_typer(tb)

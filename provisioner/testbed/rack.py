@@ -1,0 +1,701 @@
+"""A simulated rack's lifecycle: up (idempotent, repairs stopped hosts), down (complete, also after a crash),
+reset (hosts back to a fresh disk), stop/start of one host, live hardware faults, status.
+
+Callers: `provisioner/commands/testbed.py` (CLI) and `tests/testbed/conftest.py`. Everything here needs root.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import UsageError
+from provisioner.testbed import hosts as hostmod
+from provisioner.testbed import network, proxy, rootfs, serve
+from provisioner.testbed import inventory_writer as invw
+from provisioner.testbed.state import (
+    NAME_RE,
+    HostState,
+    Proc,
+    RackState,
+    pids_with_arg_under,
+    rack_dir,
+    rack_names,
+    racks_dir,
+    terminate,
+)
+
+Log = Callable[[str], None]
+DEFAULT_NAME = "rack"
+DEFAULT_NODES = 4
+MAX_NODES = 64
+SSH_TIMEOUT_BASE = 60.0
+SSH_TIMEOUT_PER_HOST = 6.0
+
+
+def _nolog(_: str) -> None:
+    pass
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError(
+            "provision testbed needs root (it mounts overlayfs, creates a bridge and boots systemd-nspawn hosts): "
+            "run it as root, e.g. with sudo"
+        )
+
+
+def check_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise UsageError(f"rack name {name!r}: use 1-16 lowercase letters, digits or '-', starting with a letter")
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    name: str = DEFAULT_NAME
+    nodes: int = DEFAULT_NODES
+    spec_file: Path | None = None
+    with_vllm: bool = False
+
+
+@dataclass(frozen=True)
+class UpResult:
+    rack: RackState
+    created: bool  # False: it was already up (no-op) or only repaired
+    repaired: tuple[str, ...]
+    seconds: float
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# hardware specs
+
+
+def _spec_doc(spec_file: Path | None) -> dict[str, Any]:
+    if spec_file is None:
+        return {}
+    from provisioner.testbed import hwspec
+
+    if not spec_file.is_file():
+        raise UsageError("hardware spec file not found", path=str(spec_file))
+    return hwspec.load(spec_file)
+
+
+def host_input_specs(spec_file: Path | None, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each host's spec as written (rack defaults + its overrides), validated (UsageError on a bad spec)."""
+    from provisioner.testbed import hwspec
+
+    doc = _spec_doc(spec_file)
+    if isinstance(doc.get("hosts"), dict):
+        unknown = sorted(set(doc["hosts"]) - set(names))
+        if unknown:
+            raise UsageError(f"hardware spec names host {unknown[0]!r}, not in this rack ({names[0]}..{names[-1]})",
+                             path=str(spec_file))
+    out = {}
+    for n in names:
+        s = hwspec.for_host(doc, n)
+        hwspec.resolve(s)  # validate now, before anything is created
+        out[n] = s
+    return out
+
+
+def materialize(hp: hostmod.HostPaths, spec: dict[str, Any]) -> dict[str, Any]:
+    """Resolve + write the host's hardware dir (in place, so a running host sees it live)."""
+    from provisioner.testbed import hwspec
+
+    resolved = hwspec.resolve(spec)
+    hp.hwsim.mkdir(parents=True, exist_ok=True)
+    try:
+        from provisioner.testbed.hwsim import materialize as hw_materialize  # type: ignore[attr-defined]
+    except ImportError:
+        hw_materialize = None
+    if hw_materialize is not None:
+        hw_materialize(resolved, hp.hwsim)
+    else:  # the simulator is not there yet: at least the spec
+        _write_in_place(hp.hwsim / "spec.json", json.dumps(resolved, indent=2) + "\n")
+    _write_in_place(hp.spec, json.dumps(spec, indent=2) + "\n")
+    return resolved
+
+
+def _write_in_place(p: Path, text: str) -> None:
+    with open(p, "w") as fh:  # same inode: overlay/bind mounts inside the host see the new content
+        fh.write(text)
+
+
+def _inv_host(h: HostState, spec: dict[str, Any]) -> invw.InvHost:
+    """What the inventory declares for a host: its intended hardware (the spec without faults)."""
+    from provisioner.testbed import hwspec
+
+    clean = {k: v for k, v in spec.items() if k != "faults"}
+    r = hwspec.resolve(clean)
+    return invw.InvHost(name=h.name, address=h.address, gpu_model=r["gpu_model"], gpu_count=len(r["gpus"]),
+                        ib_hcas=tuple(x["name"] for x in r["hcas"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# allocation
+
+
+def _index_for(name: str) -> int:
+    if name == DEFAULT_NAME:
+        return 0
+    used = {0}
+    for other in rack_names():
+        st = RackState.load(other)
+        if st is not None:
+            used.add(st.index)
+        idx_file = rack_dir(other) / "index"
+        if idx_file.is_file() and idx_file.read_text().strip().isdigit():
+            used.add(int(idx_file.read_text()))
+    existing = set(network.bridges())
+    for i in range(1, network.MAX_RACKS):
+        if i not in used and network.bridge_name(i) not in existing:
+            return i
+    raise UsageError("no free rack subnet left in 198.18.0.0/15: bring other racks down")
+
+
+def _new_state(opts: UpOptions, index: int) -> RackState:
+    gw = network.gateway(index)
+    st = RackState(
+        name=opts.name,
+        index=index,
+        bridge=network.bridge_name(index),
+        gateway=gw,
+        prefix=24,
+        nodes=opts.nodes,
+        with_vllm=opts.with_vllm,
+        spec_file=str(opts.spec_file.resolve()) if opts.spec_file else None,
+        repo_url=f"http://{gw}:{serve.PORT}/nvidia/",
+        inventory=str(invw.inventory_dir(opts.name) / "hosts.ini"),
+    )
+    st.hosts = [
+        HostState(name=f"node{i:02d}", machine=network.machine_name(index, i), address=network.host_address(index, i),
+                  index=i)
+        for i in range(1, opts.nodes + 1)
+    ]
+    return st
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# up
+
+
+def up(opts: UpOptions, log: Log = _nolog) -> UpResult:
+    require_root()
+    check_name(opts.name)
+    if not 1 <= opts.nodes <= MAX_NODES:
+        raise UsageError(f"--nodes {opts.nodes}: a rack has 1..{MAX_NODES} nodes")
+    t0 = time.monotonic()
+    with rootfs.locked(racks_dir() / f".{opts.name}.lock"):
+        st = RackState.load(opts.name)
+        if st is not None and st.complete:
+            _check_same(st, opts)
+            repaired = _repair(st, log)
+            _write_inventory(st)
+            return UpResult(st, created=False, repaired=tuple(repaired), seconds=time.monotonic() - t0)
+        if st is not None or rack_dir(opts.name).exists():
+            log(f"rack '{opts.name}' was left half-built (crash?): cleaning it up first")
+            _teardown(opts.name, log)
+        specs = host_input_specs(opts.spec_file, [f"node{i:02d}" for i in range(1, opts.nodes + 1)])
+        st = _create(opts, specs, log)
+        return UpResult(st, created=True, repaired=(), seconds=time.monotonic() - t0)
+
+
+def _check_same(st: RackState, opts: UpOptions) -> None:
+    want_spec = str(opts.spec_file.resolve()) if opts.spec_file else None
+    diffs = []
+    if st.nodes != opts.nodes:
+        diffs.append(f"{st.nodes} nodes (asked {opts.nodes})")
+    if st.with_vllm != opts.with_vllm:
+        diffs.append("with vLLM" if st.with_vllm else "without vLLM")
+    if opts.spec_file is not None and st.spec_file != want_spec:
+        diffs.append(f"spec {st.spec_file or '(defaults)'}")
+    if diffs:
+        flag = "" if st.name == DEFAULT_NAME else f" --name {st.name}"
+        raise UsageError(f"rack '{st.name}' is already up with {', '.join(diffs)}: run `provision testbed down{flag}` "
+                         "first to change it")
+
+
+def _create(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -> RackState:
+    cache = rootfs.cache_dir()
+    with rootfs.locked(racks_dir() / ".alloc.lock"):
+        index = _index_for(opts.name)
+        st = _new_state(opts, index)
+        st.dir.mkdir(parents=True, exist_ok=True)
+        (st.dir / "index").write_text(str(index))
+        st.save()  # from here on, `down` knows what to clean even if we crash
+    base = rootfs.ensure_base(cache, log=log)
+    lowers = [str(base)]
+    if opts.with_vllm:
+        from provisioner.testbed import vllm_image
+
+        lowers.insert(0, str(vllm_image.ensure_layer(cache, base, log=log)))
+    st.lowers = lowers
+    repo_dir = _ensure_repo(cache, log)
+    st.save()
+
+    network.ensure_bridge(index)
+    st.proxy = proxy.start(st.gateway, f"{network.subnet(index)}", st.dir / "proxy").to_json()
+    mapping = {"/nvidia/": repo_dir} if repo_dir else {}
+    st.serve = serve.start(f"{st.gateway}:{serve.PORT}", mapping, st.dir / "serve.log", tag=st.dir).to_json()
+    st.save()
+
+    key = _keypair(st)
+    proxy_url = f"http://{st.gateway}:{proxy.PORT}"
+
+    def prepare(h: HostState) -> None:
+        hp = hostmod.paths(st, h)
+        hostmod.mount_root(hp, st.lowers)
+        hostmod.write_identity(st, h, key, proxy_url=proxy_url)
+        h.host_key = Path(f"{st.dir}/ssh/hostkeys/{h.name}_ed25519.pub").read_text().strip()
+        materialize(hp, specs[h.name])
+
+    with ThreadPoolExecutor(max_workers=min(8, len(st.hosts))) as ex:
+        list(ex.map(prepare, st.hosts))
+    _write_known_hosts(st)
+    for h in st.hosts:
+        h.nspawn = hostmod.boot(st, h).to_json()
+    st.save()
+    log(f"booting {len(st.hosts)} host(s) on {st.bridge} ({network.subnet(index)})")
+    _wait_ready(st, [h.name for h in st.hosts])
+    _write_inventory(st)
+    st.complete = True
+    st.save()
+    return st
+
+
+def _ensure_repo(cache: Path, log: Log) -> Path | None:
+    try:
+        from provisioner.testbed import repo  # type: ignore[attr-defined]
+    except ImportError:
+        log("warning: the stand-in NVIDIA repo (provisioner.testbed.repo) is not available: /nvidia/ serves nothing")
+        return None
+    return repo.ensure_repo(cache)
+
+
+def _keypair(st: RackState) -> str:
+    d = st.dir / "ssh"
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    key = d / "id_ed25519"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"provisioner-testbed-{st.name}",
+                        "-f", str(key)], check=True, capture_output=True)
+    return Path(f"{key}.pub").read_text()
+
+
+def _write_known_hosts(st: RackState) -> None:
+    lines = [f"{h.address},{h.name} {h.host_key.split()[0]} {h.host_key.split()[1]}\n" for h in st.hosts if h.host_key]
+    p = st.dir / "ssh" / "known_hosts"
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text("".join(lines))
+    os.replace(tmp, p)
+
+
+def _wait_ready(st: RackState, names: list[str]) -> None:
+    """sshd answers on every host, and a real login with host key checking ON works."""
+    hs = [h for h in st.hosts if h.name in names]
+    timeout = SSH_TIMEOUT_BASE + SSH_TIMEOUT_PER_HOST * len(hs)
+    left = hostmod.wait_ssh([h.address for h in hs], timeout)
+    if left:
+        bad = [h for h in hs if h.address in left]
+        dead = [h.name for h in bad if h.proc is None or not h.proc.alive()]
+        detail = f" ({', '.join(dead)} exited: see {hostmod.paths(st, bad[0]).log})" if dead else ""
+        raise RuntimeError(f"sshd did not answer within {timeout:.0f} s on: "
+                           f"{', '.join(h.name for h in bad)}{detail}")
+
+    def login(h: HostState) -> tuple[str, int, str]:
+        for _ in range(20):
+            p = subprocess.run(hostmod.ssh_argv(st, h.address, "true"), capture_output=True, text=True)
+            if p.returncode == 0:
+                break
+            time.sleep(0.5)
+        return h.name, p.returncode, p.stderr.strip()
+
+    with ThreadPoolExecutor(max_workers=min(8, len(hs))) as ex:
+        failed = [(n, e) for n, rc, e in ex.map(login, hs) if rc != 0]
+    if failed:
+        raise RuntimeError(f"SSH login failed on {failed[0][0]}: {failed[0][1]}")
+
+
+def _write_inventory(st: RackState) -> None:
+    specs = {h.name: _load_spec(st, h) for h in st.hosts}
+    inv = invw.InvRack(
+        name=st.name,
+        hosts=tuple(_inv_host(h, specs[h.name]) for h in st.hosts),
+        key_file=str(st.dir / "ssh" / "id_ed25519"),
+        known_hosts=str(st.dir / "ssh" / "known_hosts"),
+        repo_url=st.repo_url,
+        proxy_url=f"http://{st.gateway}:{proxy.PORT}",
+    )
+    st.inventory = str(invw.write(inv))
+
+
+def _load_spec(st: RackState, h: HostState) -> dict[str, Any]:
+    try:
+        return json.loads(hostmod.paths(st, h).spec.read_text())
+    except (OSError, ValueError):
+        return {"node": h.name}
+
+
+def _repair(st: RackState, log: Log) -> list[str]:
+    """Restart what died (proxy, repo server, stopped hosts); return the names of what was restarted."""
+    fixed: list[str] = []
+    network.ensure_bridge(st.index)
+    if not (p := Proc.from_json(st.proxy)) or not p.alive():
+        st.proxy = proxy.start(st.gateway, str(network.subnet(st.index)), st.dir / "proxy").to_json()
+        fixed.append("proxy")
+    if not (p := Proc.from_json(st.serve)) or not p.alive():
+        repo_dir = _ensure_repo(rootfs.cache_dir(), log)
+        st.serve = serve.start(f"{st.gateway}:{serve.PORT}", {"/nvidia/": repo_dir} if repo_dir else {},
+                               st.dir / "serve.log", tag=st.dir).to_json()
+        fixed.append("repo server")
+    down = [h for h in st.hosts if h.proc is None or not h.proc.alive()]
+    for h in down:
+        start_host(st, h)
+    if down:
+        st.save()
+        _wait_ready(st, [h.name for h in down])
+        fixed += [h.name for h in down]
+    st.save()
+    if fixed:
+        log(f"restarted: {', '.join(fixed)}")
+    return fixed
+
+
+def start_host(st: RackState, h: HostState) -> None:
+    hp = hostmod.paths(st, h)
+    hostmod.mount_root(hp, st.lowers)
+    h.nspawn = hostmod.boot(st, h).to_json()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# down
+
+
+def down(name: str, log: Log = _nolog) -> bool:
+    """Remove the rack completely; False when there was nothing to remove."""
+    require_root()
+    check_name(name)
+    if not rack_dir(name).exists():
+        return False
+    with rootfs.locked(racks_dir() / f".{name}.lock"):
+        _teardown(name, log)
+    return True
+
+
+def down_all(log: Log = _nolog) -> list[str]:
+    """Every rack this machine's state dir knows, plus stray `pvbrN` bridges (CI's clean start)."""
+    require_root()
+    names = rack_names()
+    for n in names:
+        down(n, log)
+    for br in network.bridges():
+        network.delete_link(br)
+    return names
+
+
+def _container_pids(under: Path) -> list[int]:
+    """Processes whose root directory is inside `under` (a crashed nspawn's orphaned container)."""
+    out = []
+    prefix = str(under).rstrip("/") + "/"
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            root = os.readlink(d / "root")
+        except OSError:
+            continue
+        if root.startswith(prefix):
+            out.append(int(d.name))
+    return out
+
+
+def _teardown(name: str, log: Log) -> None:
+    d = rack_dir(name)
+    st = RackState.load(name)
+    index = st.index if st else _read_index(d)
+    if st:
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(st.hosts)))) as ex:
+            list(ex.map(hostmod.stop, st.hosts))
+    # Anything else we started for this rack carries its directory in its command line (nspawn, tinyproxy, the
+    # repo server) or runs inside one of its roots (an orphaned container).
+    for _ in range(3):
+        stray = [p for p in (Proc.of(x) for x in pids_with_arg_under(str(d) + "/")) if p]
+        stray += [p for p in (Proc.of(x) for x in _container_pids(d)) if p]
+        if not stray:
+            break
+        terminate(stray, 5.0)
+    left = hostmod.umount_all(d)
+    if index is not None:
+        for v in network.veths_of(index):
+            network.delete_link(v)
+        network.delete_link(network.bridge_name(index))
+    inv = invw.inventory_dir(name)
+    if inv.is_dir():
+        import shutil
+
+        shutil.rmtree(inv, ignore_errors=True)
+    if left:
+        raise RuntimeError(f"could not unmount: {', '.join(left)}")
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+    log(f"rack '{name}' removed")
+
+
+def _read_index(d: Path) -> int | None:
+    try:
+        t = (d / "index").read_text().strip()
+        return int(t) if t.isdigit() else None
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reset, stop/start one host, faults
+
+
+def load(name: str) -> RackState:
+    check_name(name)
+    st = RackState.load(name)
+    if st is None or not st.complete:
+        flag = "" if name == DEFAULT_NAME else f" --name {name}"
+        raise UsageError(f"rack '{name}' is not up: run `provision testbed up{flag}`")
+    return st
+
+
+def get_host(st: RackState, host: str) -> HostState:
+    h = st.host(host)
+    if h is None:
+        raise UsageError(f"no host {host!r} in rack '{st.name}' (hosts: {', '.join(x.name for x in st.hosts)})")
+    return h
+
+
+def reset(name: str, log: Log = _nolog) -> RackState:
+    """Every host back to a fresh disk (same identity, address and host key), hardware back to the rack spec."""
+    require_root()
+    with rootfs.locked(racks_dir() / f".{name}.lock"):
+        st = load(name)
+        with ThreadPoolExecutor(max_workers=min(16, len(st.hosts))) as ex:
+            list(ex.map(hostmod.stop, st.hosts))
+        import shutil
+
+        specs = host_input_specs(Path(st.spec_file) if st.spec_file else None, [h.name for h in st.hosts])
+        key = Path(f"{st.dir}/ssh/id_ed25519.pub").read_text()
+        proxy_url = f"http://{st.gateway}:{proxy.PORT}"
+        for h in st.hosts:
+            hp = hostmod.paths(st, h)
+            hostmod.umount_all(hp.root)
+            shutil.rmtree(hp.upper, ignore_errors=True)
+            shutil.rmtree(hp.work, ignore_errors=True)
+            hostmod.mount_root(hp, st.lowers)
+            hostmod.write_identity(st, h, key, proxy_url=proxy_url)
+            materialize(hp, specs[h.name])
+            h.nspawn = hostmod.boot(st, h).to_json()
+        st.save()
+        _wait_ready(st, [h.name for h in st.hosts])
+        _write_inventory(st)
+        st.save()
+        log(f"rack '{name}' reset: {len(st.hosts)} host(s) on fresh disks")
+        return st
+
+
+def stop_host(name: str, host: str) -> None:
+    require_root()
+    with rootfs.locked(racks_dir() / f".{name}.lock"):
+        st = load(name)
+        h = get_host(st, host)
+        hostmod.stop(h)
+        hostmod.umount_all(hostmod.paths(st, h).merged)
+
+
+def start_host_cmd(name: str, host: str) -> bool:
+    """Start a stopped host; False when it was already running."""
+    require_root()
+    with rootfs.locked(racks_dir() / f".{name}.lock"):
+        st = load(name)
+        h = get_host(st, host)
+        if h.proc is not None and h.proc.alive():
+            return False
+        start_host(st, h)
+        st.save()
+        _wait_ready(st, [h.name])
+        return True
+
+
+def parse_fault(arg: str) -> dict[str, Any]:
+    """`NAME[=VALUE]` on the command line -> a `faults:` entry of the hardware spec (pure).
+
+    hca_down=mlx5_3[,mlx5_4]  hca_rate=mlx5_2:200  xid=79 | xid=GPU:79  ecc_uncorrectable=GPU[:COUNT]
+    missing_gpu[=N]  nvlink_down[=GPU]  row_remap_pending[=GPU]  fm_mismatch[=VERSION]  persistence_off
+    """
+    name, eq, value = arg.partition("=")
+    name = name.strip().replace("-", "_")
+
+    def ints(v: str, what: str) -> list[int]:
+        try:
+            return [int(x) for x in v.split(",") if x != ""]
+        except ValueError:
+            raise UsageError(f"fault {arg!r}: {what} must be integers, got {v!r}") from None
+
+    if name == "hca_down":
+        if not value:
+            raise UsageError(f"fault {arg!r}: name the HCA, e.g. hca_down=mlx5_3")
+        return {"hca_down": value.split(",")}
+    if name == "hca_rate":
+        hca, _, rate = value.partition(":")
+        if not hca or not rate.isdigit():
+            raise UsageError(f"fault {arg!r}: expected hca_rate=HCA:GBPS, e.g. hca_rate=mlx5_2:200")
+        return {"hca_rate": {hca: int(rate)}}
+    if name == "xid":
+        gpu, _, code = value.rpartition(":")
+        c = ints(code, "the XID code")
+        if len(c) != 1:
+            raise UsageError(f"fault {arg!r}: expected xid=CODE or xid=GPU:CODE, e.g. xid=79")
+        return {"xid": [{"gpu": ints(gpu, "the GPU index")[0] if gpu else 0, "code": c[0]}]}
+    if name == "ecc_uncorrectable":
+        gpu, _, count = (value or "0").partition(":")
+        return {"ecc_uncorrectable": [{"gpu": ints(gpu, "the GPU index")[0],
+                                       "count": ints(count, "the count")[0] if count else 1}]}
+    if name == "missing_gpu":
+        return {"missing_gpu": ints(value, "the count")[0] if value else 1}
+    if name in ("nvlink_down", "row_remap_pending"):
+        return {name: ints(value, "GPU indexes") if value else True}
+    if name == "fm_mismatch":
+        return {"fm_mismatch": value if value else True}
+    if name == "persistence_off":
+        return {"persistence_off": True}
+    from provisioner.testbed import hwspec
+
+    raise UsageError(f"unknown fault {name!r} (known: {', '.join(hwspec.FAULTS)})")
+
+
+def merge_faults(current: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Add `new` faults to `current` (lists extend, mappings update, scalars replace) (pure)."""
+    out = copy.deepcopy(current)
+    for k, v in new.items():
+        old = out.get(k)
+        if isinstance(old, list) and isinstance(v, list):
+            out[k] = old + [x for x in v if x not in old]
+        elif isinstance(old, dict) and isinstance(v, dict):
+            out[k] = {**old, **v}
+        else:
+            out[k] = v
+    return out
+
+
+def fault(name: str, host: str, faults: list[str], log: Log = _nolog) -> dict[str, Any]:
+    """Inject faults into a running (or stopped) host's hardware, live; return its new resolved spec."""
+    require_root()
+    parsed: dict[str, Any] = {}
+    for f in faults:
+        parsed = merge_faults(parsed, parse_fault(f))
+    with rootfs.locked(racks_dir() / f".{name}.lock"):
+        st = load(name)
+        h = get_host(st, host)
+        spec = _load_spec(st, h)
+        spec["faults"] = merge_faults(dict(spec.get("faults") or {}), parsed)
+        resolved = materialize(hostmod.paths(st, h), spec)
+        _refresh_sysfs(st, h)
+        return resolved
+
+
+def clear(name: str, host: str) -> dict[str, Any]:
+    """Back to the rack spec's hardware for that host (faults from `fault` removed)."""
+    require_root()
+    with rootfs.locked(racks_dir() / f".{name}.lock"):
+        st = load(name)
+        h = get_host(st, host)
+        spec = host_input_specs(Path(st.spec_file) if st.spec_file else None, [x.name for x in st.hosts])[h.name]
+        resolved = materialize(hostmod.paths(st, h), spec)
+        _refresh_sysfs(st, h)
+        return resolved
+
+
+def _refresh_sysfs(st: RackState, h: HostState) -> None:
+    """Re-lay the sysfs overlay inside the host (HCA directories may have appeared or gone)."""
+    if h.proc is None or not h.proc.alive():
+        return
+    subprocess.run(hostmod.ssh_argv(st, h.address, "systemctl", "restart", "hwsim-sysfs.service"),
+                   capture_output=True, timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# status
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    address: str
+    running: bool
+    ssh: bool
+    pid: int | None
+    memory_mib: float | None  # PSS of every process of the host (+ its nspawn)
+    faults: dict[str, Any]
+    gpus: str
+    hcas: int
+
+
+def pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def host_memory_mib(st: RackState, h: HostState) -> float | None:
+    p = h.proc
+    if p is None or not p.alive():
+        return None
+    root = hostmod.paths(st, h).merged
+    pids = [p.pid, *_pids_in_root(root)]
+    return sum(pss_kib(x) for x in pids) / 1024
+
+
+def _pids_in_root(root: Path) -> list[int]:
+    out = []
+    r = str(root)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "root") == r:
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def status(name: str) -> list[HostStatus]:
+    require_root()
+    st = load(name)
+    from provisioner.testbed import hwspec
+
+    out = []
+    for h in st.hosts:
+        spec = _load_spec(st, h)
+        try:
+            r = hwspec.resolve(spec)
+            gpus = f"{len(r['gpus'])}x {r['gpu_model']}"
+            hcas = sum(1 for x in r["hcas"] for port in x["ports"] if port["state"] == "ACTIVE")
+        except UsageError:
+            gpus, hcas = "?", 0
+        running = h.proc is not None and h.proc.alive()
+        out.append(HostStatus(
+            name=h.name, address=h.address, running=running,
+            ssh=running and hostmod.ssh_banner(h.address, 1.0),
+            pid=h.proc.pid if running and h.proc else None,
+            memory_mib=host_memory_mib(st, h), faults=dict(spec.get("faults") or {}), gpus=gpus, hcas=hcas,
+        ))
+    return out
