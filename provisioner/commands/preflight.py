@@ -1,0 +1,110 @@
+"""`provision preflight INVENTORY`: compare every GPU node's real hardware with the inventory (one SSH exec per host)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from provisioner.errors import Exit, UsageError
+
+err = Console(stderr=True, highlight=False)
+
+HELP = """Probe the GPU nodes of INVENTORY over SSH (paramiko, parallel, one command per host) and compare what they
+really have with the inventory: GPU count and model, the HCAs of `ib_hcas` present, ACTIVE/LinkUp at the expected
+rate (`ib_rate_gbps`, default 400), GPU-NIC NUMA affinity, OS and kernel, free disk for models.
+
+Host keys are checked against known_hosts (the inventory's UserKnownHostsFile included); unknown keys are refused.
+Exit codes: 0 every host matches, 1 a mismatch or an unreachable host, 2 usage."""
+
+
+def select(fleet: Any, inventory: Path, limit: Optional[str]) -> list[str]:
+    from provisioner.probes.preflight import select_hosts
+
+    if limit and any(c in limit for c in "@~"):  # retry files and regexes: ask Ansible itself
+        from provisioner.runner import resolve_limit, target_hosts
+
+        allowed = set(target_hosts(inventory, resolve_limit(limit)))
+        return [h for h in select_hosts(fleet, None) if h in allowed]
+    return select_hosts(fleet, limit)
+
+
+def render_text(reports: dict[str, Any], seconds: float) -> str:
+    lines = []
+    width = max([len(h) for h in reports] + [4])
+    n_ok = n_bad = n_unr = 0
+    for name, r in reports.items():
+        if not r.reachable:
+            n_unr += 1
+            lines.append(f"{name:<{width}}  UNREACHABLE  {r.error}")
+            continue
+        errors = [m for m in r.mismatches if m.severity == "error"]
+        warns = [m for m in r.mismatches if m.severity != "error"]
+        f = r.facts
+        gpus = f.get("gpus") or []
+        gdesc = f"{len(gpus)}x {gpus[0]['name']}" if gpus else "no GPU"
+        ib = f.get("ib") or {}
+        idesc = f"{sum(1 for p in ib.values() if p['state'] == 'ACTIVE')}/{len(ib)} IB ports active"
+        free = f.get("disk_free_bytes")
+        ddesc = f"{free / 1e9:.0f} GB free" if free is not None else "disk ?"
+        summary = f"{gdesc}, {idesc}, {f.get('os') or 'OS ?'}, kernel {f.get('kernel') or '?'}, {ddesc}"
+        if errors:
+            n_bad += 1
+            lines.append(f"{name:<{width}}  MISMATCH     {summary}")
+        else:
+            n_ok += 1
+            lines.append(f"{name:<{width}}  OK           {summary}")
+        for m in errors:
+            lines.append(f"{'':<{width}}    {name}: {m.line()}")
+        for m in warns:
+            lines.append(f"{'':<{width}}    {name}: warning: {m.line()}")
+    lines.append(f"preflight: {len(reports)} hosts, {n_ok} ok, {n_bad} mismatched, {n_unr} unreachable "
+                 f"({seconds:.2f}s)")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(reports: dict[str, Any], seconds: float) -> str:
+    doc = {
+        "ok": all(r.ok for r in reports.values()),
+        "seconds": round(seconds, 3),
+        "hosts": {n: r.to_dict() for n, r in reports.items()},
+        "summary": {
+            "hosts": len(reports),
+            "ok": sum(1 for r in reports.values() if r.ok),
+            "mismatched": sum(1 for r in reports.values() if r.reachable and not r.ok),
+            "unreachable": sum(1 for r in reports.values() if not r.reachable),
+        },
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("preflight", help=HELP)
+    def preflight_cmd(
+        inventory: Path = typer.Argument(..., help="Inventory file or directory."),
+        limit: Optional[str] = typer.Option(None, "--limit", "-l", help="Hosts/groups/globs, Ansible style."),
+        fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+        timeout: float = typer.Option(30.0, "--timeout", help="Seconds per host (connect + probe)."),
+        forks: int = typer.Option(64, "--forks", help="Hosts probed at once."),
+    ) -> None:
+        from provisioner.inventory import load_fleet
+        from provisioner.probes.preflight import probe
+
+        if fmt not in ("text", "json"):
+            raise UsageError(f"--format must be text or json, got {fmt!r}")
+        if timeout <= 0 or forks < 1:
+            raise UsageError("--timeout must be > 0 and --forks >= 1")
+        fleet = load_fleet(inventory)
+        hosts = select(fleet, inventory, limit)
+        if not hosts:
+            raise UsageError(f"no GPU nodes match{' --limit ' + limit if limit else ''}", path=str(inventory))
+        t0 = time.monotonic()
+        reports = probe(fleet, hosts, timeout=timeout, forks=forks)
+        seconds = time.monotonic() - t0
+        sys.stdout.write(render_json(reports, seconds) if fmt == "json" else render_text(reports, seconds))
+        raise SystemExit(int(Exit.OK if all(r.ok for r in reports.values()) else Exit.FAIL))

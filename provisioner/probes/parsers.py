@@ -1,0 +1,486 @@
+"""Parsers for what GPU nodes print: pure functions over text, tested on real captured outputs
+(tests/fixtures/real/, captured on an H200 machine; tests/fixtures/public/, the documented public formats).
+
+Every parser accepts the text as the tool printed it (ANSI escapes included: `nvidia-smi topo -m` underlines its
+header even when piped) and never raises on odd input: unknown lines are skipped, missing values become None.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+#: XIDs that take a GPU out of service (the list public health suites gate on; ../shared/reference).
+CRITICAL_XIDS = frozenset({48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120})
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+# ------------------------------------------------------------------------------------------ nvidia-smi --query-gpu
+QUERY_GPU_FIELDS = ("index", "name", "memory.total", "driver_version", "persistence_mode", "pci.bus_id")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_mib: int | None
+    driver_version: str | None
+    persistence_mode: str | None
+    pci_bus_id: str | None = None
+
+
+def parse_query_csv(text: str, fields: tuple[str, ...] | list[str]) -> list[dict[str, str]]:
+    """`--query-gpu=F1,F2 --format=csv,noheader,nounits` -> one dict per line. A header line (`--format=csv`) is
+    skipped; a product name containing ', ' is rejoined."""
+    fields = list(fields)
+    rows: list[dict[str, str]] = []
+    for line in strip_ansi(text).splitlines():
+        if not line.strip():
+            continue
+        vals = [v.strip() for v in line.split(",")]
+        if vals and vals[0] == fields[0]:  # header
+            continue
+        if len(vals) > len(fields) and "name" in fields:
+            i, extra = fields.index("name"), len(vals) - len(fields)
+            vals = vals[:i] + [", ".join(vals[i : i + extra + 1])] + vals[i + extra + 1 :]
+        if len(vals) != len(fields):
+            continue
+        rows.append(dict(zip(fields, vals)))
+    return rows
+
+
+def _int_or_none(v: str | None) -> int | None:
+    if v is None:
+        return None
+    m = re.match(r"\s*(\d+)", v)
+    return int(m.group(1)) if m else None
+
+
+def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_GPU_FIELDS) -> list[GpuInfo]:
+    """nvidia-smi --query-gpu=index,name,memory.total,driver_version,persistence_mode[,pci.bus_id] (csv,noheader,
+    nounits) -> GpuInfo per GPU. Works with or without `nounits` (`143771 MiB`)."""
+    out = []
+    for r in parse_query_csv(text, fields):
+        idx = _int_or_none(r.get("index"))
+        if idx is None:
+            continue
+        out.append(GpuInfo(index=idx, name=r.get("name", ""), memory_mib=_int_or_none(r.get("memory.total")),
+                           driver_version=r.get("driver_version"), persistence_mode=r.get("persistence_mode"),
+                           pci_bus_id=r.get("pci.bus_id")))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ nvidia-smi -q
+def parse_smi_q(text: str) -> dict[str, Any]:
+    """`nvidia-smi -q` -> {"header": {...}, "gpus": [nested dict per GPU, "_bus_id" set]} (nesting by indent)."""
+    root: dict[str, Any] = {"header": {}, "gpus": []}
+    cur_top: dict[str, Any] = root["header"]
+    stack: list[tuple[int, dict[str, Any]]] = []
+    for raw in strip_ansi(text).splitlines():
+        if not raw.strip() or raw.strip().startswith("==="):
+            continue
+        m = re.match(r"^GPU ([0-9A-Fa-f]+:[0-9A-Fa-f:.]+)\s*$", raw)
+        if m:
+            cur_top = {"_bus_id": m.group(1)}
+            root["gpus"].append(cur_top)
+            stack = [(0, cur_top)]
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        line = raw.strip()
+        k, sep, v = line.partition(":")
+        k, v = k.strip(), v.strip() if sep else ""
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else cur_top
+        if v == "":
+            child: dict[str, Any] = {}
+            parent.setdefault(k, child)
+            stack.append((indent, parent[k] if isinstance(parent[k], dict) else child))
+        elif k not in parent:
+            parent[k] = v
+    return root
+
+
+def dig(d: Any, *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+# ------------------------------------------------------------------------------------------ nvidia-smi topo -m
+@dataclass(frozen=True)
+class Topology:
+    columns: tuple[str, ...]  # GPU0.. NIC0.. (matrix columns)
+    matrix: dict[tuple[str, str], str]  # (row, column) -> X / NV18 / PIX / PXB / PHB / NODE / SYS
+    cpu_affinity: dict[str, str]  # GPUn -> "0-55,112-167"
+    numa_affinity: dict[str, int | None]  # GPUn -> NUMA node (None when N/A)
+    nic_names: dict[str, str]  # NIC0 -> mlx5_0
+
+    @property
+    def gpus(self) -> list[str]:
+        return [c for c in self.columns if c.startswith("GPU")]
+
+    @property
+    def nics(self) -> list[str]:
+        return [c for c in self.columns if c.startswith("NIC")]
+
+    def link(self, a: str, b: str) -> str | None:
+        return self.matrix.get((a, b))
+
+    def nearest_nic(self, gpu: str) -> tuple[str | None, str | None]:
+        """(hca name, link) of the NIC with the closest connection to `gpu` (PIX < PXB < PHB < NODE < SYS)."""
+        order = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4}
+        best: tuple[int, str, str] | None = None
+        for nic in self.nics:
+            cell = self.matrix.get((gpu, nic))
+            if cell is None or cell not in order:
+                continue
+            if best is None or order[cell] < best[0]:
+                best = (order[cell], nic, cell)
+        if best is None:
+            return None, None
+        return self.nic_names.get(best[1], best[1]), best[2]
+
+
+_AFFINITY_HEADERS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+def parse_topo_m(text: str) -> Topology:
+    """`nvidia-smi topo -m`: tab-separated matrix, then a legend and `NIC Legend:` lines (`  NIC0: mlx5_0`).
+
+    Rows of GPUs carry affinity cells after the matrix; the driver prints an empty cell between `NUMA Affinity` and
+    `GPU NUMA ID` (seen on H200, driver 580), so affinity cells are taken in order with empty ones dropped."""
+    lines = strip_ansi(text).splitlines()
+    columns: list[str] = []
+    extra_headers: list[str] = []
+    matrix: dict[tuple[str, str], str] = {}
+    cpu: dict[str, str] = {}
+    numa: dict[str, int | None] = {}
+    nic_names: dict[str, str] = {}
+    in_matrix = False
+    for line in lines:
+        if not line.strip():
+            in_matrix = False if columns else in_matrix
+            continue
+        m = re.match(r"^\s*(NIC\d+)\s*:\s*(\S+)", line)
+        if m:
+            nic_names[m.group(1)] = m.group(2)
+            continue
+        cells = line.split("\t")
+        if not columns and line.startswith("\t") or (not columns and cells[0].strip() == "" and len(cells) > 1):
+            hdr = [c.strip() for c in cells[1:] if c.strip()]
+            columns = [c for c in hdr if re.match(r"^(GPU|NIC|mlx)\S*$", c) and c not in _AFFINITY_HEADERS]
+            extra_headers = [c for c in hdr if c in _AFFINITY_HEADERS]
+            in_matrix = True
+            continue
+        if in_matrix and columns:
+            row = cells[0].strip()
+            if not row:
+                continue
+            vals = [c.strip() for c in cells[1:]]
+            for col, val in zip(columns, vals[: len(columns)]):
+                matrix[(row, col)] = val
+            rest = [v for v in vals[len(columns) :] if v]
+            aff = dict(zip(extra_headers, rest))
+            if "CPU Affinity" in aff:
+                cpu[row] = aff["CPU Affinity"]
+            if "NUMA Affinity" in aff:
+                numa[row] = _int_or_none(aff["NUMA Affinity"]) if aff["NUMA Affinity"] != "N/A" else None
+    return Topology(tuple(columns), matrix, cpu, numa, nic_names)
+
+
+# ------------------------------------------------------------------------------------------ InfiniBand
+@dataclass(frozen=True)
+class IbPort:
+    hca: str
+    port: int
+    state: str | None  # ACTIVE, DOWN, INIT, ARMED
+    phys_state: str | None  # LinkUp, Disabled, Polling
+    rate_gbps: float | None
+    link_layer: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return (self.state or "").upper() == "ACTIVE"
+
+    @property
+    def link_up(self) -> bool:
+        return (self.phys_state or "").replace(" ", "").lower() == "linkup"
+
+
+def _state_word(v: str | None) -> str | None:
+    """'4: ACTIVE' -> 'ACTIVE'; '5: LinkUp' -> 'LinkUp'; 'Active' -> 'ACTIVE' for port states."""
+    if v is None:
+        return None
+    w = v.split(":", 1)[1].strip() if ":" in v else v.strip()
+    return w or None
+
+
+def parse_rate(v: str | None) -> float | None:
+    """'400 Gb/sec (4X NDR)' or '400' -> 400.0"""
+    m = re.match(r"\s*([0-9]+(?:\.[0-9]+)?)", v or "")
+    return float(m.group(1)) if m else None
+
+
+def parse_ibstat(text: str) -> dict[str, dict[int, IbPort]]:
+    """`ibstat`: blocks `CA 'mlx5_0'` with indented `Port 1:` / `State:` / `Physical state:` / `Rate:`."""
+    out: dict[str, dict[int, IbPort]] = {}
+    ca: str | None = None
+    port: int | None = None
+    vals: dict[str, str] = {}
+
+    def flush() -> None:
+        if ca is not None and port is not None:
+            out.setdefault(ca, {})[port] = IbPort(
+                hca=ca, port=port, state=(vals.get("State") or "").upper() or None,
+                phys_state=vals.get("Physical state"), rate_gbps=parse_rate(vals.get("Rate")),
+                link_layer=vals.get("Link layer"))
+
+    for line in strip_ansi(text).splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            flush()
+            ca, port, vals = m.group(1), None, {}
+            out.setdefault(ca, {})
+            continue
+        m = re.match(r"^\s+Port (\d+):\s*$", line)
+        if m:
+            flush()
+            port, vals = int(m.group(1)), {}
+            continue
+        if port is not None and ":" in line:
+            k, _, v = line.strip().partition(":")
+            vals[k.strip()] = v.strip()
+    flush()
+    return out
+
+
+def parse_ibdev2netdev(text: str) -> dict[str, dict[str, Any]]:
+    """`mlx5_0 port 1 ==> ibp24s0 (Up)` -> {"mlx5_0": {"port": 1, "netdev": "ibp24s0", "up": True}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)", line)
+        if m:
+            out[m.group(1)] = {"port": int(m.group(2)), "netdev": m.group(3), "up": m.group(4).lower() == "up"}
+    return out
+
+
+def parse_ib_sysfs(files: dict[str, str]) -> dict[str, dict[int, IbPort]]:
+    """sysfs files keyed by path (`.../infiniband/<hca>/ports/<p>/{state,phys_state,rate,link_layer}`) -> ports."""
+    acc: dict[tuple[str, int], dict[str, str]] = {}
+    for path, content in files.items():
+        m = re.search(r"infiniband/([^/]+)/ports/(\d+)/(state|phys_state|rate|link_layer)$", path)
+        if m:
+            acc.setdefault((m.group(1), int(m.group(2))), {})[m.group(3)] = content.strip()
+    out: dict[str, dict[int, IbPort]] = {}
+    for (hca, port), v in sorted(acc.items()):
+        out.setdefault(hca, {})[port] = IbPort(
+            hca=hca, port=port, state=(_state_word(v.get("state")) or "").upper() or None,
+            phys_state=_state_word(v.get("phys_state")), rate_gbps=parse_rate(v.get("rate")),
+            link_layer=v.get("link_layer"))
+    return out
+
+
+def parse_file_dump(text: str) -> dict[str, str]:
+    """`PATH<TAB>CONTENT` lines (one-line sysfs files, as the probe prints them) -> {path: content}.
+    A tab, not ':', separates them: PCI paths (`0000:18:00.0`) and sysfs values (`4: ACTIVE`) hold colons."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        path, sep, content = line.partition("\t")
+        if sep and path.startswith("/"):
+            out[path] = content
+    return out
+
+
+def parse_nccl_ib_hca(value: str) -> tuple[bool, bool, list[tuple[str, int | None]]]:
+    """NCCL_IB_HCA -> (exact, exclude, [(name, port)]). Names are prefixes unless the list starts with '='."""
+    v = (value or "").strip()
+    exclude = exact = False
+    if v.startswith("^"):
+        exclude, v = True, v[1:]
+    if v.startswith("="):
+        exact, v = True, v[1:]
+    items: list[tuple[str, int | None]] = []
+    for tok in v.split(","):
+        tok = tok.strip()
+        if tok:
+            name, _, port = tok.partition(":")
+            items.append((name, int(port) if port.isdigit() else None))
+    return exact, exclude, items
+
+
+# ------------------------------------------------------------------------------------------ NVLink, kernel log
+def parse_nvlink_status(text: str) -> dict[int, dict[int, str]]:
+    """`nvidia-smi nvlink --status` -> {gpu: {link: '26.562 GB/s' | 'inactive'}}. Empty on a single PCIe/VM GPU."""
+    gpus: dict[int, dict[int, str]] = {}
+    cur: int | None = None
+    for line in strip_ansi(text).splitlines():
+        m = re.match(r"^GPU (\d+):", line)
+        if m:
+            cur = int(m.group(1))
+            gpus[cur] = {}
+            continue
+        m = re.match(r"^\s+Link (\d+):\s*(.*)$", line)
+        if m and cur is not None:
+            val = m.group(2).strip()
+            gpus[cur][int(m.group(1))] = "inactive" if "inactive" in val.lower() else val
+    return gpus
+
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, (.*))?")
+
+
+@dataclass(frozen=True)
+class Xid:
+    pci: str
+    code: int
+    detail: str
+
+    @property
+    def critical(self) -> bool:
+        return self.code in CRITICAL_XIDS
+
+
+def parse_xids(text: str) -> list[Xid]:
+    """XIDs in kernel log text: /dev/kmsg records (`6,123,456,-;NVRM: Xid ...`), dmesg or journalctl -k lines."""
+    return [Xid(m.group(1), int(m.group(2)), (m.group(3) or "").strip()) for m in map(_XID.search, text.splitlines())
+            if m]
+
+
+# ------------------------------------------------------------------------------------------ OS, disk
+def parse_os_release(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        k, sep, v = line.strip().partition("=")
+        if sep and k and not k.startswith("#"):
+            v = v.strip()
+            if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
+                v = v[1:-1]
+            out[k] = v
+    return out
+
+
+@dataclass(frozen=True)
+class DfEntry:
+    filesystem: str
+    size: int
+    used: int
+    avail: int
+    mount: str
+    fstype: str | None = None
+
+
+def parse_df(text: str) -> list[DfEntry]:
+    """`df -P -B1 [PATH]` (or `df -PT -B1`): POSIX format, byte blocks. With -T a Type column follows Filesystem."""
+    out: list[DfEntry] = []
+    lines = text.splitlines()
+    has_type = bool(lines) and " Type " in lines[0]
+    for line in lines[1:]:
+        f = line.split()
+        need = 7 if has_type else 6
+        if len(f) < need:
+            continue
+        try:
+            if has_type:
+                out.append(DfEntry(f[0], int(f[2]), int(f[3]), int(f[4]), " ".join(f[6:]), f[1]))
+            else:
+                out.append(DfEntry(f[0], int(f[1]), int(f[2]), int(f[3]), " ".join(f[5:])))
+        except ValueError:
+            continue
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the batched probe
+SECTION = "@@pv@@"
+
+
+@dataclass
+class Section:
+    name: str
+    rc: int | None
+    text: str
+
+
+def parse_sections(text: str) -> dict[str, Section]:
+    """The output of the batched probe snippet: `@@pv@@ begin NAME` ... `@@pv@@ end NAME RC` blocks."""
+    out: dict[str, Section] = {}
+    cur: str | None = None
+    buf: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(SECTION + " begin "):
+            cur, buf = line.split(" ", 2)[2].strip(), []
+            continue
+        if line.startswith(SECTION + " end ") and cur is not None:
+            parts = line.split()
+            rc = int(parts[-1]) if parts[-1].lstrip("-").isdigit() else None
+            out[cur] = Section(cur, rc, "\n".join(buf) + ("\n" if buf else ""))
+            cur = None
+            continue
+        if cur is not None:
+            buf.append(line)
+    return out
+
+
+@dataclass
+class NodeFacts:
+    """Everything one preflight probe learned about a host (None / empty where the node could not tell)."""
+
+    gpus: list[GpuInfo] = field(default_factory=list)
+    gpu_error: str | None = None
+    topology: Topology | None = None
+    ib_ports: dict[str, dict[int, IbPort]] = field(default_factory=dict)
+    hca_numa: dict[str, int | None] = field(default_factory=dict)
+    gpu_numa: dict[str, int | None] = field(default_factory=dict)  # pci bus id (lower case) -> NUMA node
+    os_release: dict[str, str] = field(default_factory=dict)
+    kernel: str | None = None
+    disk: DfEntry | None = None
+    disk_path: str | None = None
+
+
+def _numa_dump(text: str, pattern: str) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for path, content in parse_file_dump(text).items():
+        m = re.search(pattern, path)
+        if m:
+            n = content.strip()
+            out[m.group(1).lower()] = int(n) if n.lstrip("-").isdigit() and int(n) >= 0 else None
+    return out
+
+
+def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
+    """The whole batched probe output -> NodeFacts (see provisioner.probes.preflight.PROBE_SCRIPT)."""
+    s = parse_sections(text)
+    f = NodeFacts(disk_path=disk_path)
+    q = s.get("query-gpu")
+    if q is None:
+        f.gpu_error = "no nvidia-smi output"
+    elif q.rc != 0:
+        f.gpu_error = (q.text.strip().splitlines() or ["nvidia-smi failed"])[-1][:200] + f" (rc {q.rc})"
+    else:
+        f.gpus = parse_query_gpu(q.text)
+    t = s.get("topo")
+    if t is not None and t.rc == 0 and t.text.strip():
+        f.topology = parse_topo_m(t.text)
+    ib = s.get("ib-sysfs")
+    if ib is not None:
+        f.ib_ports = parse_ib_sysfs(parse_file_dump(ib.text))
+    if "hca-numa" in s:
+        f.hca_numa = _numa_dump(s["hca-numa"].text, r"infiniband/([^/]+)/device/numa_node$")
+    if "gpu-numa" in s:
+        f.gpu_numa = _numa_dump(s["gpu-numa"].text, r"/([0-9a-fA-F]{4}:[0-9a-fA-F:.]+)/numa_node$")
+    if "os-release" in s:
+        f.os_release = parse_os_release(s["os-release"].text)
+    if "kernel" in s and s["kernel"].text.strip():
+        f.kernel = s["kernel"].text.strip().splitlines()[0]
+    if "df" in s:
+        entries = parse_df(s["df"].text)
+        f.disk = entries[0] if entries else None
+    return f

@@ -1,0 +1,334 @@
+"""Preflight: read what each GPU node really has (one SSH exec per host) and compare it with the fleet model.
+
+    facts = probe(fleet, hosts)             # {host: ExecResult + NodeFacts}
+    reports = compare(fleet, host, facts)   # pure: expected vs found, per check
+
+Checks (stable names, used in reports and tests): `unreachable`, `gpu_count`, `gpu_model`, `ib_hca` (every HCA of
+`ib_hcas` present), `ib_state` (port ACTIVE and LinkUp), `ib_rate` (rate == expected), `numa_affinity` (every GPU has
+an expected HCA on its NUMA node; with a topology matrix, the nearest NIC of each GPU is one of `ib_hcas`), `os`,
+`kernel`, `disk`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable
+
+from provisioner.model import Fleet, Host
+from provisioner.probes import parsers
+from provisioner.probes.parsers import NodeFacts
+from provisioner.probes.ssh import DEFAULT_FORKS, DEFAULT_TIMEOUT, ExecResult, run_many, target_for
+
+#: Distributions the roles support (vars/<os>.yml); anything else is a mismatch unless `preflight_os` says otherwise.
+SUPPORTED_OS = {("debian", "12"), ("ubuntu", "22.04"), ("ubuntu", "24.04")}
+DEFAULT_IB_RATE = 400
+DEFAULT_MIN_FREE_GB = 100
+DEFAULT_MODEL_DIR = "/opt/models"
+
+# Where the probe looks for IB sysfs: the real one, then the simulated rack's (read-only bind of the hardware spec).
+IB_SYSFS_DIRS = ("/sys/class/infiniband", "/var/lib/hwsim/sys/class/infiniband")
+
+# ONE shell snippet per host (POSIX sh). Each part is framed by `@@pv@@ begin NAME` / `@@pv@@ end NAME RC` so a
+# failing tool never hides the others; files are printed as PATH<TAB>CONTENT.
+PROBE_SCRIPT = r"""
+export LC_ALL=C PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/nvidia/bin"
+b() { echo "@@pv@@ begin $1"; }
+e() { echo "@@pv@@ end $1 $2"; }
+dump() { for f in "$@"; do [ -r "$f" ] && printf '%s\t%s\n' "$f" "$(head -c 200 "$f" | tr '\n' ' ' | sed 's/ *$//')"; done; return 0; }
+b query-gpu; nvidia-smi --query-gpu=index,name,memory.total,driver_version,persistence_mode,pci.bus_id --format=csv,noheader,nounits 2>&1; e query-gpu $?
+b topo; nvidia-smi topo -m 2>&1; e topo $?
+IB=; for d in __IB_DIRS__; do if [ -d "$d" ] && [ -n "$(ls "$d" 2>/dev/null)" ]; then IB=$d; break; fi; done
+b ib-sysfs; if [ -n "$IB" ]; then dump "$IB"/*/ports/*/state "$IB"/*/ports/*/phys_state "$IB"/*/ports/*/rate "$IB"/*/ports/*/link_layer; fi; e ib-sysfs $?
+b hca-numa; if [ -n "$IB" ]; then dump "$IB"/*/device/numa_node; fi; e hca-numa $?
+b gpu-numa; dump /sys/bus/pci/drivers/nvidia/*/numa_node; e gpu-numa $?
+b os-release; cat /etc/os-release 2>&1; e os-release $?
+b kernel; uname -r; e kernel $?
+D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do D=$(dirname "$D"); done
+b df; df -P -B1 "$D" 2>&1; e df $?
+"""
+
+
+def probe_script(disk_path: str = DEFAULT_MODEL_DIR) -> str:
+    return (PROBE_SCRIPT.replace("__IB_DIRS__", " ".join(shlex.quote(d) for d in IB_SYSFS_DIRS))
+            .replace("__DISK__", shlex.quote(disk_path)))
+
+
+# ------------------------------------------------------------------------------------------ result model
+@dataclass
+class Mismatch:
+    check: str
+    expected: str
+    found: str
+    severity: str = "error"  # error | warning
+
+    def line(self) -> str:
+        return f"{self.check}: expected {self.expected}, found {self.found}"
+
+
+@dataclass
+class HostReport:
+    host: str
+    reachable: bool
+    seconds: float = 0.0
+    error: str | None = None
+    mismatches: list[Mismatch] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)  # a summary of what was found (JSON-able)
+
+    @property
+    def ok(self) -> bool:
+        return self.reachable and not any(m.severity == "error" for m in self.mismatches)
+
+    @property
+    def message(self) -> str:
+        """One line: why the host is not ok (empty when it is)."""
+        if not self.reachable:
+            return f"unreachable: {self.error}"
+        return "; ".join(m.line() for m in self.mismatches if m.severity == "error")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+# ------------------------------------------------------------------------------------------ expectations
+def _smi_names(gpu_model: str | None) -> tuple[str, ...]:
+    """nvidia-smi product names that count as `gpu_model` (the GPU catalog's smi_name / smi_names)."""
+    if not gpu_model:
+        return ()
+    try:
+        from provisioner import catalog
+
+        spec = catalog.gpu(gpu_model)
+    except Exception:  # catalog missing or unreadable: fall back to the names we know
+        spec = None
+    names: list[str] = []
+    if spec is not None:
+        names.append(spec.smi_name)
+        names.extend(getattr(spec, "smi_names", None) or ())
+    return tuple(dict.fromkeys(names + list(_FALLBACK_SMI.get(gpu_model, ()))))
+
+
+_FALLBACK_SMI = {
+    "H100-SXM5-80GB": ("NVIDIA H100 80GB HBM3",),
+    "H200-SXM-141GB": ("NVIDIA H200",),
+    "H200-SXM5-141GB": ("NVIDIA H200",),
+    "H100-PCIe-80GB": ("NVIDIA H100 PCIe",),
+    "H100-NVL-94GB": ("NVIDIA H100 NVL",),
+}
+
+
+def expected_ib_rate(host: Host) -> float:
+    v = host.get("ib_rate_gbps", host.get("ib_rate", DEFAULT_IB_RATE))
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float(DEFAULT_IB_RATE)
+
+
+def model_dir(host: Host) -> str:
+    v = host.get("vllm_model_dir") or host.get("model_dir") or DEFAULT_MODEL_DIR
+    return str(v)
+
+
+def min_free_bytes(fleet: Fleet, host: Host) -> int:
+    """`preflight_min_free_gb` when set; else the larger of 100 GB and 1.2x the bf16 weights of its clusters' model."""
+    v = host.get("preflight_min_free_gb")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return int(v * 1e9)
+    need = DEFAULT_MIN_FREE_GB * 1e9
+    try:
+        from provisioner import catalog
+
+        for cname in fleet.cluster_of(host.name):
+            m = catalog.model(fleet.clusters[cname].get("model"))
+            if m is not None:
+                need = max(need, m.params * 2 * 1.2)
+    except Exception:
+        pass
+    return int(need)
+
+
+def _os_ok(os_release: dict[str, str], host: Host) -> tuple[bool, str]:
+    want = host.get("preflight_os")
+    found = f"{os_release.get('ID', '?')} {os_release.get('VERSION_ID', '?')}"
+    if want:
+        allowed = [str(w).lower() for w in (want if isinstance(want, list) else [want])]
+        return found.lower() in allowed, " or ".join(allowed)
+    return (os_release.get("ID"), os_release.get("VERSION_ID")) in SUPPORTED_OS, \
+        "one of " + ", ".join(f"{a} {b}" for a, b in sorted(SUPPORTED_OS))
+
+
+# ------------------------------------------------------------------------------------------ compare (pure)
+def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
+    """Expected (inventory) vs found (the node), one Mismatch per difference. Pure."""
+    out: list[Mismatch] = []
+    # GPUs
+    if facts.gpu_error:
+        out.append(Mismatch("gpu_count", str(host.gpu_count), f"no GPU readable: {facts.gpu_error}"))
+    else:
+        if host.gpu_count is not None and len(facts.gpus) != host.gpu_count:
+            out.append(Mismatch("gpu_count", str(host.gpu_count), str(len(facts.gpus))))
+        names = _smi_names(host.gpu_model)
+        if names:
+            bad = [g for g in facts.gpus if g.name not in names]
+            if bad:
+                found = ", ".join(sorted({f"{g.name!r}" for g in bad}))
+                out.append(Mismatch("gpu_model", f"{host.gpu_model} ({' or '.join(repr(n) for n in names)})",
+                                    f"{found} on GPU {','.join(str(g.index) for g in bad)}"))
+    # InfiniBand
+    rate = expected_ib_rate(host)
+    for hca in host.ib_hcas:
+        name, _, port_s = hca.partition(":")
+        ports = facts.ib_ports.get(name)
+        if not ports:
+            out.append(Mismatch("ib_hca", f"{name} present", "absent"
+                                + (f" (found {', '.join(sorted(facts.ib_ports)) or 'no HCA'})")))
+            continue
+        want_ports = [int(port_s)] if port_s.isdigit() else sorted(ports)
+        for p in want_ports:
+            port = ports.get(p)
+            key = f"{name}:{p}"
+            if port is None:
+                out.append(Mismatch("ib_hca", f"{key} present", "no such port"))
+                continue
+            if not port.active or not port.link_up:
+                out.append(Mismatch("ib_state", f"{key} ACTIVE/LinkUp", f"{port.state}/{port.phys_state}"))
+            if port.rate_gbps is not None and port.rate_gbps != rate:
+                sev = "error" if port.rate_gbps < rate else "warning"
+                out.append(Mismatch("ib_rate", f"{key} {rate:g} Gb/s", f"{port.rate_gbps:g} Gb/s", sev))
+    # NUMA affinity
+    out.extend(_numa(host, facts))
+    # OS / kernel / disk
+    if facts.os_release:
+        ok, want = _os_ok(facts.os_release, host)
+        if not ok:
+            out.append(Mismatch("os", want, facts.os_release.get("PRETTY_NAME", "unknown")))
+    want_kernel = host.get("preflight_kernel")
+    if want_kernel and facts.kernel and not str(facts.kernel).startswith(str(want_kernel)):
+        out.append(Mismatch("kernel", str(want_kernel), facts.kernel))
+    need = min_free_bytes(fleet, host)
+    if facts.disk is None:
+        out.append(Mismatch("disk", f">= {need / 1e9:.0f} GB free for models", "df gave nothing", "warning"))
+    elif facts.disk.avail < need:
+        out.append(Mismatch("disk", f">= {need / 1e9:.0f} GB free under {facts.disk_path}",
+                            f"{facts.disk.avail / 1e9:.0f} GB free on {facts.disk.mount}"))
+    return out
+
+
+def _numa(host: Host, facts: NodeFacts) -> list[Mismatch]:
+    hcas = [h.partition(":")[0] for h in host.ib_hcas]
+    if not hcas or not facts.gpus:
+        return []
+    out: list[Mismatch] = []
+    topo = facts.topology
+    # GPU NUMA node: topo -m's NUMA Affinity, else the PCI device's numa_node
+    gpu_numa: dict[int, int | None] = {}
+    for g in facts.gpus:
+        n = topo.numa_affinity.get(f"GPU{g.index}") if topo else None
+        if n is None and g.pci_bus_id:
+            bus = g.pci_bus_id.lower()
+            bus = bus[4:] if len(bus) == 16 else bus  # 00000000:18:00.0 -> 0000:18:00.0
+            n = facts.gpu_numa.get(bus)
+        gpu_numa[g.index] = n
+    hca_numa = {h: facts.hca_numa.get(h) for h in hcas if h in facts.ib_ports}
+    known = {n for n in hca_numa.values() if n is not None}
+    if known:
+        lonely = sorted(i for i, n in gpu_numa.items() if n is not None and n not in known)
+        if lonely:
+            out.append(Mismatch("numa_affinity", "an ib_hcas HCA on every GPU's NUMA node",
+                                "GPU " + ",".join(map(str, lonely)) + " on NUMA "
+                                + ",".join(sorted({str(gpu_numa[i]) for i in lonely}))
+                                + f" (HCAs on NUMA {','.join(map(str, sorted(known)))})"))
+    if topo and topo.nics:
+        far = []
+        for g in facts.gpus:
+            nic, link = topo.nearest_nic(f"GPU{g.index}")
+            if nic is None:
+                continue
+            if link in ("NODE", "SYS") or nic not in hcas:
+                far.append(f"GPU{g.index}->{nic} ({link})")
+        if far:
+            out.append(Mismatch("numa_affinity", "each GPU's nearest NIC (PIX/PXB/PHB) one of ib_hcas",
+                                "; ".join(far), "warning"))
+    return out
+
+
+def summarize(facts: NodeFacts) -> dict[str, Any]:
+    return {
+        "gpus": [{"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "driver": g.driver_version,
+                  "persistence": g.persistence_mode} for g in facts.gpus],
+        "gpu_error": facts.gpu_error,
+        "ib": {f"{h}:{p.port}": {"state": p.state, "phys_state": p.phys_state, "rate_gbps": p.rate_gbps,
+                                 "numa": facts.hca_numa.get(h)} for h, ports in facts.ib_ports.items()
+               for p in ports.values()},
+        "os": facts.os_release.get("PRETTY_NAME"),
+        "kernel": facts.kernel,
+        "disk_free_bytes": facts.disk.avail if facts.disk else None,
+        "disk_mount": facts.disk.mount if facts.disk else None,
+    }
+
+
+# ------------------------------------------------------------------------------------------ probe (I/O)
+def probe(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_TIMEOUT, forks: int = DEFAULT_FORKS,
+          on_result: Callable[[ExecResult], None] | None = None) -> dict[str, HostReport]:
+    """Probe `hosts` in parallel and compare each with the fleet; one HostReport per host, in the given order."""
+    names = list(hosts)
+    targets = [target_for(fleet.hosts[n]) for n in names]
+    scripts = {n: probe_script(model_dir(fleet.hosts[n])) for n in names}
+    results = run_many(targets, lambda t: scripts[t.name], timeout=timeout, forks=forks, on_result=on_result)
+    return {n: report_from(fleet, fleet.hosts[n], results[n]) for n in names}
+
+
+def report_from(fleet: Fleet, host: Host, r: ExecResult) -> HostReport:
+    if not r.ok:
+        return HostReport(host.name, reachable=False, seconds=r.seconds, error=r.error,
+                          mismatches=[Mismatch("unreachable", "SSH reachable", r.error or "unreachable")])
+    facts = parsers.parse_probe(r.stdout, disk_path=model_dir(host))
+    return HostReport(host.name, reachable=True, seconds=r.seconds, mismatches=compare(fleet, host, facts),
+                      facts=summarize(facts))
+
+
+def select_hosts(fleet: Fleet, limit: str | None) -> list[str]:
+    """GPU nodes (or hosts declaring gpu_count) matching an Ansible-style --limit: comma/colon separated names,
+    groups or globs; `!x` excludes, `&x` intersects."""
+    import fnmatch
+
+    cand = [h.name for h in fleet.hosts.values() if h.is_gpu_node or h.gpu_count is not None]
+    if not limit:
+        return cand
+
+    def match(pat: str) -> set[str]:
+        return {n for n in cand if fnmatch.fnmatch(n, pat) or any(fnmatch.fnmatch(g, pat)
+                                                                   for g in fleet.hosts[n].groups)}
+
+    sel: set[str] | None = None
+    inter: list[set[str]] = []
+    excl: set[str] = set()
+    for tok in [t.strip() for t in limit.replace(":", ",").split(",") if t.strip()]:
+        if tok.startswith("!"):
+            excl |= match(tok[1:])
+        elif tok.startswith("&"):
+            inter.append(match(tok[1:]))
+        else:
+            sel = (sel or set()) | match(tok)
+    chosen = set(cand) if sel is None else sel
+    for s in inter:
+        chosen &= s
+    chosen -= excl
+    return [n for n in cand if n in chosen]
+
+
+def run_preflight(fleet: Fleet, hosts: Iterable[str] | None = None, **kw: Any) -> dict[str, HostReport]:
+    """Entry point for `provision run` / `onboard`: probe `hosts` (default: every GPU node)."""
+    return probe(fleet, select_hosts(fleet, None) if hosts is None else
+                 [h for h in hosts if h in fleet.hosts and (fleet.hosts[h].is_gpu_node
+                                                            or fleet.hosts[h].gpu_count is not None)], **kw)
+
+
+def timed_probe(fleet: Fleet, hosts: list[str], **kw: Any) -> tuple[dict[str, HostReport], float]:
+    t0 = time.monotonic()
+    r = probe(fleet, hosts, **kw)
+    return r, time.monotonic() - t0

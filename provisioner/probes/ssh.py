@@ -1,0 +1,240 @@
+"""Run one command on many hosts over SSH (paramiko): bounded concurrency, a deadline per host, host keys checked.
+
+One connection and ONE exec per host: callers batch everything they want to know into a single shell snippet
+(`provisioner.probes.preflight.PROBE_SCRIPT`), so a probe costs one round of SSH handshakes, not one per fact.
+
+Host keys: the user's ~/.ssh/known_hosts, /etc/ssh/ssh_known_hosts and every `UserKnownHostsFile` named in the
+inventory's `ansible_ssh_common_args` are loaded; an unknown or changed key is refused (paramiko RejectPolicy), as
+Ansible does with host key checking on. Only an explicit `-o StrictHostKeyChecking=no` in the inventory turns that off
+(the key is then accepted for this connection and never saved), mirroring what ssh would do.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from provisioner.model import Host
+
+DEFAULT_TIMEOUT = 30.0  # seconds per host: connect + auth + the command
+DEFAULT_FORKS = 64  # concurrent connections (threads; the work is network wait, not CPU)
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    name: str  # inventory name (reports use it)
+    address: str
+    port: int = 22
+    user: str | None = None
+    key_files: tuple[str, ...] = ()
+    known_hosts: tuple[str, ...] = ()
+    strict_host_keys: bool = True
+    connect_timeout: float | None = None
+
+
+@dataclass
+class ExecResult:
+    host: str
+    ok: bool  # connected and the command ran (whatever its exit status)
+    rc: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None  # why the host is unreachable (auth, host key, timeout, refused)
+    seconds: float = 0.0
+
+
+@dataclass
+class _SshOpts:
+    known_hosts: list[str] = field(default_factory=list)
+    identity: list[str] = field(default_factory=list)
+    strict: bool = True
+    port: int | None = None
+    user: str | None = None
+    connect_timeout: float | None = None
+
+
+def parse_ssh_args(args: str | None) -> _SshOpts:
+    """The parts of `ansible_ssh_common_args` (ssh command-line options) that matter for a paramiko connection:
+    `-o UserKnownHostsFile=`, `-o IdentityFile=` / `-i`, `-o StrictHostKeyChecking=`, `-o ConnectTimeout=`,
+    `-o Port=` / `-p`, `-o User=` / `-l`. Unknown options are ignored (ControlMaster etc. mean nothing here)."""
+    o = _SshOpts()
+    if not args:
+        return o
+    try:
+        toks = shlex.split(str(args))
+    except ValueError:
+        return o
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        val: str | None = None
+        if t in ("-o", "-i", "-p", "-l") and i + 1 < len(toks):
+            val = toks[i + 1]
+            i += 2
+        elif t.startswith("-o") and len(t) > 2:
+            t, val = "-o", t[2:]
+            i += 1
+        elif t.startswith("-i") and len(t) > 2:
+            t, val = "-i", t[2:]
+            i += 1
+        else:
+            i += 1
+            continue
+        if t == "-i":
+            o.identity.append(os.path.expanduser(val))
+        elif t == "-p" and val.isdigit():
+            o.port = int(val)
+        elif t == "-l":
+            o.user = val
+        elif t == "-o":
+            k, _, v = val.partition("=")
+            if not _:
+                k, _, v = val.partition(" ")
+            k, v = k.strip().lower(), v.strip()
+            if k == "userknownhostsfile":
+                o.known_hosts.extend(os.path.expanduser(x) for x in v.split() if x != "/dev/null")
+                if v.strip() == "/dev/null":
+                    o.strict = False
+            elif k == "identityfile":
+                o.identity.append(os.path.expanduser(v))
+            elif k == "stricthostkeychecking":
+                o.strict = v.lower() not in ("no", "off", "false", "accept-new")
+            elif k == "connecttimeout" and v.isdigit():
+                o.connect_timeout = float(v)
+            elif k == "port" and v.isdigit():
+                o.port = int(v)
+            elif k == "user":
+                o.user = v
+    return o
+
+
+def target_for(host: Host) -> SshTarget:
+    """An SshTarget from an inventory host (ansible_host/port/user, ansible_ssh_common_args, private key file)."""
+    opts = parse_ssh_args(host.get("ansible_ssh_common_args"))
+    keys = list(opts.identity)
+    pk = host.get("ansible_ssh_private_key_file") or host.get("ansible_private_key_file")
+    if pk:
+        keys.insert(0, os.path.expanduser(str(pk)))
+    port = host.ssh_port if host.get("ansible_port") is not None else (opts.port or 22)
+    return SshTarget(name=host.name, address=host.address, port=port, user=host.ssh_user or opts.user,
+                     key_files=tuple(keys), known_hosts=tuple(opts.known_hosts), strict_host_keys=opts.strict,
+                     connect_timeout=opts.connect_timeout)
+
+
+def _default_user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # pragma: no cover - no passwd entry
+        return "root"
+
+
+def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT) -> ExecResult:
+    """Connect, run `command` once, collect stdout/stderr/exit status; every failure becomes `error`, never raised."""
+    import paramiko
+
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    res = ExecResult(host=t.name, ok=False)
+    client = paramiko.SSHClient()
+    try:
+        # all known_hosts files go into the read-only "system" set: nothing is ever written back
+        for f in ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts", *t.known_hosts):
+            p = os.path.expanduser(f)
+            if os.path.isfile(p):
+                try:
+                    client.load_system_host_keys(p)
+                except (OSError, paramiko.SSHException):
+                    pass
+        client.set_missing_host_key_policy(
+            paramiko.RejectPolicy() if t.strict_host_keys else paramiko.AutoAddPolicy())
+        keys = [k for k in t.key_files if os.path.isfile(k)]
+        ct = min(t.connect_timeout or timeout, timeout)
+        client.connect(t.address, port=t.port, username=t.user or _default_user(),
+                       key_filename=keys or None, look_for_keys=not keys, allow_agent=not keys,
+                       timeout=ct, banner_timeout=ct, auth_timeout=ct, channel_timeout=ct)
+        transport = client.get_transport()
+        assert transport is not None
+        chan = transport.open_session(timeout=max(1.0, deadline - time.monotonic()))
+        chan.settimeout(0.5)
+        chan.exec_command(command)
+        out, err = bytearray(), bytearray()
+        while True:
+            if time.monotonic() > deadline:
+                res.error = f"timed out after {timeout:g}s (command still running)"
+                chan.close()
+                break
+            got = False
+            if chan.recv_ready():
+                out += chan.recv(65536)
+                got = True
+            if chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+                got = True
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                res.rc = chan.recv_exit_status()
+                # drain what arrived between the checks
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                res.ok = True
+                break
+            if not got:
+                time.sleep(0.01)
+        res.stdout = out.decode("utf-8", "replace")
+        res.stderr = err.decode("utf-8", "replace")
+    except paramiko.BadHostKeyException as exc:
+        res.error = f"host key for {exc.hostname} CHANGED (possible MITM): refused"
+    except paramiko.AuthenticationException as exc:
+        res.error = f"authentication failed as {t.user or _default_user()}: {exc}"
+    except paramiko.SSHException as exc:
+        msg = str(exc)
+        if "not found in known_hosts" in msg:
+            res.error = f"host key not in known_hosts ({', '.join(t.known_hosts) or '~/.ssh/known_hosts'}): refused"
+        else:
+            res.error = f"ssh: {msg or type(exc).__name__}"
+    except (socket.timeout, TimeoutError):
+        res.error = f"connect timed out after {min(t.connect_timeout or timeout, timeout):g}s"
+    except OSError as exc:
+        res.error = f"cannot connect to {t.address}:{t.port}: {exc.strerror or exc}"
+    except Exception as exc:  # never let one host take the fan-out down
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            client.close()
+        except Exception:
+            pass
+        res.seconds = round(time.monotonic() - t0, 3)
+    return res
+
+
+def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], str], *,
+             timeout: float = DEFAULT_TIMEOUT, forks: int = DEFAULT_FORKS,
+             on_result: Callable[[ExecResult], None] | None = None) -> dict[str, ExecResult]:
+    """Run `command` (or command(target)) on every target, at most `forks` at a time; results by host name."""
+    targets = list(targets)
+    out: dict[str, ExecResult] = {}
+    lock = threading.Lock()
+
+    def one(t: SshTarget) -> None:
+        cmd = command(t) if callable(command) else command
+        r = run_one(t, cmd, timeout=timeout)
+        with lock:
+            out[t.name] = r
+            if on_result:
+                on_result(r)
+
+    if not targets:
+        return out
+    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets))), thread_name_prefix="ssh") as pool:
+        list(pool.map(one, targets))
+    return {t.name: out[t.name] for t in targets}
