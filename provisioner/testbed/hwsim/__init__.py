@@ -1,0 +1,182 @@
+"""Materialize a simulated node's hardware into the directory bind-mounted at `/var/lib/hwsim` on the host.
+
+`materialize(spec, dest)` resolves the spec (`provisioner.testbed.hwspec.resolve`) and writes, each file replaced
+atomically in place (so a live read-only bind mount sees the change at once, never a half-written file):
+
+- `spec.json`: the resolved spec the stand-in tools read (written last);
+- `sys/class/infiniband/<hca>/...`: sysfs-shaped HCA files (`ports/1/state` = `4: ACTIVE`, `rate` =
+  `400 Gb/sec (4X NDR)`, `node_guid`, ...);
+- `sys/module/nvidia/version`, `proc/driver/nvidia/version`: what the loaded kernel module reports;
+- `kmsg` (records as `/dev/kmsg` yields them) and `dmesg` (as `dmesg` prints them): driver load lines, NVRM Xid
+  lines, failed-GPU init lines.
+
+See README.md next to this file for the spec and every fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from provisioner.testbed import hwspec
+
+_BUILD = "(dvs-builder@U22-I3-AE18-23-3)  Wed Sep 24 09:24:00 UTC 2025"
+_DERIVED_TREES = ("sys", "proc")
+
+
+def _write(path: Path, text: str, written: set[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written.add(path)
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _short_pci(bus_id: str) -> str:
+    """`00000000:9D:00.0` -> `0000:9d:00` (the form NVRM prints in Xid lines)."""
+    domain, bus, devfn = bus_id.lower().split(":")
+    return f"{domain[-4:]}:{bus}:{devfn.split('.')[0]}"
+
+
+def _full_pci(bus_id: str) -> str:
+    """`00000000:9D:00.0` -> `0000:9d:00.0`."""
+    domain, bus, devfn = bus_id.lower().split(":")
+    return f"{domain[-4:]}:{bus}:{devfn}"
+
+
+def kernel_log(spec: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(log level, message) lines the simulated kernel logged since boot, in order."""
+    module = spec["driver"]["kernel_module_version"]
+    lines: list[tuple[int, str]] = [
+        (6, "nvidia-nvlink: Nvlink Core is being initialized, major device number 508"),
+        (5, f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {module}  Release Build  {_BUILD}"),
+    ]
+    for gpu in spec["gpus"]:
+        lines.append((6, f"NVRM: GPU at PCI:{_short_pci(gpu['pci_bus_id'])}: {gpu['uuid']}"))
+    for bus in spec.get("gpus_missing", []):
+        lines.append((3, f"NVRM: GPU {_full_pci(bus)}: RmInitAdapter failed! (0x62:0x55:2477)"))
+        lines.append((3, f"NVRM: GPU {_full_pci(bus)}: rm_init_adapter failed, device minor number "
+                         f"{len(spec['gpus'])}"))
+    for hca in spec["hcas"]:
+        for port in hca["ports"]:
+            if port["state"] != "ACTIVE":
+                lines.append((6, f"mlx5_core {hca['pci']} {hca['netdev']}: Link down"))
+    for xid in spec["xids"]:
+        text = xid["text"]
+        if not text.startswith("pid="):
+            text = f"pid='<unknown>', name=<unknown>, {text}"
+        lines.append((4, f"NVRM: Xid (PCI:{_short_pci(xid['pci_bus_id'])}): {xid['code']}, {text}"))
+        if xid["code"] == 79:
+            lines.append((4, f"NVRM: GPU {_full_pci(xid['pci_bus_id'])}: GPU has fallen off the bus."))
+    return lines
+
+
+def _kmsg_and_dmesg(spec: Mapping[str, Any]) -> tuple[str, str]:
+    kmsg, dmesg = [], []
+    usec = 4_210_337
+    for seq, (level, msg) in enumerate(kernel_log(spec), start=1201):
+        kmsg.append(f"{level},{seq},{usec},-;{msg}\n")
+        dmesg.append(f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] {msg}\n")
+        usec += 1_873_112
+    return "".join(kmsg), "".join(dmesg)
+
+
+def _ib_files(spec: Mapping[str, Any]) -> dict[str, str]:
+    node = spec["node"]
+    files: dict[str, str] = {}
+    for hca in spec["hcas"]:
+        base = f"sys/class/infiniband/{hca['name']}"
+        files.update({
+            f"{base}/node_guid": hca["node_guid"] + "\n",
+            f"{base}/sys_image_guid": hca["sys_image_guid"] + "\n",
+            f"{base}/fw_ver": hca["fw_ver"] + "\n",
+            f"{base}/hca_type": hca["hca_type"] + "\n",
+            f"{base}/board_id": hca["board_id"] + "\n",
+            f"{base}/node_type": "1: CA\n",
+            f"{base}/node_desc": f"{node} {hca['name']}\n",
+            f"{base}/device/numa_node": f"{hca['numa_node']}\n",
+            f"{base}/device/local_cpulist": hca["cpu_affinity"] + "\n",
+            f"{base}/device/uevent": f"DRIVER=mlx5_core\nPCI_SLOT_NAME={hca['pci']}\n",
+        })
+        any_up = any(p["state"] == "ACTIVE" for p in hca["ports"])
+        netdev = f"{base}/device/net/{hca['netdev']}"
+        files[f"{netdev}/operstate"] = ("up" if any_up else "down") + "\n"
+        files[f"{netdev}/dev_port"] = "0\n"
+        for port in hca["ports"]:
+            p = f"{base}/ports/{port['port']}"
+            files.update({
+                f"{p}/state": f"{hspec_state(port['state'])}\n",
+                f"{p}/phys_state": f"{hwspec.PHYS_STATES[port['phys_state']]}: {port['phys_state']}\n",
+                f"{p}/rate": f"{port['rate']} Gb/sec ({hwspec.IB_RATES[port['rate']]})\n",
+                f"{p}/link_layer": port["link_layer"] + "\n",
+                f"{p}/lid": f"0x{port['lid']:x}\n",
+                f"{p}/sm_lid": f"0x{port['sm_lid']:x}\n",
+                f"{p}/lid_mask_count": "0\n",
+                f"{p}/sm_sl": "0\n",
+                f"{p}/cap_mask": "0xa751e848\n",
+            })
+    return files
+
+
+def hspec_state(state: str) -> str:
+    return f"{hwspec.PORT_STATES[state]}: {state}"
+
+
+def _driver_files(spec: Mapping[str, Any]) -> dict[str, str]:
+    module = spec["driver"]["kernel_module_version"]
+    return {
+        "sys/module/nvidia/version": module + "\n",
+        "proc/driver/nvidia/version": (
+            f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {module}  Release Build  {_BUILD}\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"),
+    }
+
+
+def _prune(dest: Path, written: set[Path]) -> None:
+    """Remove derived files a previous spec wrote that this one does not (an HCA that is gone)."""
+    for tree in _DERIVED_TREES:
+        root = dest / tree
+        if not root.exists():
+            continue
+        for p in sorted(root.rglob("*"), key=lambda x: len(x.parts), reverse=True):
+            if p.is_file() and p not in written:
+                p.unlink()
+            elif p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
+def materialize(spec: Mapping[str, Any] | None, dest: Path) -> None:
+    """Resolve `spec` and (re)write its files under `dest`; idempotent, atomic per file, in place.
+
+    Raises `hwspec.HwSpecError` (a UsageError) on an invalid spec, before touching `dest`.
+    """
+    resolved = hwspec.resolve(spec)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    dest.chmod(0o755)
+    written: set[Path] = set()
+    files = {**_ib_files(resolved), **_driver_files(resolved)}
+    kmsg, dmesg = _kmsg_and_dmesg(resolved)
+    files["kmsg"] = kmsg
+    files["dmesg"] = dmesg
+    for rel, text in files.items():
+        _write(dest / rel, text, written)
+    _prune(dest, written)
+    for p in dest.rglob("*"):
+        if p.is_dir():
+            p.chmod(0o755)
+    _write(dest / "spec.json", json.dumps(resolved, indent=2, sort_keys=True) + "\n", written)

@@ -1,0 +1,415 @@
+"""The simulated node's hardware spec: defaults, validation and fault shortcuts.
+
+A spec is what an operator writes (YAML/JSON) to describe one simulated GPU node. `resolve(spec)` checks it and turns
+it into the fully explicit form the simulators read from `/var/lib/hwsim/spec.json` (every GPU, every HCA port, every
+XID written out). Defaults: an 8x H100-SXM5-80GB HGX node with 8 NDR HCAs `mlx5_0..7` (port 1 Active at 400 Gb/s)
+and driver 580.95.05. Faults are shortcuts over that resolved form; see `provisioner/testbed/hwsim/README.md`.
+
+Only JSON types in and out, so the resolved spec is exactly what lands on disk.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from provisioner.errors import UsageError
+
+SCHEMA = "hwsim/1"
+DEFAULT_DRIVER = "580.95.05"
+#: The driver version the loaded kernel module reports under `fm_mismatch: true` (the previous 580 release, also
+#: the older Fabric Manager the stand-in repo carries).
+MISMATCH_DRIVER = "580.82.07"
+DEFAULT_CUDA = "13.0"  # CUDA version the R580 driver reports
+DEFAULT_MODEL = "H100-SXM5-80GB"
+DEFAULT_GPU_COUNT = 8
+DEFAULT_HCA_COUNT = 8
+NVLINK_LINKS = 18
+NVLINK_GBPS = "26.562"  # per-link speed `nvidia-smi nvlink --status` prints on Hopper
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What the driver reports for one GPU model (the inventory's `gpu_model` names it)."""
+
+    name: str  # `nvidia-smi --query-gpu=name`
+    memory_mib: int  # memory.total
+    reserved_mib: int
+    power_limit_w: int
+    device_id: str  # PCI device id as `-q` prints it
+    vbios: str
+    board_part: str
+    max_sm_mhz: int
+    max_mem_mhz: int
+
+
+GPU_MODELS: Mapping[str, GpuModel] = {
+    "H100-SXM5-80GB": GpuModel("NVIDIA H100 80GB HBM3", 81559, 551, 700, "0x233010DE", "96.00.99.00.01",
+                               "692-2G520-0200-000", 1980, 2619),
+    "H200-SXM5-141GB": GpuModel("NVIDIA H200", 143771, 630, 700, "0x233510DE", "96.00.A5.00.01",
+                                "692-2G520-0280-000", 1980, 3201),
+}
+
+# DGX/HGX H100 PCI layout: GPUs and their PIX-attached compute NICs, socket 0 first.
+_GPU_BUSES = ["1B", "43", "52", "61", "9D", "C3", "D1", "DF"]
+_NIC_BUSES = ["18", "40", "4F", "5E", "9A", "C0", "CE", "DC"]
+_NUMA_CPUS = ["0-55,112-167", "56-111,168-223"]
+
+#: rate (Gb/s) -> the text after the number in sysfs `rate` ("400 Gb/sec (4X NDR)").
+IB_RATES: Mapping[int, str] = {
+    10: "4X SDR", 20: "4X DDR", 40: "4X QDR", 56: "4X FDR", 100: "4X EDR", 200: "4X HDR", 400: "4X NDR",
+    800: "4X XDR",
+}
+PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
+PHYS_STATES = {"Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4, "LinkUp": 5,
+               "LinkErrorRecovery": 6, "Phy Test": 7}
+
+#: Xid code -> the text the driver prints after the code (NVIDIA's XID catalog, abridged).
+XID_TEXT: Mapping[int, str] = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    31: "ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x0_00000000. "
+        "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    43: "Ch 00000010",
+    45: "Ch 00000010",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, "
+        "subpartition 0.",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap a row.",
+    74: "NVLink: fatal error detected on link 3(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: LTC TAG (0x2,0x0). RST: Yes, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL).",
+    120: "GSP task timeout @ pc:0x0, task: 1",
+}
+
+FAULTS = ("missing_gpu", "hca_down", "hca_rate", "xid", "ecc_uncorrectable", "row_remap_pending", "nvlink_down",
+          "fm_mismatch", "persistence_off")
+
+_TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "cuda_version", "hcas", "hca_rate", "faults",
+             "gpus", "boot_time"}
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+class HwSpecError(UsageError):
+    """An invalid hardware spec; the message names the key, the value found and what is allowed."""
+
+
+def _err(where: str, message: str) -> HwSpecError:
+    return HwSpecError(f"hardware spec: {where}: {message}")
+
+
+def _int(where: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _err(where, f"expected an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        hi = "" if maximum is None else f"..{maximum}"
+        raise _err(where, f"{value} is out of range (allowed {minimum}{hi})")
+    return value
+
+
+def _stable_hex(seed: str, n: int) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()[:n]
+
+
+def _uuid(seed: str) -> str:
+    h = _stable_hex(seed, 32)
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _guid(seed: str) -> str:
+    h = "946dae0300" + _stable_hex(seed, 6)  # Mellanox OUI-shaped
+    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+
+
+def _default_gpus(model: GpuModel, count: int, node: str) -> list[dict[str, Any]]:
+    gpus = []
+    for i in range(count):
+        bus = _GPU_BUSES[i] if i < len(_GPU_BUSES) else f"{0xE0 + i:02X}"
+        numa = 0 if i < max(count // 2, 1) else 1
+        gpus.append({
+            "index": i,
+            "minor": i,
+            "name": model.name,
+            "uuid": _uuid(f"{node}/gpu/{i}"),
+            "serial": str(1650923000000 + int(_stable_hex(f"{node}/sn/{i}", 6), 16) % 1000000),
+            "pci_bus_id": f"00000000:{bus}:00.0",
+            "numa_node": numa,
+            "cpu_affinity": _NUMA_CPUS[numa],
+            "pcie_switch": i,  # GPU i shares a PCIe switch with HCA i (PIX in topo -m)
+            "memory_total_mib": model.memory_mib,
+            "memory_reserved_mib": model.reserved_mib,
+            "memory_used_mib": 0,
+            "power_limit_w": model.power_limit_w,
+            "power_draw_w": round(68.0 + (i * 3.17) % 9, 2),
+            "temperature_c": 31 + (i * 3) % 7,
+            "memory_temperature_c": 36 + (i * 5) % 6,
+            "clocks_sm_mhz": 345,
+            "clocks_mem_mhz": model.max_mem_mhz,
+            "max_clocks_sm_mhz": model.max_sm_mhz,
+            "pstate": "P0",
+            "ecc": {"volatile_corrected": 0, "volatile_uncorrected": 0, "aggregate_corrected": 0,
+                    "aggregate_uncorrected": 0},
+            "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+            "nvlinks": [{"link": n, "active": True, "gbps": NVLINK_GBPS} for n in range(NVLINK_LINKS)],
+            "device_id": model.device_id,
+            "vbios": model.vbios,
+            "board_part": model.board_part,
+        })
+    return gpus
+
+
+def _default_hcas(names: list[str], rate: int, node: str) -> list[dict[str, Any]]:
+    hcas = []
+    for i, name in enumerate(names):
+        bus = _NIC_BUSES[i] if i < len(_NIC_BUSES) else f"{0xE8 + i:02X}"
+        numa = 0 if i < max(len(names) // 2, 1) else 1
+        guid = _guid(f"{node}/hca/{name}")
+        hcas.append({
+            "name": name,
+            "pci": f"0000:{bus.lower()}:00.0",
+            "netdev": f"ibp{int(bus, 16)}s0",
+            "numa_node": numa,
+            "cpu_affinity": _NUMA_CPUS[numa],
+            "pcie_switch": i,
+            "node_guid": guid,
+            "sys_image_guid": guid,
+            "fw_ver": "28.43.1014",
+            "hca_type": "MT4129",
+            "board_id": "MT_0000000838",
+            "ports": [{"port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate": rate,
+                       "link_layer": "InfiniBand", "lid": 0x10 + i, "sm_lid": 1}],
+        })
+    return hcas
+
+
+def _hca_names(where: str, value: Any) -> list[str]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [f"mlx5_{i}" for i in range(_int(where, value, maximum=32))]
+    if isinstance(value, list) and all(isinstance(x, str) and x for x in value):
+        if len(set(value)) != len(value):
+            raise _err(where, f"duplicate HCA names in {value!r}")
+        return list(value)
+    raise _err(where, f"expected a count or a list of HCA names such as ['mlx5_0', 'mlx5_1'], got {value!r}")
+
+
+def _gpu_list(where: str, value: Any, count: int) -> list[int]:
+    """A fault's GPU selector: `true` (all), an index, a list of indexes, or `{gpu: N}`."""
+    if value is True:
+        return list(range(count))
+    if isinstance(value, Mapping):
+        if set(value) - {"gpu"} or "gpu" not in value:
+            raise _err(where, f"expected {{gpu: N}}, got {dict(value)!r}")
+        value = value["gpu"]
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        out.append(_int(where, item, maximum=count - 1) if count else _int(where, item, maximum=-1))
+    return out
+
+
+def _find_hca(where: str, hcas: list[dict[str, Any]], name: Any) -> dict[str, Any]:
+    for hca in hcas:
+        if hca["name"] == name:
+            return hca
+    have = ", ".join(h["name"] for h in hcas) or "none"
+    raise _err(where, f"unknown HCA {name!r} (this node has {have})")
+
+
+def _find_gpu(where: str, gpus: list[dict[str, Any]], index: int) -> dict[str, Any]:
+    for gpu in gpus:
+        if gpu["index"] == index:
+            return gpu
+    raise _err(where, f"no GPU {index} (this node has {len(gpus)} GPUs: 0..{len(gpus) - 1})")
+
+
+def _apply_faults(spec: dict[str, Any], faults: Mapping[str, Any]) -> None:
+    gpus: list[dict[str, Any]] = spec["gpus"]
+    hcas: list[dict[str, Any]] = spec["hcas"]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        raise _err("faults", f"unknown fault {unknown[0]!r} (known: {', '.join(FAULTS)})")
+
+    # Per-GPU faults address GPUs by their index BEFORE missing_gpu takes any away.
+    if "ecc_uncorrectable" in faults:
+        items = faults["ecc_uncorrectable"]
+        for n, item in enumerate(items if isinstance(items, list) else [items]):
+            where = f"faults.ecc_uncorrectable[{n}]"
+            if not isinstance(item, Mapping) or set(item) - {"gpu", "count"} or "gpu" not in item:
+                raise _err(where, f"expected {{gpu: N, count: M}}, got {item!r}")
+            gpu = _find_gpu(where, gpus, _int(where + ".gpu", item["gpu"]))
+            count = _int(where + ".count", item.get("count", 1), minimum=1)
+            gpu["ecc"]["volatile_uncorrected"] += count
+            gpu["ecc"]["aggregate_uncorrected"] += count
+    if faults.get("row_remap_pending"):
+        for i in _gpu_list("faults.row_remap_pending", _first_if_true(faults["row_remap_pending"]), len(gpus)):
+            gpu = _find_gpu("faults.row_remap_pending", gpus, i)
+            gpu["remapped_rows"]["pending"] = True
+            gpu["remapped_rows"]["uncorrectable"] = max(1, gpu["remapped_rows"]["uncorrectable"])
+    if faults.get("nvlink_down"):
+        for i in _gpu_list("faults.nvlink_down", faults["nvlink_down"], len(gpus)):
+            for link in _find_gpu("faults.nvlink_down", gpus, i)["nvlinks"]:
+                link["active"] = False
+    if "xid" in faults:
+        items = faults["xid"]
+        for n, item in enumerate(items if isinstance(items, list) else [items]):
+            where = f"faults.xid[{n}]"
+            if not isinstance(item, Mapping) or set(item) - {"gpu", "code", "text"} or not {"gpu", "code"} <= set(item):
+                raise _err(where, f"expected {{gpu: N, code: XID}}, got {item!r}")
+            gpu = _find_gpu(where, gpus, _int(where + ".gpu", item["gpu"]))
+            code = _int(where + ".code", item["code"], minimum=1, maximum=999)
+            text = item.get("text", XID_TEXT.get(code, "pid='<unknown>', name=<unknown>, Ch 00000010"))
+            if not isinstance(text, str):
+                raise _err(where + ".text", f"expected a string, got {text!r}")
+            spec["xids"].append({"pci_bus_id": gpu["pci_bus_id"], "gpu": gpu["index"], "code": code, "text": text})
+
+    for name in _as_list(faults.get("hca_down")):
+        for port in _find_hca("faults.hca_down", hcas, name)["ports"]:
+            port.update(state="DOWN", phys_state="Polling", rate=10)
+    rates = faults.get("hca_rate") or {}
+    if not isinstance(rates, Mapping):
+        raise _err("faults.hca_rate", f"expected {{HCA: RATE}} such as {{mlx5_2: 200}}, got {rates!r}")
+    for name, rate in rates.items():
+        hca = _find_hca("faults.hca_rate", hcas, name)
+        if rate not in IB_RATES:
+            raise _err(f"faults.hca_rate.{name}", f"{rate!r} is not an InfiniBand rate ({sorted(IB_RATES)})")
+        for port in hca["ports"]:
+            port["rate"] = rate
+
+    fm = faults.get("fm_mismatch")
+    if fm:
+        version = MISMATCH_DRIVER if fm is True else fm
+        if not isinstance(version, str) or not _VERSION.match(version):
+            raise _err("faults.fm_mismatch", f"expected true or a driver version such as '580.82.07', got {fm!r}")
+        if version == spec["driver"]["version"]:
+            raise _err("faults.fm_mismatch", f"{version} is the installed driver's own version: no mismatch")
+        spec["driver"]["kernel_module_version"] = version
+    if faults.get("persistence_off"):
+        spec["persistence"]["forced_off"] = True
+
+    if faults.get("missing_gpu"):
+        value = faults["missing_gpu"]
+        if value is True or (isinstance(value, int) and not isinstance(value, bool)):
+            n = _int("faults.missing_gpu", 1 if value is True else value, minimum=1, maximum=len(gpus))
+            gone = [g["index"] for g in gpus[len(gpus) - n:]]
+        else:
+            gone = _gpu_list("faults.missing_gpu", value if isinstance(value, (list, Mapping)) else [value], len(gpus))
+        spec["gpus_missing"] = [g["pci_bus_id"] for g in gpus if g["index"] in gone]
+        kept = [g for g in gpus if g["index"] not in gone]
+        for i, gpu in enumerate(kept):  # the driver enumerates what is left contiguously, in PCI order
+            gpu["index"] = i
+            gpu["minor"] = i
+        spec["gpus"] = kept
+
+
+def _first_if_true(value: Any) -> Any:
+    return 0 if value is True else value
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None or value is False:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Validate an operator's spec and return the explicit form the simulators read (raises HwSpecError).
+
+    Keys (all optional): `node` (seed for UUIDs, GUIDs, serials), `gpu_model` (one of GPU_MODELS), `gpu_count`,
+    `driver_version`, `cuda_version`, `hcas` (count or list of names), `hca_rate` (Gb/s), `faults` (see FAULTS),
+    `boot_time` (epoch seconds the kmsg timestamps count from).
+    """
+    src = dict(spec or {})
+    if src.get("schema") == SCHEMA and "input" in src:  # an already resolved spec: resolve its input again
+        src = dict(src["input"])
+    unknown = sorted(set(src) - _TOP_KEYS)
+    if unknown:
+        raise _err(unknown[0], f"unknown key (known: {', '.join(sorted(_TOP_KEYS - {'gpus'}))})")
+    if "gpus" in src:
+        raise _err("gpus", "per-GPU lists are derived; set gpu_model/gpu_count and use faults")
+    node = src.get("node", "hwsim")
+    if not isinstance(node, str) or not node:
+        raise _err("node", f"expected a host name, got {node!r}")
+    model_key = src.get("gpu_model", DEFAULT_MODEL)
+    if model_key not in GPU_MODELS:
+        raise _err("gpu_model", f"unknown model {model_key!r} (known: {', '.join(GPU_MODELS)})")
+    count = _int("gpu_count", src.get("gpu_count", DEFAULT_GPU_COUNT), minimum=1, maximum=16)
+    driver = src.get("driver_version", DEFAULT_DRIVER)
+    if not isinstance(driver, str) or not _VERSION.match(driver):
+        raise _err("driver_version", f"expected a version such as '580.95.05', got {driver!r}")
+    cuda = src.get("cuda_version", DEFAULT_CUDA)
+    if not isinstance(cuda, str) or not _VERSION.match(cuda):
+        raise _err("cuda_version", f"expected a version such as '13.0' (quote it in YAML), got {cuda!r}")
+    rate = src.get("hca_rate", 400)
+    if rate not in IB_RATES:
+        raise _err("hca_rate", f"{rate!r} is not an InfiniBand rate ({sorted(IB_RATES)})")
+    names = _hca_names("hcas", src.get("hcas", DEFAULT_HCA_COUNT))
+    boot = _int("boot_time", src.get("boot_time", 1_767_225_600))
+    faults = src.get("faults") or {}
+    if not isinstance(faults, Mapping):
+        raise _err("faults", f"expected a mapping of fault name to value, got {faults!r}")
+
+    model = GPU_MODELS[model_key]
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "node": node,
+        "gpu_model": model_key,
+        "driver": {"version": driver, "kernel_module_version": driver, "cuda_version": cuda},
+        "persistence": {"forced_off": False},
+        "boot_time": boot,
+        "gpus": _default_gpus(model, count, node),
+        "gpus_missing": [],
+        "hcas": _default_hcas(names, rate, node),
+        "xids": [],
+        "faults": copy.deepcopy(dict(faults)),
+        "input": copy.deepcopy(src),
+    }
+    _apply_faults(out, faults)
+    return out
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a spec file (YAML or JSON); a rack file (`defaults:` + `hosts:`) is returned as is."""
+    import yaml  # the controller has PyYAML; the simulators never import this module
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise HwSpecError(f"cannot read hardware spec: {exc}", path=str(path)) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise HwSpecError("a hardware spec must be a mapping", path=str(path))
+    return data
+
+
+def for_host(doc: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """The spec of one host from a rack file: `defaults` merged with `hosts[host]` (faults merged key by key).
+
+    A plain spec (no `defaults`/`hosts` keys) applies to every host. `node` defaults to the host name.
+    """
+    if not ({"defaults", "hosts"} & set(doc)):
+        base: dict[str, Any] = copy.deepcopy(dict(doc))
+        base.setdefault("node", host)
+        return base
+    extra = set(doc) - {"defaults", "hosts"}
+    if extra:
+        raise _err(sorted(extra)[0], "a rack spec has only `defaults:` and `hosts:`")
+    defaults = doc.get("defaults") or {}
+    hosts = doc.get("hosts") or {}
+    if not isinstance(defaults, Mapping) or not isinstance(hosts, Mapping):
+        raise _err("hosts", "`defaults:` and `hosts:` must be mappings")
+    own = hosts.get(host) or {}
+    if not isinstance(own, Mapping):
+        raise _err(f"hosts.{host}", f"expected a mapping, got {own!r}")
+    merged: dict[str, Any] = {**copy.deepcopy(dict(defaults)), **copy.deepcopy(dict(own))}
+    faults = {**dict(defaults.get("faults") or {}), **dict(own.get("faults") or {})}
+    if faults:
+        merged["faults"] = faults
+    merged.setdefault("node", host)
+    return merged
