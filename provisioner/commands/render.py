@@ -1,0 +1,57 @@
+"""`provision render INVENTORY --host H [--out DIR]`: the exact files a host gets from templates/.
+
+Same templates, same variables (roles' defaults/main.yml under the host's inventory vars, plus the vLLM facts from
+provisioner.vllm_args) as the roles, so the output is byte for byte what Ansible writes, except secrets
+(vllm_api_key, vllm_hf_token), which show as <redacted>.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from provisioner.errors import UsageError
+
+err = Console(stderr=True, highlight=False)
+
+HELP = """Print (or write under --out DIR, at their host paths) the files HOST gets from templates/: /etc/nccl.conf,
+the vLLM env file and systemd units. Secrets show as <redacted>. Exit codes: 0 ok, 2 usage (unknown host,
+unreadable inventory)."""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("render", help=HELP)
+    def render_cmd(
+        inventory: Path = typer.Argument(..., help="Inventory file (INI/YAML) with group_vars/ beside it."),
+        host: str = typer.Option(..., "--host", help="The inventory host to render for."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write the files under DIR (DIR/etc/...) instead."),
+    ) -> None:
+        from provisioner.inventory import load_fleet
+        from provisioner.render import host_files
+
+        fleet = load_fleet(inventory)
+        if host not in fleet.hosts:
+            known = ", ".join(sorted(fleet.hosts)[:10])
+            raise UsageError(f"unknown host {host!r} (hosts: {known})", path=str(inventory))
+        files = host_files(fleet, host)
+        if not files:
+            err.print(f"{host}: no templated files (not a GPU node, in no vLLM cluster)")
+            return
+        if out is None:
+            for i, f in enumerate(files):
+                if i:
+                    sys.stdout.write("\n")
+                sys.stdout.write(f"# ==> {f.dest} ({f.mode} {f.owner}:{f.group}, from templates/{f.template})\n")
+                sys.stdout.write(f.content)
+            sys.stdout.flush()
+            return
+        for f in files:
+            dest = out / f.dest.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(f.content)
+            dest.chmod(int(f.mode, 8))
+            err.print(f"wrote {dest} ({f.mode})")
