@@ -333,7 +333,10 @@ def check_fabricmanager(ctx):
     nvswitch = _nvswitch_present(ctx, q)
     fm_ver = _fm_version(ctx)
     required = a.fabricmanager == "required" or (a.fabricmanager == "auto" and (nvswitch or fm_ver is not None))
-    if a.fabricmanager == "off" or not required:
+    if a.fabricmanager == "off":
+        return result("fabricmanager", "skip", "not checked (--fabricmanager off)", None,
+                      {"nvswitch": nvswitch, "version": fm_ver})
+    if not required:
         return result("fabricmanager", "skip", "no NVSwitch and no Fabric Manager installed", None,
                       {"nvswitch": nvswitch, "version": fm_ver})
     problems = []
@@ -569,13 +572,20 @@ def check_gpudirect(ctx):
     modules = _read(os.path.join(root, "proc/modules")) or ""
     peermem = any(line.split(" ", 1)[0] == "nvidia_peermem" for line in modules.splitlines()) or \
         os.path.isdir(os.path.join(root, "sys/module/nvidia_peermem"))
-    ver = _read(os.path.join(root, "proc/driver/nvidia/version")) or ""
-    open_km = "Open Kernel Module" in ver
+    ver = _read(os.path.join(root, "proc/driver/nvidia/version"))
+    if ver is not None:
+        open_km, km_source = "Open Kernel Module" in ver, "/proc/driver/nvidia/version"
+    else:
+        # no loaded-module report (module not loaded yet, or a container): the installed DKMS package tells
+        rc, out, _ = ctx.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\\n", "nvidia-kernel-open-*"])
+        open_km = rc == 0 and any(line.split()[1:2] == ["ii"] for line in out.splitlines())
+        km_source = "dpkg (nvidia-kernel-open installed)" if open_km else "none"
     rel = os.uname().release if root == "/" else (_read(os.path.join(root, "proc/sys/kernel/osrelease")) or "")
     m = re.match(r"(\d+)\.(\d+)", rel)
     kernel_ok = bool(m) and (int(m.group(1)), int(m.group(2))) >= (5, 12)
     dmabuf = open_km and kernel_ok
-    found = {"nvidia_peermem": peermem, "open_kernel_module": open_km, "kernel": rel, "dmabuf": dmabuf}
+    found = {"nvidia_peermem": peermem, "open_kernel_module": open_km, "module_source": km_source, "kernel": rel,
+             "dmabuf": dmabuf}
     if peermem or dmabuf:
         how = "nvidia-peermem loaded" if peermem else "DMA-BUF (open kernel modules, kernel %s)" % rel
         return result("gpudirect", "pass", how, "nvidia-peermem or DMA-BUF", found)

@@ -1,0 +1,326 @@
+"""roles/node_health/files/node_health.py, run for real (a subprocess) against:
+
+- the testbed's stand-in `nvidia-smi` / `nv-fabricmanager` (provisioner/testbed/packages) reading a resolved hardware
+  spec (provisioner.testbed.hwspec) from a temporary HWSIM_DIR, put first on a fake PATH;
+- a sysfs-shaped InfiniBand tree (--sysfs-root) and a kmsg-shaped file (--kmsg) written from that spec;
+- fake `systemctl` / `journalctl` (the only stand-ins written here: a unit state and a log line);
+- and the real outputs captured on an H200 (tests/fixtures/real) replayed by a one-line fake nvidia-smi.
+No root, no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner import PROJECT_ROOT
+
+PROGRAM = PROJECT_ROOT / "roles" / "node_health" / "files" / "node_health.py"
+PACKAGES = PROJECT_ROOT / "provisioner" / "testbed" / "packages"
+REAL = PROJECT_ROOT / "tests" / "fixtures" / "real"
+PUB = PROJECT_ROOT / "tests" / "fixtures" / "public"
+
+hwspec = pytest.importorskip("provisioner.testbed.hwspec")
+
+PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4}
+PHYS_STATES = {"Sleep": 1, "Polling": 2, "Disabled": 3, "LinkUp": 5}
+
+
+def _script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+class Node:
+    """A simulated GPU node in a temp dir: spec, sysfs tree, kmsg file, PATH with the stand-in tools."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bin = root / "bin"
+        self.hwsim = root / "hwsim"
+        self.run_dir = root / "run"
+        self.sys = root / "sysroot"
+        self.kmsg = root / "kmsg"
+        for d in (self.bin, self.hwsim, self.run_dir, self.sys):
+            d.mkdir(parents=True, exist_ok=True)
+        # what the loaded open kernel module reports (the real H200 capture), and a kernel with DMA-BUF
+        (self.sys / "proc" / "driver" / "nvidia").mkdir(parents=True)
+        shutil.copyfile(REAL / "proc-driver-version.txt", self.sys / "proc" / "driver" / "nvidia" / "version")
+        (self.sys / "proc" / "sys" / "kernel").mkdir(parents=True)
+        (self.sys / "proc" / "sys" / "kernel" / "osrelease").write_text("6.8.0-45-generic\n")
+        self.marker = root / "nvidia.ko"
+        self.marker.write_text("")
+        pkgroot = root / "pkg"
+        for pkg, tool in (("nvidia-utils", "nvidia-smi"), ("nvidia-fabricmanager", "nv-fabricmanager")):
+            src = PACKAGES / pkg / "root" / "usr" / "bin" / tool
+            dst = pkgroot / "usr" / "bin" / tool
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            text = src.read_text().replace("@PACKAGE@", pkg).replace("@UPSTREAM@", "580.95.05") \
+                .replace("@VERSION@", "580.95.05-1")
+            dst.write_text(text)
+            lib = pkgroot / "usr" / "lib" / "nvidia-hwsim" / pkg
+            lib.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(PACKAGES / "common" / "hwsimrt.py", lib / "hwsimrt.py")
+            _script(self.bin / tool, f'#!/bin/sh\nexec "{sys.executable}" "{dst}" "$@"\n')
+        self.fm_state = root / "fm-state"
+        self.fm_journal = root / "fm-journal"
+        self.fm_state.write_text("inactive\n")
+        self.fm_journal.write_text("")
+        _script(self.bin / "systemctl", f'#!/bin/sh\ns=$(cat "{self.fm_state}"); echo "$s"; '
+                                        '[ "$s" = active ] && exit 0 || exit 3\n')
+        _script(self.bin / "journalctl", f'#!/bin/sh\ncat "{self.fm_journal}"\n')
+        self.env = dict(os.environ, PATH=f"{self.bin}:/usr/bin:/bin", HWSIM_DIR=str(self.hwsim),
+                        HWSIM_RUN_DIR=str(self.run_dir), HWSIM_MODULE_MARKER=str(self.marker))
+        self.spec: dict[str, Any] = {}
+
+    def set_spec(self, **kw: Any) -> dict[str, Any]:
+        kw.setdefault("node", "node01")
+        spec = hwspec.resolve(kw)
+        self.spec = spec
+        (self.hwsim / "spec.json").write_text(json.dumps(spec))
+        ib = self.sys / "sys" / "class" / "infiniband"
+        shutil.rmtree(ib, ignore_errors=True)
+        for hca in spec["hcas"]:
+            (ib / hca["name"] / "device").mkdir(parents=True)
+            (ib / hca["name"] / "device" / "numa_node").write_text(f"{hca['numa_node']}\n")
+            for p in hca["ports"]:
+                d = ib / hca["name"] / "ports" / str(p["port"])
+                d.mkdir(parents=True)
+                (d / "state").write_text(f"{PORT_STATES[p['state']]}: {p['state']}\n")
+                (d / "phys_state").write_text(f"{PHYS_STATES.get(p['phys_state'], 0)}: {p['phys_state']}\n")
+                (d / "rate").write_text(f"{p['rate']} Gb/sec ({hwspec.IB_RATES[p['rate']]})\n")
+                (d / "link_layer").write_text(f"{p['link_layer']}\n")
+        lines = ["6,1,1000,-;NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  "
+                 f"{spec['driver']['kernel_module_version']}  Release Build"]
+        for n, x in enumerate(spec["xids"]):
+            bus = x["pci_bus_id"][4:].lower().rsplit(".", 1)[0]  # 00000000:1B:00.0 -> 0000:1b:00
+            lines.append(f"3,{100 + n},{2000 + n},-;NVRM: Xid (PCI:{bus}): {x['code']}, pid=4242, name=python3, "
+                         f"{x['text']}")
+        self.kmsg.write_text("\n".join(lines) + "\n")
+        return spec
+
+    def persistence_on(self) -> None:
+        subprocess.run(["nvidia-smi", "-pm", "1"], env=self.env, check=True, capture_output=True)
+
+    def run(self, *args: str, python: str = sys.executable) -> tuple[int, dict[str, dict[str, Any]], str]:
+        argv = [python, str(PROGRAM), "--sysfs-root", str(self.sys), "--kmsg", str(self.kmsg),
+                "--nccl-conf", str(self.root / "nccl.conf"), "--allreduce", "off", *args]
+        p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
+        results = {}
+        for line in p.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                results[r["check"]] = r
+        return p.returncode, results, p.stdout + p.stderr
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    if not (PACKAGES / "nvidia-utils" / "root" / "usr" / "bin" / "nvidia-smi").is_file():
+        pytest.skip("testbed stand-in nvidia-smi not present")
+    return Node(tmp_path)
+
+
+H100 = ("--gpu-count", "8", "--gpu-name", "NVIDIA H100 80GB HBM3", "--driver", "580.95.05-1",
+        "--ib-hca", "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1", "--ib-rate", "400",
+        "--fabricmanager", "off")
+
+
+def statuses(results: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {k: v["status"] for k, v in results.items()}
+
+
+def test_healthy_node_passes(node: Node) -> None:
+    node.set_spec()
+    node.persistence_on()
+    rc, res, out = node.run(*H100)
+    assert rc == 0, out
+    st = statuses(res)
+    assert st["summary"] == "pass"
+    for c in ("gpu", "driver", "persistence", "ecc", "xid", "nvlink", "ib"):
+        assert st[c] == "pass", (c, res[c])
+    assert res["gpu"]["found"]["count"] == 8
+    assert res["ib"]["message"].startswith("8 ports ACTIVE")
+    assert res["nvlink"]["message"] == "144 links active on 8 GPUs"
+
+
+def test_missing_gpu(node: Node) -> None:
+    node.set_spec(faults={"missing_gpu": 1})
+    node.persistence_on()
+    rc, res, out = node.run(*H100)
+    assert rc == 1
+    assert res["gpu"]["status"] == "fail" and res["gpu"]["message"] == "7 GPUs, expected 8"
+    assert res["summary"]["failed"] == ["gpu"]
+
+
+def test_hca_down_and_slow(node: Node) -> None:
+    node.set_spec(faults={"hca_down": "mlx5_3", "hca_rate": {"mlx5_5": 200}})
+    node.persistence_on()
+    rc, res, out = node.run(*H100)
+    assert rc == 1
+    msg = res["ib"]["message"]
+    assert "mlx5_3:1: state DOWN" in msg and "mlx5_3:1: phys_state Polling" in msg
+    assert "mlx5_5:1: rate 200 Gb/s, expected 400" in msg
+    assert res["summary"]["failed"] == ["ib"]
+
+
+def test_ib_hca_from_nccl_conf_prefix_and_missing(node: Node) -> None:
+    node.set_spec(hcas=2)
+    node.persistence_on()
+    (node.root / "nccl.conf").write_text("# rendered\nNCCL_IB_HCA==mlx5_0:1,mlx5_9:1\nNCCL_ALGO=Ring\n")
+    args = [a for a in H100 if a not in ("--ib-hca",) and not a.startswith("=")]
+    rc, res, _ = node.run(*args)
+    assert res["ib"]["status"] == "fail" and "mlx5_9: no such HCA" in res["ib"]["message"]
+    assert res["ib"]["found"]["source"].endswith("nccl.conf")
+    (node.root / "nccl.conf").write_text("NCCL_IB_HCA=mlx5\n")  # prefix: every mlx5_* device
+    rc, res, _ = node.run(*args)
+    assert res["ib"]["status"] == "pass" and set(res["ib"]["found"]["ports"]) == {"mlx5_0:1", "mlx5_1:1"}
+
+
+def test_xid79(node: Node) -> None:
+    node.set_spec(faults={"xid": [{"gpu": 2, "code": 79}, {"gpu": 0, "code": 13}]})
+    node.persistence_on()
+    rc, res, _ = node.run(*H100)
+    assert rc == 1
+    assert res["xid"]["status"] == "fail"
+    assert res["xid"]["message"] == "critical XID 79 on 0000:52:00 in the kernel log"  # XID 13 is not critical
+
+
+def test_xid_public_kmsg_and_missing_log(node: Node, tmp_path: Path) -> None:
+    node.set_spec()
+    rc, res, _ = node.run("--only", "xid", "--kmsg", str(PUB / "kmsg-xid79.txt"))
+    assert res["xid"]["status"] == "fail" and "79 on 0000:9d:00" in res["xid"]["message"]
+    rc, res, _ = node.run("--only", "xid", "--kmsg", str(tmp_path / "nope"))
+    assert rc == 1 and res["xid"]["message"].startswith("cannot read the kernel log")
+
+
+def test_ecc_uncorrectable_and_row_remap(node: Node) -> None:
+    node.set_spec(faults={"ecc_uncorrectable": {"gpu": 4, "count": 3}, "row_remap_pending": 6})
+    node.persistence_on()
+    rc, res, _ = node.run(*H100)
+    assert rc == 1
+    assert res["ecc"]["message"] == "GPU 4: 3 uncorrectable ECC errors; GPU 6: row remap pending (reset the GPU)"
+
+
+def test_persistence_off(node: Node) -> None:
+    node.set_spec(faults={"persistence_off": True})
+    rc, res, _ = node.run(*H100)
+    assert res["persistence"]["status"] == "fail" and "0,1,2,3,4,5,6,7" in res["persistence"]["message"]
+
+
+def test_nvlink_down(node: Node) -> None:
+    node.set_spec(faults={"nvlink_down": 5})
+    node.persistence_on()
+    rc, res, _ = node.run(*H100)
+    assert res["nvlink"]["status"] == "fail" and res["nvlink"]["message"].startswith("inactive NVLinks: GPU 5 links 0,")
+
+
+def test_fabric_manager_mismatch(node: Node) -> None:
+    node.set_spec(faults={"fm_mismatch": True})
+    node.persistence_on()
+    node.fm_journal.write_text("[ERROR] fabric manager NVIDIA GPU driver interface version 580.95.05 don't match "
+                               "with driver version 580.82.07. Please update with matching NVIDIA driver package.\n")
+    args = [a for a in H100 if a not in ("--fabricmanager", "off")]
+    rc, res, _ = node.run(*args)
+    assert rc == 1
+    assert res["driver"]["message"] == "driver 580.82.07, pinned 580.95.05"
+    fm = res["fabricmanager"]
+    assert fm["status"] == "fail"
+    assert "fabric manager version 580.95.05 != driver 580.82.07" in fm["message"]
+    assert "nvidia-fabricmanager is inactive" in fm["message"]
+    assert "don't match with driver version 580.82.07" in fm["message"]
+
+
+def test_fabric_manager_running(node: Node) -> None:
+    node.set_spec()
+    node.persistence_on()
+    # a live process whose command line names nv-fabricmanager, registered where the stand-in looks for it
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "nv-fabricmanager"])
+    try:
+        pid = node.run_dir / "nvidia-fabricmanager" / "nv-fabricmanager.pid"
+        pid.parent.mkdir(parents=True)
+        pid.write_text(f"{proc.pid}\n")
+        node.fm_state.write_text("active\n")
+        args = [a for a in H100 if a not in ("--fabricmanager", "off")]
+        rc, res, out = node.run(*args)
+        assert res["fabricmanager"]["status"] == "pass", res["fabricmanager"]
+        assert res["fabricmanager"]["found"]["fabric_state"] == ["Completed"]
+        assert rc == 0, out
+        proc.kill()
+        proc.wait()
+        rc, res, _ = node.run(*args)  # FM died: fabric state no longer Completed
+        assert res["fabricmanager"]["status"] == "fail" and "fabric state Not Started" in res["fabricmanager"]["message"]
+    finally:
+        proc.kill()
+
+
+def test_runs_on_system_python(node: Node) -> None:
+    """The program targets the node's own python3 (Debian 12: 3.11), not our venv."""
+    py = shutil.which("python3", path="/usr/bin:/bin")
+    if not py:
+        pytest.skip("no system python3")
+    node.set_spec()
+    node.persistence_on()
+    rc, res, out = node.run(*H100, python=py)
+    assert rc == 0, out
+
+
+def test_text_format_and_usage(node: Node) -> None:
+    node.set_spec(faults={"missing_gpu": 2})
+    node.persistence_on()
+    p = subprocess.run([sys.executable, str(PROGRAM), "--format", "text", "--only", "gpu", "--gpu-count", "8"],
+                       env=node.env, capture_output=True, text=True)
+    assert p.returncode == 1
+    assert p.stdout.splitlines()[0].split() == ["gpu", "FAIL", "6", "GPUs,", "expected", "8"]
+    p = subprocess.run([sys.executable, str(PROGRAM), "--only", "bogus"], capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+# -------------------------------------------------------------------------- replay of the real H200 capture
+def test_real_h200_outputs(tmp_path: Path) -> None:
+    """A fake nvidia-smi that prints what the real one printed on the H200 machine for the same arguments."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    table = {
+        "--query-gpu=index,name,memory.total,driver_version,persistence_mode,pci.bus_id "
+        "--format=csv,noheader,nounits": "query-gpu-full.csv",
+        "--query-gpu=index,ecc.mode.current,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,"
+        "remapped_rows.failure --format=csv,noheader,nounits": "query-ecc.csv",
+        "-q": "smi-q.txt",
+        "nvlink --status": "nvlink-status.txt",
+    }
+    cases = "".join(f'  "{k}") cat "{REAL / v}";;\n' for k, v in table.items())
+    _script(bindir / "nvidia-smi", f'#!/bin/sh\ncase "$*" in\n{cases}  *) echo "unexpected: $*" >&2; exit 2;;\n'
+                                   "esac\n")
+    env = dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin")
+    p = subprocess.run([sys.executable, str(PROGRAM), "--gpu-count", "1", "--gpu-name", "NVIDIA H200", "--driver",
+                        "580.159.04", "--kmsg", str(REAL / "dmesg.txt"), "--allreduce", "off",
+                        "--sysfs-root", str(tmp_path), "--nccl-conf", str(tmp_path / "none")],
+                       env=env, capture_output=True, text=True)
+    res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert statuses(res) == {"gpu": "pass", "driver": "pass", "persistence": "pass", "fabricmanager": "skip",
+                             "ecc": "pass", "xid": "pass", "nvlink": "skip", "ib": "skip", "gpudirect": "skip",
+                             "allreduce": "skip", "summary": "pass"}
+    assert res["gpu"]["found"]["memory_mib"] == ["143771"]
+
+
+def test_recorded_real_run_is_consistent() -> None:
+    """The JSON lines node_health.py printed on the H200 machine (unmodified) parse and say what we claim."""
+    lines = [json.loads(x) for x in (REAL / "node_health-pass.jsonl").read_text().splitlines()]
+    res = {r["check"]: r for r in lines}
+    assert res["summary"]["status"] == "pass"
+    assert res["gpu"]["found"] == {"count": 1, "names": ["NVIDIA H200"], "memory_mib": ["143771"]}
+    ar = res["allreduce"]["found"]
+    assert ar["tool"] == "torch.distributed/nccl" and ar["nccl"] == "2.28.9"
+    assert all(s["correct"] for s in ar["sizes"]) and ar["sizes"][-1]["bytes"] == 4 << 30
+    assert res["gpudirect"]["status"] == "pass"  # open kernel module on kernel 6.18: DMA-BUF
+    pin = (REAL / "node_health-pin.txt").read_text()
+    assert "driver         FAIL  driver 580.159.04, pinned 580.95.05" in pin
