@@ -1,0 +1,255 @@
+"""Real ansible-runner runs of tiny playbooks against local-connection hosts (no root, no network).
+
+Every assertion is on a real outcome: files on disk, the RunResult folded from the events, the artifacts and the
+rendered reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provisioner.reports import drift_json, drift_junit, drift_prometheus, drift_text, run_json, run_text
+from provisioner.runner import run_playbook
+
+SECRET = "hf_Zq7SECRETtoken_do_not_leak_4242"
+
+PLAYBOOK = """
+- name: Tiny site
+  hosts: all
+  gather_facts: false
+  serial: "{{ provision_serial | default(omit) }}"
+  max_fail_percentage: "{{ provision_max_fail_percent | default(omit) }}"
+  tasks:
+    - name: Render nccl.conf
+      ansible.builtin.copy:
+        dest: "{{ root }}/{{ inventory_hostname }}/nccl.conf"
+        content: "NCCL_IB_HCA=mlx5_0\\nNCCL_SOCKET_IFNAME={{ iface }}\\n"
+        mode: "0644"
+    - name: Marker file
+      ansible.builtin.file:
+        path: "{{ root }}/{{ inventory_hostname }}/marker"
+        state: touch
+        modification_time: preserve
+        access_time: preserve
+    - name: Write the token file
+      ansible.builtin.copy:
+        dest: "{{ root }}/{{ inventory_hostname }}/token"
+        content: "{{ api_token }}\\n"
+        mode: "0600"
+      no_log: true
+    - name: Report something
+      ansible.builtin.debug:
+        msg: "configured {{ inventory_hostname }}"
+    - name: Only on demand
+      ansible.builtin.debug:
+        msg: never
+      when: false
+    - name: Break on request
+      ansible.builtin.fail:
+        msg: "disk full on {{ inventory_hostname }}"
+      when: inventory_hostname in (break_hosts | default([]))
+    - name: Leak-proof failure
+      ansible.builtin.command: "/bin/false {{ api_token }}"
+      no_log: true
+      changed_when: false
+      when: inventory_hostname in (secret_fail_hosts | default([]))
+"""
+
+
+@pytest.fixture()
+def site(tmp_path: Path) -> dict[str, Path]:
+    root = tmp_path / "hosts"
+    root.mkdir()
+    for h in ("alpha", "beta", "gamma"):
+        (root / h).mkdir()
+    inv_dir = tmp_path / "inv"
+    (inv_dir / "group_vars").mkdir(parents=True)
+    (inv_dir / "hosts.ini").write_text(
+        "[gpu]\n"
+        "alpha ansible_connection=local\n"
+        "beta ansible_connection=local\n"
+        "gamma ansible_connection=local\n"
+    )
+    (inv_dir / "group_vars" / "all.yml").write_text(
+        f"ansible_python_interpreter: {sys.executable}\n"
+        f"root: {root}\n"
+        "iface: eth0\n"
+        f"api_token: {SECRET}\n"
+    )
+    pb = tmp_path / "site.yml"
+    pb.write_text(PLAYBOOK)
+    return {"root": root, "inv": inv_dir / "hosts.ini", "pb": pb, "runs": tmp_path / "runs", "tmp": tmp_path}
+
+
+def _run(site: dict[str, Path], **kw):  # type: ignore[no-untyped-def]
+    return run_playbook(site["inv"], playbook=site["pb"], runs_dir=site["runs"],
+                        envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(site["tmp"] / "facts")}, **kw)
+
+
+def _tree(root: Path) -> dict[str, tuple[str, int, float]]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        out[str(p.relative_to(root))] = (digest, st.st_mode, st.st_mtime)
+    return out
+
+
+def _all_text(paths: list[Path]) -> str:
+    chunks = []
+    for base in paths:
+        for p in [base] if base.is_file() else base.rglob("*"):
+            if p.is_file():
+                chunks.append(p.read_bytes().decode("utf-8", "replace"))
+    return "\n".join(chunks)
+
+
+def test_counts_changed_then_idempotent(site: dict[str, Path]) -> None:
+    first = _run(site)
+    assert first.succeeded, first.to_dict()
+    assert first.status == "successful" and first.rc == 0
+    for name in ("alpha", "beta", "gamma"):
+        h = first.hosts[name]
+        # ok counts changed results too (as Ansible's recap does): 3 changes + 1 debug
+        assert (h.ok, h.changed, h.failed, h.unreachable, h.skipped) == (4, 3, 0, 0, 3), (name, h)
+        assert (site["root"] / name / "nccl.conf").read_text() == "NCCL_IB_HCA=mlx5_0\nNCCL_SOCKET_IFNAME=eth0\n"
+        assert (site["root"] / name / "token").read_text() == SECRET + "\n"  # the secret really was used
+    assert first.totals()["changed"] == 9
+
+    second = _run(site)
+    assert second.succeeded
+    assert all(h.changed == 0 and h.ok == 4 for h in second.hosts.values()), second.to_dict()["hosts"]
+    # a fresh run directory (ansible-runner private data dir) per run, artifacts and our result beside them
+    assert first.run_dir != second.run_dir
+    for r in (first, second):
+        assert (Path(r.artifact_dir) / "job_events").is_dir()
+        saved = json.loads((Path(r.run_dir) / "result.json").read_text())
+        assert saved["hosts"]["alpha"]["ok"] == 4 and saved["succeeded"] is True
+    assert second.retry_file is None
+
+
+def test_check_mode_reports_diff_and_changes_nothing(site: dict[str, Path]) -> None:
+    assert _run(site).succeeded
+    nccl = site["root"] / "beta" / "nccl.conf"
+    nccl.write_text("NCCL_IB_HCA=mlx5_0\nNCCL_SOCKET_IFNAME=eth9\n")
+    (site["root"] / "gamma" / "token").unlink()
+    before = _tree(site["root"])
+
+    drift = _run(site, command="drift", check=True)
+    assert _tree(site["root"]) == before, "check mode changed files"
+    assert drift.succeeded and drift.check
+    assert drift.hosts["alpha"].drift == []
+    [item] = drift.hosts["beta"].drift
+    assert (item.kind, item.resource, item.task) == ("file", str(nccl), "Render nccl.conf")
+    assert "-NCCL_SOCKET_IFNAME=eth9" in item.diff and "+NCCL_SOCKET_IFNAME=eth0" in item.diff
+    [secret_item] = drift.hosts["gamma"].drift  # a no_log resource: reported by task name, no diff
+    assert (secret_item.kind, secret_item.resource, secret_item.diff) == ("file", "Write the token file", None)
+
+    # the gotcha: a plain run right after a check run must apply again (fresh private data dir per run)
+    fix = _run(site)
+    assert fix.succeeded and not fix.check
+    assert fix.hosts["beta"].changed == 1 and fix.hosts["gamma"].changed == 1 and fix.hosts["alpha"].changed == 0
+    assert nccl.read_text().endswith("eth0\n")
+    clean = _run(site, command="drift", check=True)
+    assert clean.drift == [] and clean.succeeded
+
+
+def test_failure_and_unreachable_captured_with_retry_file(site: dict[str, Path]) -> None:
+    # a fourth host on an SSH port where nothing listens: unreachable while the others complete
+    inv = site["inv"]
+    inv.write_text(inv.read_text() + "delta ansible_host=127.0.0.1 ansible_port=9 ansible_connection=ssh "
+                                     "ansible_ssh_common_args='-o ConnectTimeout=3'\n")
+    r = _run(site, extravars={"break_hosts": ["beta"]})
+    assert not r.succeeded and r.rc != 0
+    assert r.hosts["alpha"].state == "changed" and r.hosts["gamma"].state == "changed"
+    assert r.failed_hosts == ["beta"] and r.unreachable_hosts == ["delta"]
+    [f] = r.hosts["beta"].failures
+    assert (f.task, f.message) == ("Break on request", "disk full on beta")
+    assert r.hosts["delta"].unreachable_message
+    assert Path(r.retry_file).read_text().split() == ["beta", "delta"]
+    text = run_text.render(r)
+    assert "disk full on beta" in text and f"--limit @{r.retry_file}" in text
+    data = json.loads(run_json.render(r))
+    assert data["failed_hosts"] == ["beta"] and data["unreachable_hosts"] == ["delta"]
+    assert data["failures"][0]["message"] == "disk full on beta"
+
+    # the retry file is a valid --limit: only the failed/unreachable hosts run again
+    again = _run(site, limit=f"@{r.retry_file}")
+    assert sorted(again.targeted) == ["beta", "delta"]
+    assert again.hosts["beta"].state == "ok"
+
+
+def test_serial_batches_and_max_fail_percent_stop(site: dict[str, Path]) -> None:
+    r = _run(site, serial="1", max_fail_percent=0, extravars={"break_hosts": ["alpha"]})
+    assert [b["batch"] for b in r.batches] == [1]  # batch 1 (alpha) failed: the rollout stopped there
+    assert r.batches[0]["hosts"] == ["alpha"]
+    assert r.aborted and r.failed_hosts == ["alpha"] and r.not_run_hosts == ["beta", "gamma"]
+    assert not (site["root"] / "beta" / "nccl.conf").exists()
+    assert Path(r.retry_file).read_text().split() == ["alpha", "beta", "gamma"]
+    assert "rollout stopped" in run_text.render(r)
+
+    ok = _run(site, serial="1")
+    assert ok.succeeded
+    assert [(b["batch"], b["hosts"]) for b in ok.batches] == [(1, ["alpha"]), (2, ["beta"]), (3, ["gamma"])]
+    assert {n: h.batch for n, h in ok.hosts.items()} == {"alpha": 1, "beta": 2, "gamma": 3}
+
+
+def test_no_log_secret_absent_from_reports_and_artifacts(site: dict[str, Path]) -> None:
+    os.environ["PROVISION_TEST_TOKEN"] = SECRET  # a token in the operator's environment must not land either
+    try:
+        runs = [
+            _run(site),
+            _run(site, extravars={"secret_fail_hosts": ["alpha"]}),
+        ]
+        (site["root"] / "beta" / "token").write_text("old-token\n")
+        runs.append(_run(site, command="drift", check=True))
+    finally:
+        del os.environ["PROVISION_TEST_TOKEN"]
+    failed = runs[1]
+    assert failed.failed_hosts == ["alpha"]
+    assert "no_log" in failed.hosts["alpha"].failures[0].message  # censored, but still says what happened
+    assert runs[2].hosts["beta"].drift[0].resource == "Write the token file"
+    reports = []
+    for r in runs:
+        reports += [run_text.render(r), run_json.render(r), drift_text.render(r), drift_json.render(r),
+                    drift_junit.render(r), drift_prometheus.render(r)]
+    assert SECRET not in "\n".join(reports)
+    assert "old-token" not in "\n".join(reports)
+    artifacts = _all_text([site["runs"]])
+    assert "Write the token file" in artifacts  # we did read the artifacts
+    assert SECRET not in artifacts
+    assert "old-token" not in artifacts
+
+
+def test_cli_exit_codes_and_json(site: dict[str, Path]) -> None:
+    env = dict(os.environ, PROVISION_RUNS_DIR=str(site["runs"]),
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(site["tmp"] / "facts"))
+    prov = [sys.executable, "-m", "provisioner.cli"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*prov, *args], capture_output=True, text=True, env=env, timeout=300)
+
+    ok = cli("run", str(site["inv"]), "--playbook", str(site["pb"]), "--json", "--skip-preflight")
+    assert ok.returncode == 0, ok.stderr
+    data = json.loads(ok.stdout)
+    assert data["schema"] == "provision.run/v1" and data["hosts"]["alpha"]["changed"] == 3
+    assert Path(data["artifact_dir"]).is_dir()
+
+    (site["root"] / "alpha" / "nccl.conf").write_text("drifted\n")
+    d = cli("drift", str(site["inv"]), "--playbook", str(site["pb"]), "--report", "json", "-q")
+    assert d.returncode == 3, d.stderr
+    assert json.loads(d.stdout)["summary"]["drifted_hosts"] == ["alpha"]
+
+    bad = cli("run", str(site["inv"]), "--playbook", str(site["pb"]), "--serial", "zero")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--serial" in bad.stderr
+    missing = cli("drift", str(site["tmp"] / "nope.ini"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "not found" in missing.stderr
+    nomatch = cli("run", str(site["inv"]), "--playbook", str(site["pb"]), "--limit", "nosuchhost")
+    assert nomatch.returncode == 2 and "no hosts match" in nomatch.stderr
