@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
 from provisioner.errors import Exit, UsageError
 
 err = Console(stderr=True, highlight=False)

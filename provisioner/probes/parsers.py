@@ -429,12 +429,36 @@ def parse_sections(text: str) -> dict[str, Section]:
     return out
 
 
+#: PCI device ids of NVIDIA GPUs -> the name nvidia-smi prints (used before a driver is installed).
+PCI_GPU_NAMES = {
+    "0x2330": "NVIDIA H100 80GB HBM3",
+    "0x2335": "NVIDIA H200",
+    "0x2331": "NVIDIA H100 PCIe",
+    "0x2321": "NVIDIA H100 NVL",
+    "0x20b2": "NVIDIA A100-SXM4-80GB",
+    "0x2237": "NVIDIA A10G",
+    "0x26b9": "NVIDIA L40S",
+}
+
+
+def parse_pci_gpus(text: str) -> list[tuple[str, str]]:
+    """`/sys/bus/pci/devices/<bus><TAB><device id> <class>` lines (NVIDIA display/3D controllers) -> [(bus, id)]."""
+    out = []
+    for path, content in parse_file_dump(text).items():
+        f = content.split()
+        if f:
+            out.append((path.rstrip("/").rsplit("/", 1)[-1], f[0].lower()))
+    return sorted(out)
+
+
 @dataclass
 class NodeFacts:
     """Everything one preflight probe learned about a host (None / empty where the node could not tell)."""
 
     gpus: list[GpuInfo] = field(default_factory=list)
     gpu_error: str | None = None
+    smi_missing: bool = False  # nvidia-smi not installed (no driver yet): GPUs come from PCI
+    pci_gpus: list[tuple[str, str]] = field(default_factory=list)  # (bus id, PCI device id)
     topology: Topology | None = None
     ib_ports: dict[str, dict[int, IbPort]] = field(default_factory=dict)
     hca_numa: dict[str, int | None] = field(default_factory=dict)
@@ -464,8 +488,11 @@ def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
         f.gpu_error = "no nvidia-smi output"
     elif q.rc != 0:
         f.gpu_error = (q.text.strip().splitlines() or ["nvidia-smi failed"])[-1][:200] + f" (rc {q.rc})"
+        f.smi_missing = q.rc == 127
     else:
         f.gpus = parse_query_gpu(q.text)
+    if "pci-gpus" in s:
+        f.pci_gpus = parse_pci_gpus(s["pci-gpus"].text)
     t = s.get("topo")
     if t is not None and t.rc == 0 and t.text.strip():
         f.topology = parse_topo_m(t.text)

@@ -24,7 +24,7 @@ from provisioner.probes.ssh import DEFAULT_FORKS, DEFAULT_TIMEOUT, ExecResult, r
 #: Distributions the roles support (vars/<os>.yml); anything else is a mismatch unless `preflight_os` says otherwise.
 SUPPORTED_OS = {("debian", "12"), ("ubuntu", "22.04"), ("ubuntu", "24.04")}
 DEFAULT_IB_RATE = 400
-DEFAULT_MIN_FREE_GB = 100
+DEFAULT_MIN_FREE_GB = 20  # an unknown model: room for a small one; known models: 1.2x their bf16 weights
 DEFAULT_MODEL_DIR = "/opt/models"
 
 # Where the probe looks for IB sysfs: the real one, then the simulated rack's (read-only bind of the hardware spec).
@@ -39,6 +39,7 @@ e() { echo "@@pv@@ end $1 $2"; }
 dump() { for f in "$@"; do [ -r "$f" ] && printf '%s\t%s\n' "$f" "$(head -c 200 "$f" | tr '\n' ' ' | sed 's/ *$//')"; done; return 0; }
 b query-gpu; nvidia-smi --query-gpu=index,name,memory.total,driver_version,persistence_mode,pci.bus_id --format=csv,noheader,nounits 2>&1; e query-gpu $?
 b topo; nvidia-smi topo -m 2>&1; e topo $?
+b pci-gpus; for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; c=$(cat "$d/class"); case $c in 0x0302*|0x0300*) printf '%s\t%s %s\n' "$d" "$(cat "$d/device")" "$c";; esac; done; e pci-gpus 0
 IB=; for d in __IB_DIRS__; do if [ -d "$d" ] && [ -n "$(ls "$d" 2>/dev/null)" ]; then IB=$d; break; fi; done
 b ib-sysfs; if [ -n "$IB" ]; then dump "$IB"/*/ports/*/state "$IB"/*/ports/*/phys_state "$IB"/*/ports/*/rate "$IB"/*/ports/*/link_layer; fi; e ib-sysfs $?
 b hca-numa; if [ -n "$IB" ]; then dump "$IB"/*/device/numa_node; fi; e hca-numa $?
@@ -134,7 +135,8 @@ def model_dir(host: Host) -> str:
 
 
 def min_free_bytes(fleet: Fleet, host: Host) -> int:
-    """`preflight_min_free_gb` when set; else the larger of 100 GB and 1.2x the bf16 weights of its clusters' model."""
+    """`preflight_min_free_gb` when set; else the larger of 20 GB and 1.2x the bf16 weights of its clusters' model
+    (`model_arch`, else `model`, looked up in the model catalog)."""
     v = host.get("preflight_min_free_gb")
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return int(v * 1e9)
@@ -143,7 +145,8 @@ def min_free_bytes(fleet: Fleet, host: Host) -> int:
         from provisioner import catalog
 
         for cname in fleet.cluster_of(host.name):
-            m = catalog.model(fleet.clusters[cname].get("model"))
+            c = fleet.clusters[cname]
+            m = catalog.model(c.get("model_arch")) or catalog.model(c.get("model"))
             if m is not None:
                 need = max(need, m.params * 2 * 1.2)
     except Exception:
@@ -166,7 +169,20 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
     """Expected (inventory) vs found (the node), one Mismatch per difference. Pure."""
     out: list[Mismatch] = []
     # GPUs
-    if facts.gpu_error:
+    if facts.gpu_error and facts.smi_missing and facts.pci_gpus:
+        # no driver yet: count and identify the GPUs on the PCI bus
+        if host.gpu_count is not None and len(facts.pci_gpus) != host.gpu_count:
+            out.append(Mismatch("gpu_count", str(host.gpu_count), f"{len(facts.pci_gpus)} on the PCI bus (no driver)"))
+        names = _smi_names(host.gpu_model)
+        bad = sorted({dev for _, dev in facts.pci_gpus if parsers.PCI_GPU_NAMES.get(dev) not in names})
+        if names and bad:
+            out.append(Mismatch("gpu_model", f"{host.gpu_model} ({' or '.join(repr(n) for n in names)})",
+                                ", ".join(f"PCI device {d} ({parsers.PCI_GPU_NAMES.get(d, 'unknown')})" for d in bad)))
+    elif facts.gpu_error and facts.smi_missing and host.get("testbed_rack") is not None:
+        # the simulated rack simulates GPUs only through nvidia-smi (no PCI devices): nothing to read before install
+        out.append(Mismatch("gpu_count", str(host.gpu_count), "not verifiable before the driver is installed "
+                            "(simulated rack: no nvidia-smi yet, no PCI devices)", "warning"))
+    elif facts.gpu_error:
         out.append(Mismatch("gpu_count", str(host.gpu_count), f"no GPU readable: {facts.gpu_error}"))
     else:
         if host.gpu_count is not None and len(facts.gpus) != host.gpu_count:

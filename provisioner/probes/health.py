@@ -1,0 +1,282 @@
+"""The node health gate from the controller: run roles/node_health/files/node_health.py on hosts (one SSH exec per
+host: the program travels in the command itself, so a host needs only python3), collect its JSON lines, aggregate.
+
+    results = run_health(fleet, hosts)      # {host: HostHealth}
+    render_text / render_json / render_prometheus(results)
+
+The program's arguments come from the inventory (`health_argv`): GPU count, the catalog's nvidia-smi name for
+`gpu_model`, the pinned driver (`nvidia_driver_version`, else the nvidia_driver role default), NCCL_IB_HCA from
+`ib_hcas` (exact list), the IB rate, Fabric Manager required on NVSwitch models, the catalog's all-reduce threshold for a
+full node. `node_health_*` host variables override (the same names the role uses: roles/node_health/defaults/main.yml).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from provisioner import ROLES
+from provisioner.model import Fleet, Host
+from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
+
+PROGRAM = ROLES / "node_health" / "files" / "node_health.py"
+DEFAULT_TIMEOUT = 900.0  # the all-reduce on a full node takes a minute or two; FM/ECC reads are quick
+HEREDOC = "__PROVISIONER_NODE_HEALTH__"
+
+
+def _role_default(role: str, key: str) -> Any:
+    try:
+        import yaml
+
+        data = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {}
+        return data.get(key)
+    except Exception:
+        return None
+
+
+def pinned_driver(host: Host) -> str | None:
+    v = host.get("nvidia_driver_version") or _role_default("nvidia_driver", "nvidia_driver_version")
+    return str(v) if v and "{{" not in str(v) else None
+
+
+def health_argv(fleet: Fleet, host: Host) -> list[str]:
+    """Arguments of node_health.py for `host` (without the program path)."""
+    from provisioner.probes.preflight import _smi_names, expected_ib_rate
+
+    argv: list[str] = []
+    v = host.vars
+
+    def opt(name: str, default: Any) -> Any:
+        return v.get(f"node_health_{name}", default)
+
+    count = opt("gpu_count", host.gpu_count)
+    if count is not None and str(count) != "":
+        argv += ["--gpu-count", str(count)]
+    names = opt("gpu_names", list(_smi_names(host.gpu_model)))
+    for n in names or []:
+        argv += ["--gpu-name", str(n)]
+    drv = opt("driver_version", pinned_driver(host))
+    if drv:
+        argv += ["--driver", str(drv)]
+    spec = None
+    try:
+        from provisioner import catalog
+
+        spec = catalog.gpu(host.gpu_model)
+    except Exception:
+        spec = None
+    fm_default = "required" if (spec is not None and spec.fabric_manager) else "auto"
+    argv += ["--fabricmanager", str(opt("fabricmanager", fm_default))]
+    hca = opt("ib_hca", ("=" + ",".join(host.ib_hcas)) if host.ib_hcas else "")
+    if hca:
+        argv += ["--ib-hca", str(hca)]
+    argv += ["--ib-rate", f"{float(opt('ib_rate', expected_ib_rate(host))):g}"]
+    busbw = opt("busbw_min_gbps", None)
+    if busbw in (None, "") and spec is not None and spec.allreduce_busbw_gbps and count == spec.all_reduce_gpus:
+        busbw = spec.allreduce_busbw_gbps
+    if busbw not in (None, ""):
+        argv += ["--busbw-min", f"{float(busbw):g}"]
+    argv += ["--allreduce", str(opt("allreduce", "auto"))]
+    argv += ["--allreduce-sizes", str(opt("allreduce_sizes", "4G"))]
+    for name, flag in (("kmsg", "--kmsg"), ("sysfs_root", "--sysfs-root"), ("torch_python", "--torch-python"),
+                       ("nccl_tests", "--nccl-tests")):
+        val = opt(name, "")
+        if val:
+            argv += [flag, str(val)]
+    extra = opt("extra_args", [])
+    if isinstance(extra, list):
+        argv += [str(x) for x in extra]
+    return argv
+
+
+def remote_command(argv: list[str], *, sudo: bool, program: str | None = None) -> str:
+    """`python3 - ARGS <<'EOF' <program> EOF`: one exec carries the program; `sudo -n` for non-root logins."""
+    prog = program if program is not None else PROGRAM.read_text()
+    assert HEREDOC not in prog
+    py = "python3"
+    cmd = f"{'sudo -n ' if sudo else ''}{py} - {' '.join(shlex.quote(a) for a in argv)} <<'{HEREDOC}'\n{prog}\n{HEREDOC}\n"
+    return cmd
+
+
+# ------------------------------------------------------------------------------------------ results
+@dataclass
+class HostHealth:
+    host: str
+    reachable: bool
+    rc: int | None = None
+    error: str | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [c for c in self.checks if c.get("status") == "fail"]
+
+    @property
+    def ok(self) -> bool:
+        return self.reachable and self.error is None and self.rc == 0 and not self.failed \
+            and self.summary.get("status") == "pass"
+
+    @property
+    def message(self) -> str:
+        if not self.reachable:
+            return f"unreachable: {self.error}"
+        if self.error:
+            return self.error
+        return "; ".join(f"{c['check']}: {c.get('message', '')}" for c in self.failed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "ok": self.ok, "reachable": self.reachable, "rc": self.rc, "error": self.error,
+                "seconds": self.seconds, "failed": [c["check"] for c in self.failed], "checks": self.checks,
+                "summary": self.summary}
+
+
+def parse_output(host: str, r: ExecResult) -> HostHealth:
+    """node_health.py's JSON lines (+ exit status) -> HostHealth. Pure."""
+    if not r.ok:
+        return HostHealth(host, reachable=False, error=r.error, seconds=r.seconds)
+    h = HostHealth(host, reachable=True, rc=r.rc, seconds=r.seconds)
+    for line in r.stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if obj.get("check") == "summary":
+            h.summary = obj
+        elif "check" in obj:
+            h.checks.append(obj)
+    if not h.summary:
+        tail = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
+        if "sudo" in tail and "password" in tail:
+            tail += " (the login user needs passwordless sudo, or log in as root)"
+        h.error = f"node_health.py gave no result (rc {r.rc}): {tail[:300]}"
+    return h
+
+
+def run_health(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_TIMEOUT, forks: int = DEFAULT_FORKS,
+               on_result: Callable[[ExecResult], None] | None = None) -> dict[str, HostHealth]:
+    names = list(hosts)
+    prog = PROGRAM.read_text()
+    cmds: dict[str, str] = {}
+    argvs: dict[str, list[str]] = {}
+    targets = []
+    for n in names:
+        host = fleet.hosts[n]
+        t = target_for(host)
+        targets.append(t)
+        argvs[n] = health_argv(fleet, host)
+        cmds[n] = remote_command(argvs[n], sudo=(t.user or "root") != "root", program=prog)
+    results = run_many(targets, lambda t: cmds[t.name], timeout=timeout, forks=forks, on_result=on_result)
+    out = {}
+    for n in names:
+        h = parse_output(n, results[n])
+        h.argv = argvs[n]
+        out[n] = h
+    return out
+
+
+# ------------------------------------------------------------------------------------------ reports
+CHECK_ORDER = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "gpudirect", "allreduce")
+_MARK = {"pass": "ok", "fail": "FAIL", "skip": "-", "warn": "warn"}
+
+
+def render_text(results: dict[str, HostHealth], seconds: float | None = None) -> str:
+    width = max([len(h) for h in results] + [4])
+    cols = list(CHECK_ORDER)
+    head = f"{'host':<{width}}  {'result':<11}" + "".join(f" {c[:8]:>8}" for c in cols)
+    lines = [head]
+    for name, h in results.items():
+        if not h.reachable or h.error:
+            lines.append(f"{name:<{width}}  {'UNREACHABLE' if not h.reachable else 'ERROR':<11}  {h.error}")
+            continue
+        by = {c["check"]: c for c in h.checks}
+        cells = "".join(f" {_MARK.get(by[c]['status'], by[c]['status']) if c in by else '':>8}" for c in cols)
+        lines.append(f"{name:<{width}}  {'PASS' if h.ok else 'FAIL':<11}{cells}")
+    for name, h in results.items():
+        for c in h.failed:
+            lines.append(f"{name}: {c['check']}: {c.get('message', '')}")
+    n_ok = sum(1 for h in results.values() if h.ok)
+    n_unr = sum(1 for h in results.values() if not h.reachable)
+    tail = f"health: {len(results)} hosts, {n_ok} pass, {len(results) - n_ok - n_unr} fail, {n_unr} unreachable"
+    if seconds is not None:
+        tail += f" ({seconds:.1f}s)"
+    lines.append(tail)
+    return "\n".join(lines) + "\n"
+
+
+def render_json(results: dict[str, HostHealth], seconds: float | None = None) -> str:
+    doc = {"ok": all(h.ok for h in results.values()), "seconds": None if seconds is None else round(seconds, 3),
+           "hosts": {n: h.to_dict() for n, h in results.items()}}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render_prometheus(results: dict[str, HostHealth], *, now: float | None = None) -> str:
+    """node_exporter textfile collector format."""
+    ts = time.time() if now is None else now
+    out = [
+        "# HELP provisioner_node_health_ok 1 when every health check passed on the host (skipped checks count as passed).",
+        "# TYPE provisioner_node_health_ok gauge",
+    ]
+    for n, h in results.items():
+        out.append(f'provisioner_node_health_ok{{host="{_esc(n)}"}} {1 if h.ok else 0}')
+    out += ["# HELP provisioner_node_health_reachable 1 when the host answered over SSH and ran the program.",
+            "# TYPE provisioner_node_health_reachable gauge"]
+    for n, h in results.items():
+        out.append(f'provisioner_node_health_reachable{{host="{_esc(n)}"}} {1 if h.reachable and not h.error else 0}')
+    out += ["# HELP provisioner_node_health_check_ok Per check: 1 pass or skip, 0 fail.",
+            "# TYPE provisioner_node_health_check_ok gauge"]
+    for n, h in results.items():
+        for c in h.checks:
+            out.append(f'provisioner_node_health_check_ok{{host="{_esc(n)}",check="{_esc(c["check"])}",'
+                       f'status="{_esc(c.get("status", ""))}"}} {0 if c.get("status") == "fail" else 1}')
+    bw = [(n, c) for n, h in results.items() for c in h.checks
+          if c["check"] == "allreduce" and isinstance(c.get("found"), dict) and "busbw_gbps" in c["found"]
+          and (c["found"].get("gpus") or 0) >= 2]
+    if bw:
+        out += ["# HELP provisioner_node_health_allreduce_busbw_gbps Single-node all-reduce bus bandwidth (GB/s).",
+                "# TYPE provisioner_node_health_allreduce_busbw_gbps gauge"]
+        for n, c in bw:
+            out.append(f'provisioner_node_health_allreduce_busbw_gbps{{host="{_esc(n)}"}} {c["found"]["busbw_gbps"]}')
+    out += ["# HELP provisioner_node_health_last_run_timestamp_seconds When the health gate last ran.",
+            "# TYPE provisioner_node_health_last_run_timestamp_seconds gauge",
+            f"provisioner_node_health_last_run_timestamp_seconds {ts:.0f}"]
+    return "\n".join(out) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------ in service
+IN_SERVICE = "/etc/provisioner/in-service"
+
+
+def mark_command(ok: bool, note: dict[str, Any], *, sudo: bool) -> str:
+    """Shell that marks the host in service (writes IN_SERVICE with a JSON note) or takes it out (removes it)."""
+    s = "sudo -n " if sudo else ""
+    if ok:
+        body = shlex.quote(json.dumps(note, sort_keys=True) + "\n")
+        return (f"{s}mkdir -p /etc/provisioner && printf %s {body} | {s}tee {IN_SERVICE}.tmp >/dev/null && "
+                f"{s}mv {IN_SERVICE}.tmp {IN_SERVICE} && echo marked")
+    return f"{s}rm -f {IN_SERVICE} && echo unmarked"
