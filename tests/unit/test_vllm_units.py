@@ -1,0 +1,205 @@
+"""Rendered vLLM units and env files (provision render == what the roles write), no root, no network."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner import PROJECT_ROOT, ROLES, TEMPLATES
+from provisioner.inventory import load_fleet
+from provisioner.render import REDACTED, host_files, role_defaults
+from provisioner.vllm_args import serve_command
+
+SECRET = "s3cret-api-key-value"
+HF = "hf_secret_token_value"
+
+
+def _inventory(tmp: Path, executor: str = "mp", extra: list[str] | None = None) -> Path:
+    (tmp / "group_vars").mkdir(parents=True, exist_ok=True)
+    (tmp / "hosts.ini").write_text(
+        "[gpu_nodes]\n"
+        "node01 ansible_host=10.9.0.11 node_rank=0\n"
+        "node02 ansible_host=10.9.0.12 node_rank=1\n"
+        "node03 ansible_host=10.9.0.13\n"
+        "[vllm_pp]\nnode01\nnode02\n[vllm_single]\nnode03\n"
+    )
+    (tmp / "group_vars/gpu_nodes.yml").write_text(yaml.safe_dump({
+        "gpu_model": "H100-SXM5-80GB", "gpu_count": 8, "fabric": "infiniband", "bootstrap_interface": "ens1f0",
+        "ib_hcas": ["mlx5_0", "mlx5_1"], "vllm_api_key": SECRET, "vllm_hf_token": HF,
+        "vllm_env_extra": {"VLLM_CPU_KVCACHE_SPACE": "4", "WEIRD": 'a "quoted" $value'},
+        "vllm_timeout_stop_sec": 120,
+    }))
+    (tmp / "group_vars/vllm_pp.yml").write_text(yaml.safe_dump({"vllm_cluster": {
+        "model": "meta-llama/Llama-3.1-70B-Instruct", "served_model_name": "llama70b",
+        "tensor_parallel_size": 8, "pipeline_parallel_size": 2, "executor": executor,
+        "extra_args": extra if extra is not None else
+        ["--enable-log-requests", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+    }}))
+    (tmp / "group_vars/vllm_single.yml").write_text(yaml.safe_dump({"vllm_cluster": {
+        "model": "/opt/models/tiny-llama", "tensor_parallel_size": 8, "port": 8001}}))
+    return tmp / "hosts.ini"
+
+
+def _files(inv: Path, host: str) -> dict[str, str]:
+    return {f.dest: f.content for f in host_files(load_fleet(inv), host)}
+
+
+def _exec_start(unit: str) -> list[str]:
+    line = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    # systemd unquoting of what we emit: POSIX-shell-like double quotes with \" and \\, %% and $$ escapes
+    return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line.removeprefix("ExecStart="))]
+
+
+def _settings(unit: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for ln in unit.splitlines():
+        if "=" in ln and not ln.startswith("#"):
+            k, v = ln.split("=", 1)
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def test_mp_head_and_worker_units_run_exactly_vllm_args(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path)
+    fleet = load_fleet(inv)
+    cluster = fleet.clusters["vllm_pp"]
+    venv = role_defaults()["vllm_venv"]
+    head = _files(inv, "node01")["/etc/systemd/system/vllm.service"]
+    worker = _files(inv, "node02")["/etc/systemd/system/vllm.service"]
+    for host, unit in (("node01", head), ("node02", worker)):
+        argv = _exec_start(unit)
+        cut = argv.index("--")
+        assert argv[cut + 1:] == serve_command(cluster, host, fleet, vllm=f"{venv}/bin/vllm")
+        s = _settings(unit)
+        assert s["User"] == ["vllm"] and s["Group"] == ["vllm"]
+        assert s["LimitMEMLOCK"] == ["infinity"] and s["LimitNOFILE"] == ["65536"]
+        assert s["KillMode"] == ["control-group"] and s["Restart"] == ["on-failure"]
+        assert s["TimeoutStopSec"] == ["120"]
+        after = " ".join(s["After"]).split()
+        assert {"network-online.target", "nvidia-persistenced.service", "nvidia-fabricmanager.service"} <= set(after)
+        assert s["EnvironmentFile"] == ["/etc/vllm/vllm.env"]
+        assert SECRET not in unit  # the key travels in the env file only (VLLM_API_KEY), never on a command line
+    h, w = _exec_start(head), _exec_start(worker)
+    hv, wv = h[h.index("--") + 1:], w[w.index("--") + 1:]
+    assert hv[:3] == [f"{venv}/bin/vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct"]
+    for flag, value in (("--nnodes", "2"), ("--master-addr", "10.9.0.11"), ("--master-port", "29501"),
+                        ("-tp", "8"), ("-pp", "2")):
+        assert hv[hv.index(flag) + 1] == value and wv[wv.index(flag) + 1] == value
+    assert hv[hv.index("--node-rank") + 1] == "0" and wv[wv.index("--node-rank") + 1] == "1"
+    assert "--headless" in wv and "--headless" not in hv
+    assert '{"method": "ngram", "num_speculative_tokens": 3}' in hv  # JSON survives systemd quoting
+    # group semantics: the worker watches its head's rendezvous port, the head its own /health
+    assert w[w.index("--head-addr") + 1] == "10.9.0.11" and w[w.index("--head-port") + 1] == "29501"
+    assert h[h.index("--health-url") + 1] == "http://127.0.0.1:8000/health"
+
+
+def test_single_node_cluster_has_no_multinode_flags(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path)
+    unit = _files(inv, "node03")["/etc/systemd/system/vllm.service"]
+    argv = _exec_start(unit)
+    vargs = argv[argv.index("--") + 1:]
+    assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(vargs)
+    assert vargs[vargs.index("--port") + 1] == "8001"
+    assert argv[argv.index("--health-url") + 1] == "http://127.0.0.1:8001/health"
+
+
+def test_env_file_has_bootstrap_nccl_and_redacted_secrets(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path)
+    for host, ip in (("node01", "10.9.0.11"), ("node02", "10.9.0.12")):
+        env = _files(inv, host)["/etc/vllm/vllm.env"]
+        assert f'VLLM_HOST_IP="{ip}"' in env
+        assert 'GLOO_SOCKET_IFNAME="ens1f0"' in env
+        assert "NCCL_SOCKET_IFNAME==ens1f0" in env and "NCCL_IB_HCA==mlx5_0:1,mlx5_1:1" in env
+        assert f'VLLM_API_KEY="{REDACTED}"' in env
+        assert 'WEIRD="a \\"quoted\\" $value"' in env
+        assert SECRET not in env and HF not in env
+    f = {x.dest: x for x in host_files(load_fleet(inv), "node01")}["/etc/vllm/vllm.env"]
+    assert (f.mode, f.owner, f.group) == ("0640", "root", "vllm")
+
+
+def test_ray_units(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path, executor="ray")
+    fleet = load_fleet(inv)
+    head, worker = _files(inv, "node01"), _files(inv, "node02")
+    assert set(worker) == {"/etc/nccl.conf", "/etc/vllm/vllm.env", "/etc/systemd/system/vllm-ray.service"}
+    ray_w = _exec_start(worker["/etc/systemd/system/vllm-ray.service"])
+    assert ray_w[1:4] == ["start", "--block", "--address=10.9.0.11:6379"]
+    ray_h = _exec_start(head["/etc/systemd/system/vllm-ray.service"])
+    assert "--head" in ray_h and "--port=6379" in ray_h
+    serve = head["/etc/systemd/system/vllm.service"]
+    assert "Requires=vllm-ray.service" in serve
+    argv = _exec_start(serve)
+    assert argv[argv.index("--wait-ray-gpus") + 1] == "16"
+    vargs = argv[argv.index("--") + 1:]
+    assert vargs == serve_command(fleet.clusters["vllm_pp"], "node01", fleet, vllm="/opt/vllm/venv/bin/vllm")
+    assert vargs[vargs.index("--distributed-executor-backend") + 1] == "ray"
+    assert "--nnodes" not in vargs
+
+
+def test_cli_render_prints_and_writes(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path / "inv")
+    exe = [str(Path(sys.executable).parent / "provision")]
+    p = subprocess.run([*exe, "render", str(inv), "--host", "node02"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "# ==> /etc/systemd/system/vllm.service" in p.stdout and "--headless" in p.stdout
+    assert SECRET not in p.stdout + p.stderr
+    out = tmp_path / "out"
+    p = subprocess.run([*exe, "render", str(inv), "--host", "node02", "--out", str(out)], capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr
+    assert (out / "etc/systemd/system/vllm.service").read_text() == _files(inv, "node02")[
+        "/etc/systemd/system/vllm.service"]
+    assert oct((out / "etc/vllm/vllm.env").stat().st_mode & 0o777) == "0o640"
+    p = subprocess.run([*exe, "render", str(inv), "--host", "nope"], capture_output=True, text=True)
+    assert p.returncode == 2 and "unknown host" in p.stderr
+
+
+@pytest.mark.parametrize("executor", ["mp", "ray"])
+def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor: str) -> None:
+    """The roles' rendering (Ansible's template module, role defaults under inventory vars, the filter plugin that
+    computes vllm_facts) produces exactly what `provision render` shows (secrets aside)."""
+    inv = _inventory(tmp_path / "inv", executor=executor)
+    out = tmp_path / "ansible-out"
+    role = tmp_path / "roles/render_probe"
+    (role / "defaults").mkdir(parents=True)
+    (role / "tasks").mkdir()
+    # the real roles' defaults, at role-default precedence (under the inventory), as the roles see them
+    (role / "defaults/main.yml").write_text(yaml.safe_dump(role_defaults()))
+    (role / "tasks/main.yml").write_text(yaml.safe_dump([
+        {"name": "facts", "ansible.builtin.set_fact": {
+            "vllm_facts": "{{ inventory_file | provisioner_vllm_facts(inventory_hostname) }}"}},
+        {"name": "dirs", "ansible.builtin.file": {
+            "path": f"{out}/{{{{ inventory_hostname }}}}/{{{{ item }}}}", "state": "directory"},
+         "loop": ["etc/vllm", "etc/systemd/system"]},
+        {"name": "nccl", "ansible.builtin.template": {
+            "src": f"{TEMPLATES}/nccl.conf.j2", "dest": f"{out}/{{{{ inventory_hostname }}}}/etc/nccl.conf"}},
+        {"name": "env", "ansible.builtin.template": {
+            "src": f"{TEMPLATES}/vllm.env.j2", "dest": f"{out}/{{{{ inventory_hostname }}}}/etc/vllm/vllm.env"}},
+        {"name": "units", "ansible.builtin.template": {
+            "src": f"{TEMPLATES}/{{{{ item.template }}}}", "dest": f"{out}/{{{{ inventory_hostname }}}}{{{{ item.dest }}}}"},
+         "loop": "{{ vllm_facts.units }}"},
+    ]))
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{"hosts": "gpu_nodes", "gather_facts": False, "connection": "local",
+                                     "roles": ["render_probe"]}]))
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(tmp_path / "roles"),
+               ANSIBLE_FILTER_PLUGINS=str(ROLES / "vllm/filter_plugins"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
+    p = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv), str(play),
+                        "-e", f"ansible_python_interpreter={sys.executable}"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    fleet = load_fleet(inv)
+    for host in ("node01", "node02", "node03"):
+        for f in host_files(fleet, host):
+            written = (out / host / f.dest.lstrip("/")).read_text()
+            assert written.replace(SECRET, REDACTED).replace(HF, REDACTED) == f.content, (host, f.dest)
+            if f.dest.endswith("vllm.env"):
+                assert f'VLLM_API_KEY="{SECRET}"' in written  # the host gets the real key
