@@ -242,15 +242,12 @@ def build_repo(out: Path, key_home: Path, fingerprint: str, sources: Path = SOUR
                     "-o", "APT::FTPArchive::Release::Description=Stand-in NVIDIA packages for the simulated rack",
                     "release", "."], cwd=out)
     (out / "Release").write_text(release)
-    try:
-        _gpg(key_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--clearsign",
-             "--output", str(out / "InRelease"), str(out / "Release"))
-        _gpg(key_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--armor", "--detach-sign",
-             "--output", str(out / "Release.gpg"), str(out / "Release"))
-        _gpg(key_home, "--output", str(out / KEYRING), "--export", fingerprint)
-        _gpg(key_home, "--armor", "--output", str(out / "testbed-archive-keyring.asc"), "--export", fingerprint)
-    finally:
-        _stop_agent(key_home)
+    _gpg(key_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--clearsign",
+         "--output", str(out / "InRelease"), str(out / "Release"))
+    _gpg(key_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--armor", "--detach-sign",
+         "--output", str(out / "Release.gpg"), str(out / "Release"))
+    _gpg(key_home, "--output", str(out / KEYRING), "--export", fingerprint)
+    _gpg(key_home, "--armor", "--output", str(out / "testbed-archive-keyring.asc"), "--export", fingerprint)
     for p in [out, *out.iterdir()]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return out
@@ -277,16 +274,19 @@ def ensure_repo(cache: Path) -> Path:
     served = root / "nvidia"
     with _locked(root / ".lock"):
         check_tools()
-        fingerprint = ensure_key(root / "gnupg")
-        build_id = hashlib.sha256(f"{source_hash()}:{fingerprint}".encode()).hexdigest()[:20]
-        builds = root / "builds"
-        current = builds / build_id
-        if not (current / "InRelease").is_file():
-            tmp = builds / f".{build_id}.tmp{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(current, ignore_errors=True)
-            build_repo(tmp, root / "gnupg", fingerprint)
-            tmp.rename(current)
+        try:
+            fingerprint = ensure_key(root / "gnupg")
+            build_id = hashlib.sha256(f"{source_hash()}:{fingerprint}".encode()).hexdigest()[:20]
+            builds = root / "builds"
+            current = builds / build_id
+            if not (current / "InRelease").is_file():
+                tmp = builds / f".{build_id}.tmp{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.rmtree(current, ignore_errors=True)
+                build_repo(tmp, root / "gnupg", fingerprint)
+                tmp.rename(current)
+        finally:
+            _stop_agent(root / "gnupg")  # gpg starts an agent for secret-key operations: leave none running
         if not served.is_symlink() or os.readlink(served) != f"builds/{build_id}":
             link = root / f".nvidia.{os.getpid()}"
             link.unlink(missing_ok=True)

@@ -1,0 +1,380 @@
+"""The hardware simulator: spec validation and faults, the materialized files, and the stand-in tools run as shipped.
+
+The tools are laid out exactly as their packages install them (`repo.stage`) and run with the system python3
+against a materialized spec directory (HWSIM_DIR), a private runtime dir (HWSIM_RUN_DIR) and a kernel-module marker
+(HWSIM_MODULE_MARKER). Daemons they start are stopped by pid at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from provisioner.errors import UsageError
+from provisioner.testbed import hwsim, hwspec, repo
+
+PY3 = shutil.which("python3", path="/usr/bin:/bin")
+pytestmark = pytest.mark.skipif(PY3 is None, reason="the simulators run with the system /usr/bin/python3")
+
+
+# --- spec ---------------------------------------------------------------------------------------------------------
+def test_defaults_are_an_8x_h100_node_with_8_ndr_hcas() -> None:
+    s = hwspec.resolve({})
+    assert [g["name"] for g in s["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
+    assert [g["index"] for g in s["gpus"]] == list(range(8))
+    assert len({g["uuid"] for g in s["gpus"]}) == 8
+    assert [h["name"] for h in s["hcas"]] == [f"mlx5_{i}" for i in range(8)]
+    assert all(h["ports"] == [{"port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate": 400,
+                               "link_layer": "InfiniBand", "lid": h["ports"][0]["lid"], "sm_lid": 1}]
+               for h in s["hcas"])
+    assert s["driver"] == {"version": "580.95.05", "kernel_module_version": "580.95.05", "cuda_version": "13.0"}
+    assert hwspec.resolve({"node": "node01"})["gpus"][0]["uuid"] != s["gpus"][0]["uuid"]
+    assert hwspec.resolve({"node": "node01"}) == hwspec.resolve({"node": "node01"})  # stable per node
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"gpu_modell": "x"}, r"gpu_modell: unknown key"),
+    ({"gpu_model": "A100"}, r"gpu_model: unknown model 'A100' \(known: H100-SXM5-80GB, H200-SXM5-141GB\)"),
+    ({"gpu_count": "8"}, r"gpu_count: expected an integer, got '8'"),
+    ({"faults": {"hca_dwn": "mlx5_3"}}, r"faults: unknown fault 'hca_dwn'"),
+    ({"faults": {"hca_down": "mlx5_9"}}, r"faults.hca_down: unknown HCA 'mlx5_9' \(this node has mlx5_0, "),
+    ({"faults": {"hca_rate": {"mlx5_2": 300}}}, r"faults.hca_rate.mlx5_2: 300 is not an InfiniBand rate"),
+    ({"faults": {"xid": {"gpu": 8, "code": 79}}}, r"faults.xid\[0\]: no GPU 8 \(this node has 8 GPUs: 0..7\)"),
+    ({"faults": {"xid": {"code": 79}}}, r"faults.xid\[0\]: expected \{gpu: N, code: XID\}"),
+    ({"faults": {"ecc_uncorrectable": {"gpu": 1, "count": 0}}}, r"count: 0 is out of range"),
+    ({"faults": {"missing_gpu": 9}}, r"faults.missing_gpu: 9 is out of range \(allowed 1..8\)"),
+    ({"faults": {"fm_mismatch": "580.95.05"}}, r"is the installed driver's own version"),
+    ({"cuda_version": 13.0}, r"cuda_version: expected a version such as '13.0' \(quote it in YAML\)"),
+])
+def test_invalid_specs_are_usage_errors_that_name_the_key(spec: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        hwspec.resolve(spec)
+
+
+def test_faults_change_only_what_they_name() -> None:
+    s = hwspec.resolve({"faults": {
+        "hca_down": "mlx5_3", "hca_rate": {"mlx5_2": 200}, "xid": {"gpu": 3, "code": 79},
+        "ecc_uncorrectable": {"gpu": 1, "count": 2}, "row_remap_pending": {"gpu": 5}, "nvlink_down": {"gpu": 6},
+        "fm_mismatch": True, "persistence_off": True}})
+    hcas = {h["name"]: h["ports"][0] for h in s["hcas"]}
+    assert (hcas["mlx5_3"]["state"], hcas["mlx5_3"]["phys_state"]) == ("DOWN", "Polling")
+    assert hcas["mlx5_2"]["rate"] == 200 and hcas["mlx5_2"]["state"] == "ACTIVE"
+    assert all(p["state"] == "ACTIVE" and p["rate"] == 400 for n, p in hcas.items() if n not in ("mlx5_2", "mlx5_3"))
+    assert s["xids"] == [{"pci_bus_id": "00000000:61:00.0", "gpu": 3, "code": 79,
+                          "text": "GPU has fallen off the bus."}]
+    assert [g["ecc"]["volatile_uncorrected"] for g in s["gpus"]] == [0, 2, 0, 0, 0, 0, 0, 0]
+    assert [g["remapped_rows"]["pending"] for g in s["gpus"]] == [False] * 5 + [True, False, False]
+    assert [all(not lk["active"] for lk in g["nvlinks"]) for g in s["gpus"]] == [False] * 6 + [True, False]
+    assert s["driver"]["kernel_module_version"] == "580.82.07" and s["driver"]["version"] == "580.95.05"
+    assert s["persistence"]["forced_off"] is True
+
+
+def test_missing_gpu_reindexes_what_is_left_in_pci_order() -> None:
+    s = hwspec.resolve({"faults": {"missing_gpu": [2]}})
+    assert [g["index"] for g in s["gpus"]] == list(range(7))
+    assert "00000000:52:00.0" not in [g["pci_bus_id"] for g in s["gpus"]]
+    assert s["gpus_missing"] == ["00000000:52:00.0"]
+    assert len(hwspec.resolve({"faults": {"missing_gpu": 2}})["gpus"]) == 6
+
+
+def test_rack_file_merges_defaults_and_host_faults(tmp_path: Path) -> None:
+    f = tmp_path / "rack.yml"
+    f.write_text("defaults:\n  gpu_model: H200-SXM5-141GB\n  faults: {persistence_off: true}\n"
+                 "hosts:\n  node02:\n    faults: {hca_down: mlx5_3}\n")
+    doc = hwspec.load(f)
+    n2 = hwspec.resolve(hwspec.for_host(doc, "node02"))
+    n1 = hwspec.resolve(hwspec.for_host(doc, "node01"))
+    assert n2["node"] == "node02" and n2["gpus"][0]["name"] == "NVIDIA H200"
+    assert n2["hcas"][3]["ports"][0]["state"] == "DOWN" and n1["hcas"][3]["ports"][0]["state"] == "ACTIVE"
+    assert n1["persistence"]["forced_off"] and n2["persistence"]["forced_off"]
+
+
+# --- materialized files -------------------------------------------------------------------------------------------
+def test_sysfs_tree_uses_the_kernels_formats(tmp_path: Path) -> None:
+    hwsim.materialize({"faults": {"hca_down": "mlx5_3", "hca_rate": {"mlx5_2": 200}}}, tmp_path)
+    ib = tmp_path / "sys/class/infiniband"
+    assert sorted(p.name for p in ib.iterdir()) == [f"mlx5_{i}" for i in range(8)]
+    port = ib / "mlx5_0/ports/1"
+    assert [(port / f).read_text() for f in ("state", "phys_state", "rate", "link_layer")] == [
+        "4: ACTIVE\n", "5: LinkUp\n", "400 Gb/sec (4X NDR)\n", "InfiniBand\n"]
+    assert (ib / "mlx5_3/ports/1/state").read_text() == "1: DOWN\n"
+    assert (ib / "mlx5_3/ports/1/phys_state").read_text() == "2: Polling\n"
+    assert (ib / "mlx5_2/ports/1/rate").read_text() == "200 Gb/sec (4X HDR)\n"
+    assert re.fullmatch(r"[0-9a-f]{4}(:[0-9a-f]{4}){3}\n", (ib / "mlx5_0/node_guid").read_text())
+    assert (ib / "mlx5_0/device/net/ibp24s0/operstate").read_text() == "up\n"
+    assert (tmp_path / "sys/module/nvidia/version").read_text() == "580.95.05\n"
+    assert (tmp_path / "proc/driver/nvidia/version").read_text().startswith(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build")
+
+
+def test_kmsg_carries_nvrm_xid_lines_in_the_real_format(tmp_path: Path) -> None:
+    hwsim.materialize({"faults": {"xid": [{"gpu": 3, "code": 79}, {"gpu": 0, "code": 48}]}}, tmp_path)
+    kmsg = (tmp_path / "kmsg").read_text().splitlines()
+    assert all(re.fullmatch(r"\d,\d+,\d+,-;.+", line) for line in kmsg)
+    xids = [line.split(";", 1)[1] for line in kmsg if "Xid" in line]
+    assert xids[0] == "NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    assert xids[1].startswith("NVRM: Xid (PCI:0000:1b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable")
+    # What a health check greps for (`dmesg | grep -E 'NVRM: Xid'`) finds the codes in dmesg's format too.
+    dmesg = (tmp_path / "dmesg").read_text()
+    assert re.findall(r"^\[\s*\d+\.\d{6}\] NVRM: Xid \(PCI:[0-9a-f:]+\): (\d+),", dmesg, re.M) == ["79", "48"]
+
+
+def test_rewrite_is_in_place_idempotent_and_prunes_what_is_gone(tmp_path: Path) -> None:
+    hwsim.materialize({}, tmp_path)
+    inode = tmp_path.stat().st_ino
+    state = tmp_path / "sys/class/infiniband/mlx5_3/ports/1/state"
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    hwsim.materialize({}, tmp_path)  # same spec: nothing rewritten
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+    with state.open() as held:  # a reader holding the old file keeps a consistent old view
+        hwsim.materialize({"faults": {"hca_down": "mlx5_3"}}, tmp_path)
+        assert held.read() == "4: ACTIVE\n"
+    assert state.read_text() == "1: DOWN\n" and tmp_path.stat().st_ino == inode
+    hwsim.materialize({"hcas": 4}, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "sys/class/infiniband").iterdir()) == [f"mlx5_{i}" for i in range(4)]
+    assert not list(tmp_path.rglob(".*"))  # no temp files left behind
+    spec = json.loads((tmp_path / "spec.json").read_text())
+    assert spec["schema"] == "hwsim/1" and spec["input"] == {"hcas": 4}
+    hwsim.materialize(spec, tmp_path)  # a resolved spec re-materializes to itself (faults not applied twice)
+    assert json.loads((tmp_path / "spec.json").read_text()) == spec
+
+
+def test_invalid_spec_leaves_the_directory_untouched(tmp_path: Path) -> None:
+    hwsim.materialize({}, tmp_path)
+    before = (tmp_path / "spec.json").read_text()
+    with pytest.raises(hwspec.HwSpecError):
+        hwsim.materialize({"faults": {"hca_down": "mlx5_42"}}, tmp_path)
+    assert (tmp_path / "spec.json").read_text() == before
+
+
+# --- the tools, as packaged ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Roots with each package's files laid out as installed (a root per Fabric Manager version)."""
+    base = tmp_path_factory.mktemp("pkgs")
+    roots: dict[str, Path] = {}
+    for pkg in repo.load_manifest():
+        if pkg.runtime:
+            key = pkg.name if pkg.name != "nvidia-fabricmanager-580" else f"fm-{pkg.upstream}"
+            roots[key] = repo.stage(pkg, base / key)
+    return roots
+
+
+class Node:
+    """One simulated node: spec dir + runtime dir + module marker, and the tools run against them."""
+
+    def __init__(self, tmp: Path, tools: dict[str, Path]) -> None:
+        self.dir, self.run_dir, self.tools = tmp / "hwsim", tmp / "run", tools
+        marker = tmp / "nvidia.ko"
+        marker.write_text("marker\n")
+        self.env = {**os.environ, "HWSIM_DIR": str(self.dir), "HWSIM_RUN_DIR": str(self.run_dir),
+                    "HWSIM_MODULE_MARKER": str(marker)}
+        self.pidfiles: list[Path] = []
+
+    def spec(self, spec: dict) -> "Node":
+        hwsim.materialize(spec, self.dir)
+        return self
+
+    def run(self, pkg: str, prog: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        exe = self.tools[pkg] / "usr/bin" / prog
+        return subprocess.run([PY3, str(exe), *args], capture_output=True, text=True, env={**self.env, **env},
+                              timeout=30)
+
+    def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run("nvidia-utils-580", "nvidia-smi", *args)
+
+    def query(self, fields: str) -> list[list[str]]:
+        res = self.smi(f"--query-gpu={fields}", "--format=csv,noheader,nounits")
+        assert res.returncode == 0, res.stdout + res.stderr
+        return [line.split(", ") for line in res.stdout.splitlines()]
+
+    def stop_all(self) -> None:
+        for pf in self.pidfiles:
+            try:
+                os.kill(int(pf.read_text()), signal.SIGTERM)  # daemons this test started, by pid
+            except (OSError, ValueError):
+                pass
+
+
+@pytest.fixture
+def node(tmp_path: Path, tools: dict[str, Path]) -> Iterator[Node]:
+    n = Node(tmp_path, tools)
+    n.pidfiles = [n.run_dir / "nvidia-persistenced/nvidia-persistenced.pid",
+                  n.run_dir / "nvidia-fabricmanager/nv-fabricmanager.pid", n.run_dir / "nvhostengine.pid"]
+    yield n
+    n.stop_all()
+
+
+def wait_gone(pidfile: Path) -> None:
+    pid = int(pidfile.read_text())
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still running")
+
+
+def test_query_gpu_csv_forms(node: Node) -> None:
+    node.spec({"faults": {"ecc_uncorrectable": {"gpu": 1, "count": 2}, "row_remap_pending": {"gpu": 0}}})
+    res = node.smi("--query-gpu=index,name,memory.total,driver_version,persistence_mode,power.draw",
+                   "--format=csv")
+    lines = res.stdout.splitlines()
+    assert lines[0] == "index, name, memory.total [MiB], driver_version, persistence_mode, power.draw [W]"
+    assert re.fullmatch(r"0, NVIDIA H100 80GB HBM3, 81559 MiB, 580\.95\.05, Disabled, \d+\.\d\d W", lines[1])
+    assert len(lines) == 9
+    rows = node.query("index,uuid,pci.bus_id,ecc.errors.uncorrected.volatile.total,"
+                      "ecc.errors.uncorrected.aggregate.total,remapped_rows.pending,retired_pages.pending,"
+                      "memory.used,temperature.gpu,clocks.sm,pstate")
+    assert rows[0][2] == "00000000:1B:00.0" and rows[0][1].startswith("GPU-")
+    assert [r[3] for r in rows] == ["0", "2"] + ["0"] * 6 and rows[1][4] == "2"
+    assert [r[5] for r in rows] == ["Yes"] + ["No"] * 7
+    assert rows[0][6] == "[N/A]" and rows[0][7] == "0" and rows[0][10] == "P0"
+    bad = node.smi("--query-gpu=index,bogus", "--format=csv")
+    assert bad.returncode == 2 and 'Field "bogus" is not a valid field to query.' in bad.stdout
+    one = node.smi("--query-gpu=index,name", "--format=csv,noheader", "-i", "3")
+    assert one.stdout == "3, NVIDIA H100 80GB HBM3\n"
+
+
+def test_topo_matrix_is_an_nvswitch_hgx_with_rail_nics(node: Node) -> None:
+    out = node.spec({}).smi("topo", "-m").stdout
+    lines = out.splitlines()
+    header = re.sub(r"\x1b\[[0-9;]*m", "", lines[0]).split("\t")
+    assert header[1:] == [f"GPU{i}" for i in range(8)] + [f"NIC{i}" for i in range(8)] + [
+        "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    gpu0 = lines[1].split("\t")
+    assert gpu0[:10] == ["GPU0", " X "] + ["NV18"] * 7 + ["PIX"]
+    assert gpu0[10:17] == ["NODE"] * 3 + ["SYS"] * 4 and gpu0[17:] == ["0-55,112-167", "0", "", "N/A"]
+    assert lines[9].split("\t")[:2] == ["NIC0", "PIX"]
+    assert "NIC Legend:" in out and "  NIC3: mlx5_3" in lines and out.endswith("  NIC7: mlx5_7\n\n")
+    down = node.spec({"faults": {"nvlink_down": {"gpu": 2}}}).smi("topo", "-m").stdout.splitlines()
+    assert down[1].split("\t")[3] == "NODE" and down[1].split("\t")[2] == "NV18"
+
+
+def test_q_nvlink_and_list(node: Node) -> None:
+    node.spec({"faults": {"nvlink_down": {"gpu": 1}, "ecc_uncorrectable": {"gpu": 1, "count": 3}}})
+    q = node.smi("-q").stdout
+    assert "Driver Version                            : 580.95.05" in q
+    assert "CUDA Version                              : 13.0" in q
+    assert "Attached GPUs                             : 8" in q
+    assert q.count("    Product Name                          : NVIDIA H100 80GB HBM3") == 8
+    assert "GPU 00000000:1B:00.0\n    Product Name" in q
+    assert re.search(r"    Fabric\n        State\s+: Not Started\n        Status\s+: N/A", q)
+    assert re.search(r"Remapped Rows\n        Correctable Error\s+: 0\n        Uncorrectable Error\s+: 0\n"
+                     r"        Pending\s+: No", q)
+    q1 = node.smi("-q", "-i", "1").stdout
+    assert q1.count("Product Name") == 1 and re.search(r"Volatile\n(.*\n){4}\s+DRAM Uncorrectable\s+: 3", q1)
+    nv = node.smi("nvlink", "--status").stdout.splitlines()
+    assert nv[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    assert nv[1:19] == [f"         Link {i}: 26.562 GB/s" for i in range(18)]
+    assert nv[20:38] == [f"         Link {i}: <inactive>" for i in range(18)]
+    listing = node.smi("-L").stdout.splitlines()
+    assert len(listing) == 8 and re.fullmatch(r"GPU 7: NVIDIA H100 80GB HBM3 \(UUID: GPU-[0-9a-f-]{36}\)", listing[7])
+    assert "| NVIDIA-SMI 580.95.05" in node.smi().stdout
+
+
+def test_no_spec_or_no_module_means_no_driver(node: Node, tmp_path: Path) -> None:
+    res = node.smi("-L")  # nothing materialized
+    assert res.returncode == 9 and res.stdout.startswith("NVIDIA-SMI has failed because it couldn't communicate")
+    node.spec({})
+    res = node.run("nvidia-utils-580", "nvidia-smi", "-L", HWSIM_MODULE_MARKER=str(tmp_path / "absent"))
+    assert res.returncode == 9
+
+
+def test_missing_gpu_and_h200(node: Node) -> None:
+    assert len(node.spec({"faults": {"missing_gpu": 1}}).query("index")) == 7
+    assert node.spec({"gpu_model": "H200-SXM5-141GB", "gpu_count": 2}).query("name,memory.total") == [
+        ["NVIDIA H200", "143771"]] * 2
+
+
+def test_persistenced_keeps_persistence_on_while_it_runs(node: Node) -> None:
+    node.spec({})
+    assert {r[0] for r in node.query("persistence_mode")} == {"Disabled"}
+    start = node.run("nvidia-persistenced", "nvidia-persistenced", "--verbose")
+    assert start.returncode == 0, start.stderr
+    assert {r[0] for r in node.query("persistence_mode")} == {"Enabled"}
+    again = node.run("nvidia-persistenced", "nvidia-persistenced")
+    assert again.returncode == 1 and "failed to initialize" in again.stderr
+    pidfile = node.run_dir / "nvidia-persistenced/nvidia-persistenced.pid"
+    os.kill(int(pidfile.read_text()), signal.SIGTERM)
+    wait_gone(pidfile)
+    assert {r[0] for r in node.query("persistence_mode")} == {"Disabled"}
+    node.run("nvidia-persistenced", "nvidia-persistenced", "--no-persistence-mode")
+    assert {r[0] for r in node.query("persistence_mode")} == {"Disabled"}
+
+
+def test_persistence_off_fault_wins_over_the_daemon(node: Node) -> None:
+    node.spec({"faults": {"persistence_off": True}})
+    assert node.run("nvidia-persistenced", "nvidia-persistenced").returncode == 0
+    assert {r[0] for r in node.query("persistence_mode")} == {"Disabled"}
+    if os.geteuid() == 0:
+        pm = node.smi("-pm", "1")
+        assert pm.returncode != 0 and "Unable to set persistence mode for GPU 00000000:1B:00.0" in pm.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="nvidia-smi -pm needs root, like the real one")
+def test_pm_1_enables_legacy_persistence(node: Node) -> None:
+    node.spec({})
+    res = node.smi("-pm", "1", "-i", "0")
+    assert res.stdout == "Enabled Legacy persistence mode for GPU 00000000:1B:00.0.\nAll done.\n"
+    assert [r[0] for r in node.query("persistence_mode")][:2] == ["Enabled", "Disabled"]
+    assert node.smi("-pm", "1", "-i", "0").stdout.startswith("Persistence mode is already Enabled")
+
+
+def fm_cfg(node: Node) -> Path:
+    cfg = node.run_dir.parent / "fabricmanager.cfg"
+    src = node.tools["fm-580.95.05"] / "usr/share/nvidia/nvswitch/fabricmanager.cfg"
+    cfg.write_text(src.read_text().replace("/var/log/fabricmanager.log", str(node.run_dir.parent / "fm.log")))
+    return cfg
+
+
+def test_fabric_manager_registers_the_gpus_while_it_runs(node: Node) -> None:
+    node.spec({})
+    res = node.run("fm-580.95.05", "nv-fabricmanager", "-c", str(fm_cfg(node)))
+    assert res.returncode == 0, res.stderr
+    assert node.query("fabric.state,fabric.status") == [["Completed", "Success"]] * 8
+    assert re.search(r"Fabric\n        State\s+: Completed\n        Status\s+: Success", node.smi("-q").stdout)
+    assert node.run("fm-580.95.05", "nv-fabricmanager", "-v").stdout == "Fabric Manager version is : 580.95.05\n"
+    pidfile = node.run_dir / "nvidia-fabricmanager/nv-fabricmanager.pid"
+    os.kill(int(pidfile.read_text()), signal.SIGTERM)
+    wait_gone(pidfile)
+    assert node.query("fabric.state") == [["Not Started"]] * 8
+
+
+@pytest.mark.parametrize(("spec", "fm", "driver"), [
+    ({"faults": {"fm_mismatch": True}}, "fm-580.95.05", "580.82.07"),  # loaded driver differs from installed FM
+    ({}, "fm-580.82.07", "580.95.05"),  # the older FM package installed next to the pinned driver
+])
+def test_fabric_manager_refuses_a_driver_of_another_version(node: Node, spec: dict, fm: str, driver: str) -> None:
+    node.spec(spec)
+    res = node.run(fm, "nv-fabricmanager", "-c", str(fm_cfg(node)))
+    mine = "580.95.05" if fm == "fm-580.95.05" else "580.82.07"
+    assert res.returncode == 1
+    assert (f"fabric manager NVIDIA GPU driver interface version {mine} don't match with driver version {driver}"
+            in res.stderr)
+    assert f"don't match with driver version {driver}" in (node.run_dir.parent / "fm.log").read_text()
+    assert node.query("driver_version,fabric.state") == [[driver, "Not Started"]] * 8
+
+
+def test_dcgmi_needs_the_host_engine_and_diagnoses_the_spec(node: Node) -> None:
+    node.spec({"faults": {"ecc_uncorrectable": {"gpu": 1, "count": 2}}})
+    no = node.run("datacenter-gpu-manager-4-core", "dcgmi", "discovery", "-l")
+    assert no.returncode != 0 and "Unable to connect to host engine" in no.stdout
+    assert node.run("datacenter-gpu-manager-4-core", "nv-hostengine").returncode == 0
+    assert node.run("nvidia-persistenced", "nvidia-persistenced").returncode == 0
+    disc = node.run("datacenter-gpu-manager-4-core", "dcgmi", "discovery", "-l").stdout
+    assert disc.startswith("8 GPUs found.\n") and "| 0      | Name: NVIDIA H100 80GB HBM3" in disc
+    diag = node.run("datacenter-gpu-manager-4-core", "dcgmi", "diag", "-r", "1")
+    assert diag.returncode != 0
+    assert re.search(r"\| software\s+\| Fail", diag.stdout) and re.search(r"\|\s+\| GPU1: Fail", diag.stdout)
+    assert re.search(r"\|\s+\| GPU0: Pass", diag.stdout)
+    node.spec({})
+    assert node.run("datacenter-gpu-manager-4-core", "dcgmi", "diag", "-r", "1").returncode == 0
