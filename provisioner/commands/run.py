@@ -52,38 +52,15 @@ def finding_line(f: Any) -> str:
     return f"{getattr(f, 'code', '?')} {where}{var}: {getattr(f, 'message', f)}"
 
 
-def preflight(fleet: Any, inventory: Path, targeted: list[str]) -> tuple[bool, list[str]] | None:
-    """Run provisioner.probes.preflight on the targeted hosts when it exists: (ok, problem lines), or None when the
-    probe is not available."""
+def preflight(fleet: Any, targeted: list[str]) -> tuple[bool, list[str]] | None:
+    """provisioner.probes.preflight on the targeted GPU nodes: (all ok, problem lines); None when not available."""
     try:
-        from provisioner.probes import preflight as pf
+        from provisioner.probes.preflight import run_preflight
     except ImportError:
         return None
-    fn = None
-    for name in ("run_preflight", "preflight", "run", "probe_fleet"):
-        fn = getattr(pf, name, None)
-        if callable(fn):
-            break
-    if fn is None:
-        return None
-    try:
-        res = fn(fleet, hosts=targeted)
-    except TypeError:
-        res = fn(fleet)
-    problems: list[str] = []
-    items = res.values() if isinstance(res, dict) else (getattr(res, "hosts", None) or res)
-    if isinstance(items, dict):
-        items = items.values()
-    for item in items or []:
-        name = getattr(item, "host", getattr(item, "name", None))
-        if targeted and name is not None and name not in targeted:
-            continue
-        ok = getattr(item, "ok", True)
-        if not ok:
-            why = getattr(item, "error", None) or getattr(item, "message", None) or getattr(item, "problems", None)
-            problems.append(f"{name}: {why}")
-    overall = getattr(res, "ok", None)
-    return (bool(overall) if overall is not None else not problems), problems
+    reports = run_preflight(fleet, hosts=targeted)
+    problems = [f"{name}: {rep.message}" for name, rep in reports.items() if not rep.ok]
+    return not problems, problems
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -129,9 +106,11 @@ def register(app: typer.Typer) -> None:
             raise SystemExit(int(Exit.FAIL))
 
         if not skip_preflight:
-            pf = preflight(fleet, inventory, targeted)
+            pf = preflight(fleet, targeted)
             if pf is not None:
                 ok, problems = pf
+                if ok and not (quiet or json_out):
+                    err.print(f"preflight: ok ({len(targeted)} hosts targeted)")
                 for p in problems:
                     err.print(f"[red]preflight[/] {p}")
                 if not ok:

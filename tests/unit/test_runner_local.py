@@ -234,7 +234,9 @@ def test_cli_exit_codes_and_json(site: dict[str, Path]) -> None:
     prov = [sys.executable, "-m", "provisioner.cli"]
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*prov, *args], capture_output=True, text=True, env=env, timeout=300)
+        p = subprocess.run([*prov, *args], capture_output=True, text=True, env=env, timeout=300)
+        p.stderr = " ".join(p.stderr.split())  # rich wraps long lines
+        return p
 
     ok = cli("run", str(site["inv"]), "--playbook", str(site["pb"]), "--json", "--skip-preflight")
     assert ok.returncode == 0, ok.stderr
