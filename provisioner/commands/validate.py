@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -50,13 +51,26 @@ def run(inventory: Path, fmt: Format = Format.text, vllm_parser: VllmParser = Vl
     return Exit.OK if result.ok else Exit.FAIL
 
 
+def _choice(enum: type[Enum], option: str, value: str) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise UsageError(f"{option} {value!r}: expected one of {', '.join(e.value for e in enum)}") from None
+
+
 def register(app: typer.Typer) -> None:
+    # Options are plain strings checked here (UsageError -> one line, exit 2) rather than typer choices: typer's
+    # own parameter errors would need cli.main to know its vendored click exception types.
     @app.command("validate", help=HELP)
     def validate_cmd(
-        inventory: Path = typer.Argument(..., help="inventory file or directory (e.g. inventories/rack-a.ini)"),
-        fmt: Format = typer.Option(Format.text, "--format", "-f", help="text (tables) or json"),
-        vllm_parser: VllmParser = typer.Option(
-            VllmParser.auto, "--vllm-parser",
+        inventory: Optional[Path] = typer.Argument(None, help="inventory file or directory (e.g. inventories/rack-a.ini)",
+                                                   show_default=False),
+        fmt: str = typer.Option("text", "--format", "-f", help="text (tables) or json"),
+        vllm_parser: str = typer.Option(
+            "auto", "--vllm-parser",
             help="check rendered vLLM flags with vLLM's own parser: auto (when importable), on, off"),
     ) -> None:
-        raise SystemExit(run(inventory, fmt, vllm_parser))
+        if inventory is None:
+            raise UsageError("validate needs an INVENTORY (e.g. provision validate inventories/rack-a.ini)")
+        raise SystemExit(run(inventory, _choice(Format, "--format", fmt), _choice(VllmParser, "--vllm-parser",
+                                                                                    vllm_parser)))

@@ -1,0 +1,246 @@
+"""`provision validate` end to end: the real console script, on inventories written to tmp_path.
+
+Every rule code has at least one inventory that triggers it and one (minimally different) that does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inventory_factory import BASE_INI, DELETE, TINY_CONFIG, cluster, gpu_nodes, write_inventory
+
+ROOT = Path(__file__).resolve().parents[2]
+PROVISION = shutil.which("provision", path=str(Path(sys.executable).parent)) or str(ROOT / ".venv/bin/provision")
+
+
+def provision(*args: str, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if columns:
+        env["COLUMNS"] = str(columns)  # rich wraps stderr at the terminal width (80 without a terminal)
+    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def validate_json(inv: Path) -> tuple[int, dict[str, Any]]:
+    p = provision("validate", str(inv), "--format", "json")
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.returncode in (0, 1), (p.returncode, p.stderr)
+    return p.returncode, json.loads(p.stdout)
+
+
+TWO_CLUSTERS_INI = """\
+[gpu_nodes]
+n1 ansible_host=10.0.0.1
+n2 ansible_host=10.0.0.2
+n3 ansible_host=10.0.0.3
+
+[c1]
+n1 node_rank=0
+n2 node_rank=1
+
+[c2]
+{c2}
+"""
+C2 = {"c2": {"vllm_cluster": {"model": "/m", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8,
+                              "max_model_len": 4096, "max_num_seqs": 32}}}
+TINY = {"files": {"models/tiny/config.json": json.dumps(TINY_CONFIG)}}
+
+# code -> (failing inventories, passing inventories); each inventory = write_inventory kwargs
+CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
+    "HW001": ([{"group_vars": gpu_nodes(gpu_model=DELETE)}, {"group_vars": gpu_nodes(bootstrap_interface=DELETE)}],
+              [{}]),
+    "HW002": ([{"group_vars": gpu_nodes(gpu_count="8")}, {"group_vars": gpu_nodes(ib_hcas="mlx5_0,mlx5_1")},
+               {"group_vars": gpu_nodes(gpu_count=17)}, {"group_vars": gpu_nodes(bootstrap_interface="eth 0")}],
+              [{"group_vars": gpu_nodes(gpu_count=8, ib_hcas=["mlx5_0"])}]),
+    "HW003": ([{"group_vars": gpu_nodes(gpu_model="H100-SXM-80GB")}], [{"group_vars": gpu_nodes(gpu_model="H100-SXM5-80GB")}]),
+    "HW004": ([{"group_vars": gpu_nodes(fabric="ib")}], [{"group_vars": gpu_nodes(fabric="roce")}]),
+    "HW005": ([{"group_vars": gpu_nodes(ib_hcas=[])}, {"group_vars": gpu_nodes(ib_hcas=DELETE)}],
+              [{"group_vars": gpu_nodes(fabric="ethernet", ib_hcas=DELETE)}]),
+    "HW006": ([{"group_vars": gpu_nodes(ib_hcas=["mlx5_0", "mlx5 1"])}, {"group_vars": gpu_nodes(ib_hcas=["=mlx5_0"])},
+               {"group_vars": gpu_nodes(ib_hcas=["mlx5_0", "mlx5_0"])}],
+              [{"group_vars": gpu_nodes(ib_hcas=["mlx5_0:1", "mlx5_0:2", "mlx5_bond_0"])}]),
+    "HW007": ([{"ini": BASE_INI.replace("10.0.0.2", "10.0.0.1")}], [{}]),
+    "HW008": ([{"ini": TWO_CLUSTERS_INI.format(c2="n2 node_rank=0"), "group_vars": C2}],
+              [{"ini": TWO_CLUSTERS_INI.format(c2="n3 node_rank=0"), "group_vars": C2}]),
+    "HW009": ([{"group_vars": gpu_nodes(fabric="roce", ib_hcas=DELETE)}], [{"group_vars": gpu_nodes(fabric="roce")}]),
+    "NCCL001": ([{"group_vars": gpu_nodes(nccl_ib_timeout=32)}, {"group_vars": gpu_nodes(nccl_ib_timeout="22")}],
+                [{"group_vars": gpu_nodes(nccl_ib_timeout=31)}]),
+    "NCCL002": ([{"group_vars": gpu_nodes(nccl_ib_retry_cnt=8)}], [{"group_vars": gpu_nodes(nccl_ib_retry_cnt=0)}]),
+    "NCCL003": ([{"group_vars": gpu_nodes(nccl_algo="Ring,Foo")}, {"group_vars": gpu_nodes(nccl_algo="allreduce:ringg")},
+                 {"group_vars": gpu_nodes(nccl_algo="alreduce:ring")}],
+                [{"group_vars": gpu_nodes(nccl_algo="allreduce:ring;broadcast:tree")},
+                 {"group_vars": gpu_nodes(nccl_algo="^NVLS,pat")}]),
+    "NCCL004": ([{"group_vars": gpu_nodes(nccl_cross_nic=3)}, {"group_vars": gpu_nodes(nccl_extra={"debug": "INFO"})},
+                 {"group_vars": gpu_nodes(nccl_extra="NCCL_DEBUG=INFO")}],
+                [{"group_vars": gpu_nodes(nccl_cross_nic=0, nccl_extra={"NCCL_DEBUG": "WARN"}, nccl_ib_gid_index=3)}]),
+    "NCCL005": ([{"group_vars": gpu_nodes(nccl_extra={"NCCL_PROTO": "LL128"})},
+                 {"group_vars": gpu_nodes(nccl_ib_hca="mlx5_0:1,mlx5_1:1")}],
+                [{"group_vars": gpu_nodes(nccl_ib_hca="=mlx5_0:1,mlx5_1:1")}]),
+    "VAR001": ([{"ini": BASE_INI + "\n[gpu_nodes:vars]\ncuda_version=12.10\n"},
+                {"ini": BASE_INI.replace("n1 ansible_host=10.0.0.1", "n1 ansible_host=10.0.0.1 driver_version=580.95")}],
+               [{"ini": BASE_INI + "\n[gpu_nodes:vars]\ncuda_version='12.10'\n"},
+                {"group_vars": gpu_nodes(cuda_version="12.10")}]),
+    "CL001": ([{"group_vars": cluster(model_arch=DELETE)}, {"group_vars": cluster(model=DELETE)},
+               {"group_vars": {"c1": {"vllm_cluster": "Qwen2-72B"}}}], [{}]),
+    "CL002": ([{"group_vars": cluster(model_arch="Qwen2-72")},
+               {"group_vars": cluster(model_arch=DELETE, model_config="models/missing/config.json")},
+               {"group_vars": cluster(model_arch=DELETE, model_config="models/bad.json"),
+                "files": {"models/bad.json": "{not json"}}],
+              [{"group_vars": cluster(model_arch=DELETE, model_config="models/tiny/config.json", pipeline_parallel_size=1,
+                                      tensor_parallel_size=16), **TINY}]),
+    "CL003": ([{"group_vars": cluster(pipeline_parallel_size=1)}], [{"group_vars": cluster(pipeline_parallel_size=2)}]),
+    "CL004": ([{"host_vars": {"n2": {"gpu_count": 4}}}, {"host_vars": {"n2": {"gpu_model": "H200-SXM-141GB"}}}], [{}]),
+    "CL005": ([{"ini": BASE_INI.replace("n2 node_rank=1", "n2")}, {"host_vars": {"n2": {"node_rank": "1"}}}], [{}]),
+    "CL006": ([{"ini": BASE_INI.replace("n2 node_rank=1", "n2 node_rank=0")}], [{}]),
+    "CL007": ([{"ini": BASE_INI.replace("n2 node_rank=1", "n2 node_rank=2")},
+               {"ini": BASE_INI.replace("n1 node_rank=0", "n1 node_rank=2")}], [{}]),
+    "CL008": ([{"group_vars": cluster(model_arch="Qwen2-7B")}],
+              [{"group_vars": cluster(model_arch="Qwen2-7B", tensor_parallel_size=4, pipeline_parallel_size=4)}]),
+    "CL009": ([{"group_vars": cluster(model_arch=DELETE, model_config="models/tiny/config.json"), **TINY}],
+              [{"group_vars": cluster(model_arch=DELETE, model_config="models/tiny", pipeline_parallel_size=1,
+                                      tensor_parallel_size=16), **TINY}]),
+    "CL010": ([{"group_vars": cluster(tensor_parallel_size=16, pipeline_parallel_size=1)}], [{}]),
+    "CL011": ([{"ini": BASE_INI + "\n[c2]\n", "group_vars": C2}], [{}]),
+    "CL012": ([{"ini": BASE_INI.replace("n2 ansible_host=10.0.0.2\n", "") + "\n[other]\nn2 ansible_host=10.0.0.2\n"}],
+              [{}]),
+    "CL013": ([{"group_vars": cluster(dtype="bf16")}, {"group_vars": cluster(enable_prefix_caching="yes")},
+               {"group_vars": cluster(gpu_memory_utilization=1.5)}, {"group_vars": cluster(port=8000, master_port=8000)},
+               {"group_vars": cluster(tensor_parallel_size="8")}, {"group_vars": cluster(executor="k8s")}],
+              [{"group_vars": cluster(dtype="float16", enable_prefix_caching=False, executor="ray")}]),
+    "CL014": ([{"group_vars": cluster(enable_chunked_prefill=False, max_num_batched_tokens=2048)},
+               {"group_vars": cluster(max_num_batched_tokens=32)}],
+              [{"group_vars": cluster(enable_chunked_prefill=False, max_num_batched_tokens=4096)}]),
+    "CL015": ([{"group_vars": cluster(max_model_len=65536)}], [{"group_vars": cluster(max_model_len=32768)}]),
+    "CL016": ([{"group_vars": cluster(tensor_paralel_size=8)}], [{}]),
+    "MEM001": ([{"group_vars": cluster(gpu_memory_utilization=0.1)}], [{"group_vars": cluster(gpu_memory_utilization=0.9)}]),
+    "MEM002": ([{"group_vars": cluster(gpu_memory_utilization=0.11, max_model_len=32768)}],
+               [{"group_vars": cluster(gpu_memory_utilization=0.11, max_model_len=4096)}]),
+    "MEM003": ([{"group_vars": cluster(max_model_len=32768, max_num_seqs=256)}],
+               [{"group_vars": cluster(max_model_len=32768, max_num_seqs=64)}]),
+    "FLAG001": ([{"group_vars": cluster(extra_args=["--swap-space", "4"])},
+                 {"group_vars": cluster(extra_args=["--disable-log-requests"])},
+                 {"group_vars": cluster(extra_args=["--use-v2-block-manager"])}],
+                [{"group_vars": cluster(extra_args=["--enable-log-requests"])}]),
+    "FLAG002": ([{"group_vars": cluster(extra_args="--enable-log-requests")},
+                 {"group_vars": cluster(extra_args=["--max-model-len=8192"])},
+                 {"group_vars": cluster(extra_args=["--seed 0"])}],
+                [{"group_vars": cluster(extra_args=["--seed", "0", "--trust-remote-code"])}]),
+}
+
+WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "MEM003"}
+
+
+def _cases(which: int) -> list[Any]:
+    return [pytest.param(code, i, spec, id=f"{code}-{'fail' if which == 0 else 'pass'}{i}")
+            for code, pair in CASES.items() for i, spec in enumerate(pair[which])]
+
+
+def test_every_rule_has_cases() -> None:
+    from provisioner.rules import all_rules
+
+    codes = set(all_rules()) - {"FLAG003"}  # needs vLLM importable: tests/unit/test_rules_flags.py
+    assert codes == set(CASES), sorted(codes ^ set(CASES))
+
+
+@pytest.mark.parametrize(("code", "i", "spec"), _cases(0))
+def test_rule_fails(tmp_path: Path, code: str, i: int, spec: dict[str, Any]) -> None:
+    rc, out = validate_json(write_inventory(tmp_path, **spec))
+    bucket = "warnings" if code in WARNINGS else "errors"
+    hits = [f for f in out[bucket] if f["code"] == code]
+    assert hits, out
+    for f in hits:
+        assert set(f) == {"code", "host", "group", "var", "message"}
+        assert f["message"] and (f["host"] or f["group"])
+    if code in WARNINGS:
+        assert rc == 0 and out["ok"] is True and not out["errors"], out
+    else:
+        assert rc == 1 and out["ok"] is False
+
+
+@pytest.mark.parametrize(("code", "i", "spec"), _cases(1))
+def test_rule_passes(tmp_path: Path, code: str, i: int, spec: dict[str, Any]) -> None:
+    rc, out = validate_json(write_inventory(tmp_path, **spec))
+    assert not [f for f in out["errors"] + out["warnings"] if f["code"] == code], out
+    assert rc == (0 if not out["errors"] else 1)
+
+
+def test_rack_a_is_valid_and_sized() -> None:
+    p = provision("validate", "inventories/rack-a.ini", "--format", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout)
+    assert set(out) == {"ok", "errors", "warnings", "clusters"}
+    assert out["ok"] is True and out["errors"] == [] and out["warnings"] == []
+    by = {c["name"]: c for c in out["clusters"]}
+    assert len(by) >= 2
+    q = by["qwen2_72b"]
+    assert set(q) == {"name", "nodes", "tensor_parallel_size", "pipeline_parallel_size", "weight_bytes_per_gpu",
+                      "kv_cache_bytes_per_token", "max_full_length_seqs"}
+    assert (q["nodes"], q["tensor_parallel_size"], q["pipeline_parallel_size"]) == (2, 8, 2)
+    assert q["kv_cache_bytes_per_token"] == 2 * 80 * 8 * 128 * 2
+    assert abs(q["weight_bytes_per_gpu"] * 16 - 145.4e9) < 0.5e9
+    assert all(isinstance(c["weight_bytes_per_gpu"], int) for c in out["clusters"])
+
+
+def test_rack_a_text_report_shows_sizing_tables() -> None:
+    p = provision("validate", "inventories/rack-a.ini")
+    assert p.returncode == 0, p.stderr
+    for word in ("cluster qwen2_72b", "TP x PP", "8 x 2", "weights/GPU", "KV cache/token", "full-length seqs", "valid"):
+        assert word in p.stdout, p.stdout
+
+
+def test_text_report_lists_findings_and_exits_1(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, group_vars=gpu_nodes(gpu_model="H100"))
+    p = provision("validate", str(inv))
+    assert p.returncode == 1
+    assert "HW003" in p.stdout and "invalid" in p.stdout
+
+
+@pytest.mark.parametrize(
+    ("setup", "needle"),
+    [
+        (lambda d: d / "missing.ini", "inventory not found"),
+        (lambda d: write_inventory(d, ini="[gpu_nodes\nn1\n"), "hosts.ini:1"),
+        (lambda d: write_inventory(d, ini="[gpu_nodes]\nn1 foo\n"), "hosts.ini:2"),
+        (lambda d: write_inventory(d, files={"group_vars/gpu_nodes.yml": "gpu_model: [x\n"}), "gpu_nodes.yml"),
+        (lambda d: write_inventory(d, ini="all:\n  hosts: [a, b]\n", name="hosts.yml"), "hosts.yml"),
+        (lambda d: write_inventory(d, ini="all:\n  hosts:\n    n1: {a: 1\n", name="hosts.yml"), "hosts.yml:"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path: Path, setup: Any, needle: str) -> None:
+    p = provision("validate", str(setup(tmp_path)), "--format", "json", columns=500)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    assert needle in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stdout == ""
+
+
+def test_bad_format_is_usage_error() -> None:
+    p = provision("validate", "inventories/rack-a.ini", "--format", "xml")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_yaml_inventory_and_model_config(tmp_path: Path) -> None:
+    inv = {"all": {"children": {
+        "gpu_nodes": {"hosts": {"a": {"ansible_host": "10.1.0.1"}}},
+        "tiny": {"hosts": {"a": {"node_rank": 0}}},
+    }}}
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(TINY_CONFIG))
+    gv = {"gpu_nodes": {"gpu_model": "L40S-48GB", "gpu_count": 2, "fabric": "ethernet", "bootstrap_interface": "eth0"},
+          "tiny": {"vllm_cluster": {"model": "/m", "model_config": "cfg/config.json", "tensor_parallel_size": 2,
+                                    "max_model_len": 2048, "max_num_seqs": 4}}}
+    path = write_inventory(tmp_path, ini=yaml.safe_dump(inv), group_vars=gv, base=False, name="hosts.yml")
+    rc, out = validate_json(path)
+    assert rc == 0, out
+    (c,) = out["clusters"]
+    assert c["name"] == "tiny" and c["nodes"] == 1
+    assert c["kv_cache_bytes_per_token"] == 2 * 1 * 8 * 64 * 2
