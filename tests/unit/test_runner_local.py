@@ -255,3 +255,29 @@ def test_cli_exit_codes_and_json(site: dict[str, Path]) -> None:
     assert missing.returncode == 2 and "Traceback" not in missing.stderr and "not found" in missing.stderr
     nomatch = cli("run", str(site["inv"]), "--playbook", str(site["pb"]), "--limit", "nosuchhost")
     assert nomatch.returncode == 2 and "no hosts match" in nomatch.stderr
+
+
+def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
+    from provisioner import PLAYBOOKS
+
+    inv = tmp_path / "controller.ini"
+    inv.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    units, textfiles = tmp_path / "units", tmp_path / "textfile"
+    units.mkdir()
+    xv = {"drift_become": False, "drift_enable": False, "drift_unit_dir": str(units),
+          "drift_textfile_dir": str(textfiles), "drift_inventory": "/srv/inv/rack-a.ini"}
+    r = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs", extravars=xv,
+                     envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")})
+    assert r.succeeded, r.to_dict()
+    service = (units / "provision-drift.service").read_text()
+    assert (f"drift /srv/inv/rack-a.ini --report prometheus --output {textfiles}/provision_drift.prom"
+            in service)
+    assert "SuccessExitStatus=3" in service and "Type=oneshot" in service
+    timer = (units / "provision-drift.timer").read_text()
+    assert "OnCalendar=*-*-* 02:30:00" in timer and "WantedBy=timers.target" in timer
+    assert textfiles.is_dir()
+    # without the inventory it refuses with a clear message
+    xv.pop("drift_inventory")
+    bad = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs", extravars=xv,
+                       envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")})
+    assert bad.failed_hosts == ["localhost"] and "drift_inventory" in bad.failures[0].message
