@@ -1,0 +1,173 @@
+"""The inventory loader: Ansible's own merge (checked against VariableManager.get_vars), model API, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inventory_factory import write_inventory
+from provisioner import INVENTORIES
+from provisioner.errors import UsageError
+from provisioner.inventory import load_fleet
+
+# magic / play-context variables VariableManager adds that Host.vars leaves out on purpose
+_SKIP = {"groups", "ansible_facts", "playbook_dir", "ansible_playbook_python", "ansible_config_file",
+         "ansible_version", "omit", "hostvars", "ansible_local"}
+
+
+class _NoFacts(dict):  # type: ignore[type-arg]
+    def get(self, key: Any, default: Any = None) -> Any:
+        raise KeyError(key)  # what Ansible's fact cache raises for a host without facts
+
+
+def ansible_vars(path: Path) -> dict[str, dict[str, Any]]:
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[str(path)])
+    vm = VariableManager(loader=loader, inventory=inv)
+    vm._fact_cache = _NoFacts()  # facts (ansible.cfg's fact cache) are not inventory: validate never reads them
+    out = {}
+    for h in inv.get_hosts():
+        v = vm.get_vars(host=h, include_hostvars=False)
+        out[h.name] = {k: x for k, x in v.items() if k not in _SKIP}
+    return out
+
+
+def ours(path: Path) -> dict[str, dict[str, Any]]:
+    fleet = load_fleet(path)
+    return {n: {k: v for k, v in h.vars.items()} for n, h in fleet.hosts.items()}
+
+
+def _comparable(d: dict[str, dict[str, Any]], keep_ansible: bool) -> dict[str, dict[str, Any]]:
+    from provisioner.inventory import _ANSIBLE_KEEP
+
+    return {h: {k: v for k, v in vs.items() if keep_ansible or not k.startswith("ansible_") or k in _ANSIBLE_KEEP}
+            for h, vs in d.items()}
+
+
+TRICKY_INI = """\
+[gpu_nodes:children]
+rack1
+rack2
+
+[rack1]
+a ansible_host=10.0.0.1 x=host_inline
+b ansible_host=10.0.0.2
+
+[rack2]
+c ansible_host=10.0.0.3
+
+[c1]
+a node_rank=0
+c node_rank=1
+
+[rack1:vars]
+x=rack1
+ansible_group_priority=5
+v=1.5
+
+[gpu_nodes:vars]
+x=gpu_nodes
+y=gpu_nodes
+
+[all:vars]
+y=all
+z=all
+"""
+
+
+def test_merge_matches_ansible_variable_manager(tmp_path: Path) -> None:
+    inv = write_inventory(
+        tmp_path, ini=TRICKY_INI, base=False,
+        group_vars={"all": {"z": "gv_all", "d": {"k1": 1}}, "rack2": {"y": "gv_rack2", "d": {"k2": 2}},
+                    "c1": {"vllm_cluster": {"model": "/m", "model_arch": "Qwen2-72B"}, "x": "gv_c1"}},
+        host_vars={"b": {"x": "hv_b"}},
+        files={"group_vars/rack1/a.yml": "w: dir_a\n", "group_vars/rack1/b.yml": "w2: dir_b\n"},
+    )
+    assert _comparable(ours(inv), False) == _comparable(ansible_vars(inv), False)
+
+
+def test_merge_matches_ansible_on_rack_a() -> None:
+    p = INVENTORIES / "rack-a.ini"
+    assert _comparable(ours(p), False) == _comparable(ansible_vars(p), False)
+
+
+def test_merge_matches_ansible_on_yaml_inventory(tmp_path: Path) -> None:
+    doc = {"all": {"vars": {"q": 1}, "children": {
+        "gpu_nodes": {"vars": {"q": 2}, "hosts": {"h1": {"ansible_host": "10.9.0.1", "q": 3}, "h2": None}},
+        "other": {"hosts": {"h2": {"r": [1, 2]}}},
+    }}}
+    inv = write_inventory(tmp_path, ini=yaml.safe_dump(doc), base=False, name="hosts.yml",
+                          group_vars={"other": {"q": 4}})
+    assert _comparable(ours(inv), False) == _comparable(ansible_vars(inv), False)
+
+
+def test_fleet_model(tmp_path: Path) -> None:
+    fleet = load_fleet(INVENTORIES / "rack-a.ini")
+    assert set(fleet.hosts) == {"node01", "node02", "node03", "node04"}
+    h = fleet.hosts["node02"]
+    assert h.address == "10.20.0.12" and h.is_gpu_node and h.gpu_model == "H100-SXM5-80GB" and h.gpu_count == 8
+    assert h.fabric == "infiniband" and len(h.ib_hcas) == 8 and h.bootstrap_interface == "ens10f0np0"
+    assert h.node_rank == 1 and h.ssh_user == "ubuntu" and h.ssh_port == 22
+    assert "qwen2_72b" in h.groups and "gpu_nodes" in h.groups and "all" not in h.groups
+    c = fleet.clusters["qwen2_72b"]
+    assert c.members == ("node01", "node02") and c.head == "node01"
+    assert c.settings["tensor_parallel_size"] == 8 and c.settings["executor"] == "mp"
+    assert c.settings["block_size"] == 16  # a default the group did not set
+    assert fleet.cluster_of("node03") == ["llama31_70b"]
+    assert fleet.groups["qwen2_72b"] == ("node01", "node02")
+    assert set(fleet.groups["all"]) == set(fleet.hosts)
+    assert fleet.group_vars["gpu_nodes"]["gpu_count"] == 8
+    assert "vllm_clusters" not in fleet.clusters  # only groups whose own vars define vllm_cluster
+
+
+def test_members_ordered_by_rank(tmp_path: Path) -> None:
+    ini = "[gpu_nodes]\nz\ny\nx\n[c1]\nz node_rank=0\ny node_rank=2\nx node_rank=1\n"
+    fleet = load_fleet(write_inventory(tmp_path, ini=ini))
+    assert fleet.clusters["c1"].members == ("z", "x", "y")
+
+
+def test_ini_version_arrives_as_float(tmp_path: Path) -> None:
+    """The gotcha rule VAR001 exists for: Ansible literal-evaluates INI values."""
+    fleet = load_fleet(write_inventory(tmp_path, ini="[gpu_nodes]\nn1\n[gpu_nodes:vars]\ncuda_version=12.10\n"))
+    assert fleet.hosts["n1"].vars["cuda_version"] == 12.1
+
+
+@pytest.mark.parametrize(
+    ("ini", "name", "expect"),
+    [
+        ("[gpu_nodes\nn1\n", "hosts.ini", "hosts.ini:1: cannot parse inventory: section header '[gpu_nodes'"),
+        ("[gpu_nodes]\nn1\n\nn2 foo\n", "hosts.ini", "hosts.ini:4: cannot parse inventory: Expected key=value"),
+        ("[g:children]\nnope\n", "hosts.ini", "hosts.ini:2: cannot parse inventory: Section [g:children] includes "
+                                              "undefined group 'nope'"),
+        ("[g]\nn[1:x]\n", "hosts.ini", "hosts.ini:2: cannot parse inventory: cannot read 'n[1:x]'"),
+        ("all:\n  hosts:\n    n1: {a: 1\n", "hosts.yml", "hosts.yml:4: cannot parse inventory: invalid YAML"),
+        ("all:\n  hosts: [a]\n", "hosts.yml", 'requires a dictionary, found list instead'),
+        ("", "hosts.ini", "inventory is empty"),
+    ],
+)
+def test_parse_errors_name_file_line_and_reason(tmp_path: Path, ini: str, name: str, expect: str) -> None:
+    inv = write_inventory(tmp_path, ini=ini, name=name, base=False)
+    with pytest.raises(UsageError) as ei:
+        load_fleet(inv)
+    assert expect in str(ei.value)
+    assert str(inv) in str(ei.value)
+
+
+def test_bad_group_vars_yaml_names_the_file_and_line(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, files={"group_vars/gpu_nodes.yml": "gpu_count: 8\n- oops\n"})
+    with pytest.raises(UsageError) as ei:
+        load_fleet(inv)
+    msg = str(ei.value)
+    assert "group_vars/gpu_nodes.yml:2" in msg and "YAML" in msg
+
+
+def test_missing_and_unreadable(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="inventory not found"):
+        load_fleet(tmp_path / "nope.ini")
