@@ -40,15 +40,27 @@ def role_defaults(role: str) -> dict[str, Any]:
     return data
 
 
+def ansible_bool(value: Any) -> bool:
+    """Ansible's `bool` filter: INI inventories hand over "false"/"yes"/"1" as strings."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value == 1
+    return str(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
+
+
 def _environment() -> jinja2.Environment:
     # The settings of Ansible's template module: trim_blocks on, lstrip_blocks off, trailing newline kept.
-    return jinja2.Environment(
+    # Filters: plain Jinja2 plus Ansible's `bool` (the only Ansible filter the shared templates may use).
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         trim_blocks=True,
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
     )
+    env.filters["bool"] = ansible_bool
+    return env
 
 
 def _resolve(ctx: dict[str, Any], env: jinja2.Environment) -> dict[str, Any]:
