@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -14,7 +15,8 @@ from rich.table import Table
 
 from provisioner.errors import Exit
 
-out = Console()
+# Not a terminal (CI logs, pipes): a wide table rather than one wrapped into 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
 
 NAME_OPT = typer.Option("rack", "--name", "-n", help="Rack name (several racks can exist at once).")
@@ -40,9 +42,9 @@ def _table(name: str) -> Table:
 
     st = rack.load(name)
     rows = rack.status(name)
-    t = Table(title=f"testbed rack '{name}' · bridge {st.bridge} · {st.gateway}/24 · inventory {st.inventory}")
+    t = Table(title=f"testbed rack '{name}' · {st.bridge} {st.gateway}/24", title_justify="left")
     for col in ("host", "address", "state", "ssh", "GPUs", "HCAs up", "faults", "mem MiB"):
-        t.add_column(col, justify="right" if col in ("HCAs up", "mem MiB") else "left")
+        t.add_column(col, justify="right" if col in ("HCAs up", "mem MiB") else "left", no_wrap=col != "faults")
     for r in rows:
         t.add_row(
             r.name, r.address,

@@ -29,7 +29,10 @@ HWSIM_SYSFS_SCRIPT = """#!/bin/sh
 # provisioner testbed: expose the simulated hardware's sysfs-shaped files under /sys/class (generated)
 set -e
 src=/var/lib/hwsim/sys/class
-while [ "$(findmnt -n -o FSTYPE /sys/class 2>/dev/null)" = overlay ]; do umount /sys/class; done
+# the top-most mount on /sys/class (findmnt lists the whole stack: sysfs below, our overlay above)
+top() { awk '$5 == "/sys/class" { t = $0 } END { print t }' /proc/self/mountinfo; }
+while top | grep -q ' - overlay hwsim-sysfs '; do umount /sys/class; done
+[ "$1" = stop ] && exit 0
 [ -d "$src" ] || exit 0
 mount -t overlay hwsim-sysfs -o ro,lowerdir="$src":/sys/class /sys/class
 """
@@ -44,7 +47,7 @@ Before=sysinit.target
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/usr/local/sbin/hwsim-sysfs
-ExecStop=/bin/sh -c 'while [ "$(findmnt -n -o FSTYPE /sys/class)" = overlay ]; do umount /sys/class; done'
+ExecStop=/usr/local/sbin/hwsim-sysfs stop
 
 [Install]
 WantedBy=sysinit.target

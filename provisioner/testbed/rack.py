@@ -26,6 +26,7 @@ from provisioner.testbed.state import (
     HostState,
     Proc,
     RackState,
+    children,
     pids_with_arg_under,
     rack_dir,
     rack_names,
@@ -403,18 +404,23 @@ def down_all(log: Log = _nolog) -> list[str]:
 
 
 def _container_pids(under: Path) -> list[int]:
-    """Processes whose root directory is inside `under` (a crashed nspawn's orphaned container)."""
+    """Container inits (pid 1 of their own pid namespace) whose root file system lives inside `under`: what an
+    nspawn that was SIGKILLed in a crash leaves behind. Their /proc/PID/root reads "/" from here (another mount
+    namespace), so look at their mount table: the overlay's upperdir names the rack directory."""
     out = []
-    prefix = str(under).rstrip("/") + "/"
+    needle = str(under).rstrip("/") + "/"
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            root = os.readlink(d / "root")
+            nspid = next((ln.split()[1:] for ln in (d / "status").read_text().splitlines()
+                          if ln.startswith("NSpid:")), [])
+            if len(nspid) < 2 or nspid[-1] != "1":
+                continue
+            if needle in (d / "mountinfo").read_text():
+                out.append(int(d.name))
         except OSError:
             continue
-        if root.startswith(prefix):
-            out.append(int(d.name))
     return out
 
 
@@ -656,24 +662,19 @@ def pss_kib(pid: int) -> int:
 
 
 def host_memory_mib(st: RackState, h: HostState) -> float | None:
+    """PSS of the host's nspawn and every process inside the container (MiB)."""
     p = h.proc
     if p is None or not p.alive():
         return None
-    root = hostmod.paths(st, h).merged
-    pids = [p.pid, *_pids_in_root(root)]
-    return sum(pss_kib(x) for x in pids) / 1024
+    return sum(pss_kib(x) for x in _descendants(p.pid)) / 1024
 
 
-def _pids_in_root(root: Path) -> list[int]:
-    out = []
-    r = str(root)
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if os.readlink(d / "root") == r:
-                    out.append(int(d.name))
-            except OSError:
-                continue
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        x = todo.pop()
+        out.append(x)
+        todo += children(x)
     return out
 
 
@@ -699,3 +700,58 @@ def status(name: str) -> list[HostStatus]:
             memory_mib=host_memory_mib(st, h), faults=dict(spec.get("faults") or {}), gpus=gpus, hcas=hcas,
         ))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a handle for tests and other tools
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What a caller needs to use a running rack (the pytest `testbed` fixture yields this)."""
+
+    name: str
+    inventory: Path
+    hosts: dict[str, str]  # name -> address, in order
+    key: Path
+    known_hosts: Path
+    gateway: str
+    bridge: str
+    repo_url: str
+    proxy_url: str
+    state_dir: Path
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.hosts)
+
+    def ssh_argv(self, host: str, *command: str) -> list[str]:
+        return ["ssh", "-i", str(self.key), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", f"root@{self.hosts[host]}", *command]
+
+    def ssh(self, host: str, command: str, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run a shell command on a host over real SSH (host key checking ON)."""
+        return subprocess.run(self.ssh_argv(host, command), capture_output=True, text=True, timeout=timeout)
+
+
+def handle(st: RackState) -> Handle:
+    return Handle(
+        name=st.name,
+        inventory=Path(st.inventory),
+        hosts={h.name: h.address for h in st.hosts},
+        key=st.dir / "ssh" / "id_ed25519",
+        known_hosts=st.dir / "ssh" / "known_hosts",
+        gateway=st.gateway,
+        bridge=st.bridge,
+        repo_url=st.repo_url,
+        proxy_url=f"http://{st.gateway}:{proxy.PORT}",
+        state_dir=st.dir,
+    )
+
+
+def ensure(name: str = DEFAULT_NAME, nodes: int = DEFAULT_NODES, *, with_vllm: bool = False,
+           spec_file: Path | None = None, log: Log = _nolog) -> Handle:
+    """Bring the rack up (or reuse it) and return its handle."""
+    res = up(UpOptions(name=name, nodes=nodes, spec_file=spec_file, with_vllm=with_vllm), log)
+    return handle(res.rack)

@@ -1,0 +1,34 @@
+"""The simulated rack for tests: a session fixture `testbed` that brings the rack up once (or reuses one that is
+already up) and yields a `provisioner.testbed.rack.Handle` (inventory path, host names/addresses, SSH key and
+known_hosts paths, `ssh(host, command)`).
+
+Environment:
+- PROVISIONER_TESTBED_RACK: rack name (default `rack`; pick your own to keep parallel work apart).
+- PROVISIONER_TESTBED_TEARDOWN=1: remove the rack at the end of the session when this session created it.
+Needs root (systemd-nspawn, overlayfs, bridges): skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from provisioner.testbed import rack
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the simulated rack needs root")
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[rack.Handle]:
+    _need_root()
+    name = os.environ.get("PROVISIONER_TESTBED_RACK", rack.DEFAULT_NAME)
+    existed = (rack.RackState.load(name) or None) is not None
+    h = rack.ensure(name, rack.DEFAULT_NODES, log=lambda m: print(f"testbed: {m}"))
+    yield h
+    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
+        rack.down(name)
