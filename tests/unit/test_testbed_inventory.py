@@ -1,0 +1,72 @@
+"""The generated testbed inventory, read back through the real loader (ansible-core)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provisioner.inventory import load_fleet
+from provisioner.testbed import inventory_writer as invw
+
+
+def _rack(n: int, **over: object) -> invw.InvRack:
+    hosts = tuple(invw.InvHost(name=f"node{i:02d}", address=f"198.18.0.{10 + i}") for i in range(1, n + 1))
+    return invw.InvRack(name="rack", hosts=hosts, key_file="/k/id_ed25519", known_hosts="/k/known_hosts",
+                        repo_url="http://198.18.0.1:8090/nvidia/", proxy_url="http://198.18.0.1:3128", **over)
+
+
+def test_default_rack_inventory_follows_the_contract(tmp_path: Path) -> None:
+    path = invw.write(_rack(4), tmp_path)
+    fleet = load_fleet(path)
+    assert list(fleet.hosts) == ["node01", "node02", "node03", "node04"]
+    h = fleet.hosts["node03"]
+    assert (h.gpu_model, h.gpu_count, h.fabric, h.bootstrap_interface, h.ssh_user) == (
+        "H100-SXM5-80GB", 8, "infiniband", "host0", "root")
+    assert h.ib_hcas == tuple(f"mlx5_{i}" for i in range(8))
+    assert h.address == "198.18.0.13" and h.is_gpu_node
+    assert h.vars["nvidia_repo_url"] == "http://198.18.0.1:8090/nvidia/"
+    assert h.vars["nvidia_repo_key_url"] == "http://198.18.0.1:8090/nvidia/testbed-archive-keyring.gpg"
+    assert h.vars["apt_proxy"] == "http://198.18.0.1:3128"
+    args = h.vars["ansible_ssh_common_args"]
+    assert "UserKnownHostsFile=/k/known_hosts" in args and "StrictHostKeyChecking=yes" in args
+    assert {c: list(fleet.clusters[c].members) for c in fleet.clusters} == {
+        "vllm_pp": ["node01", "node02"], "vllm_single": ["node03"]}
+    pp = fleet.clusters["vllm_pp"]
+    assert (pp.get("tensor_parallel_size"), pp.get("pipeline_parallel_size")) == (8, 2)
+    assert [fleet.hosts[m].node_rank for m in pp.members] == [0, 1]
+    assert fleet.hosts["node04"].node_rank is None
+
+
+def test_small_racks_get_the_clusters_they_can_hold(tmp_path: Path) -> None:
+    assert invw.clusters(["a"]) == {"vllm_single": ["a"]}
+    assert invw.clusters(["a", "b"]) == {"vllm_pp": ["a", "b"]}
+    assert invw.clusters([f"n{i}" for i in range(16)]) == {"vllm_pp": ["n0", "n1"], "vllm_single": ["n2"]}
+    fleet = load_fleet(invw.write(_rack(1), tmp_path))
+    assert list(fleet.clusters) == ["vllm_single"]
+
+
+def test_per_host_hardware_differences_become_host_vars(tmp_path: Path) -> None:
+    r = _rack(2)
+    hosts = (r.hosts[0], invw.InvHost(name="node02", address="198.18.0.12", gpu_model="H200-SXM5-141GB",
+                                      gpu_count=4, ib_hcas=("mlx5_0", "mlx5_1")))
+    fleet = load_fleet(invw.write(invw.InvRack(**{**r.__dict__, "hosts": hosts}), tmp_path))
+    assert (fleet.hosts["node01"].gpu_model, fleet.hosts["node01"].gpu_count) == ("H100-SXM5-80GB", 8)
+    assert (fleet.hosts["node02"].gpu_model, fleet.hosts["node02"].gpu_count) == ("H200-SXM5-141GB", 4)
+    assert fleet.hosts["node02"].ib_hcas == ("mlx5_0", "mlx5_1")
+    assert len(fleet.hosts["node01"].ib_hcas) == 8
+    assert fleet.clusters["vllm_pp"].get("tensor_parallel_size") == 4
+
+
+def test_rewrite_is_change_only_and_drops_stale_groups(tmp_path: Path) -> None:
+    invw.write(_rack(4), tmp_path)
+    ini = tmp_path / "hosts.ini"
+    mtime = ini.stat().st_mtime_ns
+    invw.write(_rack(4), tmp_path)
+    assert ini.stat().st_mtime_ns == mtime
+    invw.write(_rack(2), tmp_path)
+    assert not (tmp_path / "group_vars" / "vllm_single.yml").exists()
+    assert (tmp_path / "group_vars" / "vllm_pp.yml").exists()
+
+
+def test_named_racks_get_their_own_directory() -> None:
+    assert invw.inventory_dir("rack").name == "testbed"
+    assert invw.inventory_dir("ci").name == "testbed-ci"
