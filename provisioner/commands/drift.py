@@ -19,6 +19,7 @@ from provisioner.errors import Exit, UsageError
 err = Console(stderr=True, highlight=False)
 
 FORMATS = ("text", "json", "junit", "prometheus")
+EXTENSIONS = {"text": "txt", "json": "json", "junit": "xml", "prometheus": "prom"}
 
 HELP = """Check INVENTORY's hosts against the playbooks (check + diff mode) and report, per host, each resource that
 differs (file path / package / service, the task and role, the diff for files) and the hosts that could not be
@@ -97,9 +98,10 @@ def register(app: typer.Typer) -> None:
         progress = make_progress("none" if quiet else "auto")
         result = run_playbook(inventory, command="drift", playbook=playbook, limit=limit_abs, tags=tags,
                               skip_tags=skip_tags, check=True, diff=True, progress=progress)
+        # every format is kept with the run's artifacts (.runs/<time>-drift/drift.{txt,json,xml,prom})
+        for fmt, ext in EXTENSIONS.items():
+            (Path(result.run_dir) / f"drift.{ext}").write_text(render(result, fmt))
         text = render(result, report)
-        ext = {"text": "txt", "json": "json", "junit": "xml", "prometheus": "prom"}[report]
-        (Path(result.run_dir) / f"drift.{ext}").write_text(text)  # kept with the run's artifacts
         if output is not None:
             write_atomic(output, text)
             if not quiet:
@@ -107,4 +109,6 @@ def register(app: typer.Typer) -> None:
                 sys.stderr.write(drift_text.render(result, diffs=False).splitlines()[-2] + "\n")
         else:
             sys.stdout.write(text)
+        if not quiet:
+            sys.stderr.write(f"run dir: {result.run_dir}\n")
         raise SystemExit(int(exit_code(result)))
