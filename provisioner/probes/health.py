@@ -82,7 +82,14 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
         argv += ["--busbw-min", f"{float(busbw):g}"]
     argv += ["--allreduce", str(opt("allreduce", "auto"))]
     argv += ["--allreduce-sizes", str(opt("allreduce_sizes", "4G"))]
-    for name, flag in (("kmsg", "--kmsg"), ("sysfs_root", "--sysfs-root"), ("torch_python", "--torch-python"),
+    # the simulated rack has no /dev/kmsg in its containers: its kernel log is a kmsg-shaped file (hwsim README)
+    kmsg = opt("kmsg", "/var/lib/hwsim/kmsg" if host.get("testbed_rack") is not None else "")
+    if kmsg:
+        argv += ["--kmsg", str(kmsg)]
+    sysfs_root = opt("sysfs_root", "/var/lib/hwsim" if host.get("testbed_rack") is not None else "")
+    if sysfs_root:
+        argv += ["--sysfs-root", str(sysfs_root)]
+    for name, flag in (("torch_python", "--torch-python"),
                        ("nccl_tests", "--nccl-tests")):
         val = opt(name, "")
         if val:

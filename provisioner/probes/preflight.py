@@ -27,8 +27,9 @@ DEFAULT_IB_RATE = 400
 DEFAULT_MIN_FREE_GB = 20  # an unknown model: room for a small one; known models: 1.2x their bf16 weights
 DEFAULT_MODEL_DIR = "/opt/models"
 
-# Where the probe looks for IB sysfs: the real one, then the simulated rack's (read-only bind of the hardware spec).
-IB_SYSFS_DIRS = ("/sys/class/infiniband", "/var/lib/hwsim/sys/class/infiniband")
+# Where the probe looks for IB sysfs: the simulated rack's hardware boundary when it exists (the read-only bind of the
+# hardware spec, always current; it is also overlaid on /sys/class), else the real /sys/class/infiniband.
+IB_SYSFS_DIRS = ("/var/lib/hwsim/sys/class/infiniband", "/sys/class/infiniband")
 
 # ONE shell snippet per host (POSIX sh). Each part is framed by `@@pv@@ begin NAME` / `@@pv@@ end NAME RC` so a
 # failing tool never hides the others; files are printed as PATH<TAB>CONTENT.

@@ -580,7 +580,7 @@ def check_gpudirect(ctx):
         rc, out, _ = ctx.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\\n", "nvidia-kernel-open-*"])
         open_km = rc == 0 and any(line.split()[1:2] == ["ii"] for line in out.splitlines())
         km_source = "dpkg (nvidia-kernel-open installed)" if open_km else "none"
-    rel = os.uname().release if root == "/" else (_read(os.path.join(root, "proc/sys/kernel/osrelease")) or "")
+    rel = (_read(os.path.join(root, "proc/sys/kernel/osrelease")) if root != "/" else None) or os.uname().release
     m = re.match(r"(\d+)\.(\d+)", rel)
     kernel_ok = bool(m) and (int(m.group(1)), int(m.group(2))) >= (5, 12)
     dmabuf = open_km and kernel_ok

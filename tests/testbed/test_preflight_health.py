@@ -1,0 +1,197 @@
+"""Preflight and the node health gate on the simulated rack: every injected hardware fault is caught, naming the host
+and the check; the hosts without a fault pass.
+
+Uses its own rack (PROVISIONER_HEALTH_RACK, default `health`, 4 hosts) because it injects faults; the faults are
+cleared at the end. The stand-in GPU stack (driver, nvidia-smi, persistenced, Fabric Manager at the pinned 580.95.05)
+is installed with apt from the rack's repository directly, so this test depends on the simulated hardware and the
+packages, not on the roles' state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner import PROJECT_ROOT
+
+pytestmark = pytest.mark.testbed
+
+PROVISION = [sys.executable, "-m", "provisioner.cli"]
+PIN = "580.95.05-1"
+STACK = ["nvidia-open-580", "nvidia-kernel-open-580", "nvidia-utils-580", "nvidia-persistenced",
+         "nvidia-fabricmanager-580", "libnvidia-nscq-580"]
+
+
+def _install_stack(h: Any, host: str) -> None:
+    repo = h.repo_url.rstrip("/") + "/"
+    gw = h.gateway
+    pkgs = " ".join(f"{p}={PIN}" for p in STACK)
+    script = f"""set -e
+command -v nvidia-smi >/dev/null && systemctl is-active -q nvidia-fabricmanager && exit 0
+mkdir -p /etc/apt/keyrings
+python3 -c 'import urllib.request,sys; sys.stdout.buffer.write(urllib.request.urlopen("{repo}testbed-archive-keyring.gpg").read())' > /etc/apt/keyrings/testbed-nvidia.gpg
+echo 'deb [signed-by=/etc/apt/keyrings/testbed-nvidia.gpg] {repo} /' > /etc/apt/sources.list.d/testbed-nvidia.list
+echo 'Acquire::http::Proxy::{gw} "DIRECT";' > /etc/apt/apt.conf.d/91testbed-direct
+apt-get update -qq -o Dir::Etc::sourcelist=/dev/null -o Dir::Etc::sourceparts=/etc/apt/sources.list.d
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {pkgs} >/dev/null
+systemctl enable --now nvidia-persistenced nvidia-fabricmanager
+"""
+    r = h.ssh(host, script, timeout=600)
+    assert r.returncode == 0, f"{host}: installing the stand-in stack failed: {r.stdout}{r.stderr}"
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[Any]:
+    if os.geteuid() != 0:
+        pytest.skip("the simulated rack needs root")
+    from provisioner.testbed import rack
+
+    name = os.environ.get("PROVISIONER_HEALTH_RACK", "health")
+    existed = rack.RackState.load(name) is not None
+    h = rack.ensure(name, 4, log=lambda m: print(f"testbed: {m}"))
+    for host in h.names:
+        rack.clear(name, host)
+        _install_stack(h, host)
+    yield h
+    for host in h.names:
+        rack.clear(name, host)
+    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
+        rack.down(name)
+
+
+def provision(*args: str) -> tuple[int, Any, str]:
+    p = subprocess.run([*PROVISION, *args], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=900)
+    try:
+        doc = json.loads(p.stdout)
+    except ValueError:
+        doc = None
+    return p.returncode, doc, p.stdout + p.stderr
+
+
+def fault(h: Any, host: str, *faults: str) -> None:
+    from provisioner.testbed import rack
+
+    rack.fault(h.name, host, list(faults))
+
+
+def clear_all(h: Any) -> None:
+    from provisioner.testbed import rack
+
+    for host in h.names:
+        rack.clear(h.name, host)
+
+
+def pf_errors(doc: dict[str, Any], host: str) -> dict[str, str]:
+    return {m["check"]: f"expected {m['expected']}, found {m['found']}"
+            for m in doc["hosts"][host]["mismatches"] if m["severity"] == "error"}
+
+
+def health_failed(doc: dict[str, Any], host: str) -> dict[str, str]:
+    return {c["check"]: c["message"] for c in doc["hosts"][host]["checks"] if c["status"] == "fail"}
+
+
+def test_clean_rack_passes(rig: Any) -> None:
+    clear_all(rig)
+    rc, doc, out = provision("preflight", str(rig.inventory), "--format", "json")
+    assert rc == 0, out
+    assert all(not pf_errors(doc, h) for h in rig.names)
+    rc, doc, out = provision("health", str(rig.inventory), "--format", "json")
+    assert rc == 0, out
+    for h in rig.names:
+        st = {c["check"]: c["status"] for c in doc["hosts"][h]["checks"]}
+        assert st["gpu"] == st["driver"] == st["fabricmanager"] == st["ib"] == st["xid"] == st["ecc"] == "pass", st
+
+
+def test_gpu_and_hca_faults(rig: Any, tmp_path: Path) -> None:
+    clear_all(rig)
+    n1, n2, n3, n4 = rig.names
+    fault(rig, n1, "missing_gpu")
+    fault(rig, n2, "hca_down=mlx5_3")
+    fault(rig, n3, "hca_rate=mlx5_2:200")
+    try:
+        rc, pf, out = provision("preflight", str(rig.inventory), "--format", "json")
+        assert rc == 1, out
+        assert pf_errors(pf, n1) == {"gpu_count": "expected 8, found 7"}
+        assert pf_errors(pf, n2) == {"ib_state": "expected mlx5_3:1 ACTIVE/LinkUp, found DOWN/Polling",
+                                     "ib_rate": "expected mlx5_3:1 400 Gb/s, found 10 Gb/s"}
+        assert pf_errors(pf, n3) == {"ib_rate": "expected mlx5_2:1 400 Gb/s, found 200 Gb/s"}
+        assert pf_errors(pf, n4) == {} and pf["hosts"][n4]["ok"]
+
+        # the text form names host and check on one line
+        rc, _, text = provision("preflight", str(rig.inventory))
+        assert rc == 1
+        assert f"{n1}: gpu_count: expected 8, found 7" in text
+        assert f"{n3}: ib_rate: expected mlx5_2:1 400 Gb/s, found 200 Gb/s" in text
+
+        prom = tmp_path / "health.prom"
+        rc, hd, out = provision("health", str(rig.inventory), "--format", "json", "--prometheus", str(prom))
+        assert rc == 1, out
+        assert health_failed(hd, n1) == {"gpu": "7 GPUs, expected 8"}
+        f2 = health_failed(hd, n2)
+        assert list(f2) == ["ib"] and "mlx5_3:1: state DOWN" in f2["ib"]
+        assert health_failed(hd, n3) == {"ib": "mlx5_2:1: rate 200 Gb/s, expected 400"}
+        assert health_failed(hd, n4) == {} and hd["hosts"][n4]["ok"]
+        text = prom.read_text()
+        assert f'provisioner_node_health_ok{{host="{n1}"}} 0' in text
+        assert f'provisioner_node_health_ok{{host="{n4}"}} 1' in text
+        assert f'provisioner_node_health_check_ok{{host="{n3}",check="ib",status="fail"}} 0' in text
+    finally:
+        clear_all(rig)
+
+
+def test_xid_ecc_fm_faults(rig: Any) -> None:
+    clear_all(rig)
+    n1, n2, n3, n4 = rig.names
+    fault(rig, n1, "xid=3:79")
+    fault(rig, n2, "ecc_uncorrectable=5:2")
+    fault(rig, n3, "fm_mismatch")
+    try:
+        rc, hd, out = provision("health", str(rig.inventory), "--format", "json")
+        assert rc == 1, out
+        f1 = health_failed(hd, n1)
+        assert list(f1) == ["xid"] and f1["xid"].startswith("critical XID 79 on ")
+        assert health_failed(hd, n2) == {"ecc": "GPU 5: 2 uncorrectable ECC errors"}
+        f3 = health_failed(hd, n3)
+        assert f3["driver"] == "driver 580.82.07, pinned 580.95.05"
+        assert "fabric manager version 580.95.05 != driver 580.82.07" in f3["fabricmanager"]
+        assert health_failed(hd, n4) == {}
+        rc, _, text = provision("health", str(rig.inventory))
+        assert rc == 1
+        assert f"{n1}: xid: critical XID 79" in text and f"{n2}: ecc: GPU 5: 2 uncorrectable ECC errors" in text
+        # preflight does not read the kernel log or ECC: those hosts still match the inventory there
+        rc, pf, _ = provision("preflight", str(rig.inventory), "--format", "json")
+        assert pf_errors(pf, n1) == {} and pf_errors(pf, n2) == {}
+    finally:
+        clear_all(rig)
+
+
+def test_unreachable_and_usage(rig: Any, tmp_path: Path) -> None:
+    clear_all(rig)
+    # a host key that is not in known_hosts is refused (RejectPolicy), reported as unreachable: exit 1
+    inv = tmp_path / "hosts.ini"
+    first = rig.names[0]
+    inv.write_text(f"[gpu_nodes]\n{first} ansible_host={rig.hosts[first]} ansible_user=root "
+                   f"ansible_ssh_private_key_file={rig.key} "
+                   f"ansible_ssh_common_args='-o UserKnownHostsFile={tmp_path / 'empty_known_hosts'}'\n"
+                   "[gpu_nodes:vars]\ngpu_model=H100-SXM5-80GB\ngpu_count=8\n")
+    (tmp_path / "empty_known_hosts").write_text("")
+    old = Path.home() / ".ssh" / "known_hosts"
+    if old.is_file() and rig.hosts[first] in old.read_text():
+        pytest.skip("the user's own known_hosts knows this host")
+    rc, doc, out = provision("preflight", str(inv), "--format", "json")
+    assert rc == 1, out
+    assert doc["hosts"][first]["reachable"] is False and "known_hosts" in doc["hosts"][first]["error"]
+    # usage errors: exit 2, one line, no traceback
+    rc, _, out = provision("preflight", str(tmp_path / "missing.ini"))
+    assert rc == 2 and "Traceback" not in out
+    rc, _, out = provision("preflight", str(rig.inventory), "--format", "yaml")
+    assert rc == 2 and "Traceback" not in out
+    rc, _, out = provision("health", str(rig.inventory), "--limit", "nosuchhost")
+    assert rc == 2 and "no GPU nodes match" in out
