@@ -24,7 +24,7 @@ RACK_A = INVENTORIES / "rack-a.ini"
 ALERTS = {
     "VllmHeadDown", "VllmModelLoadSlow", "VllmRequestsWaitingHigh", "VllmE2ELatencyP99High", "VllmTTFTP99High",
     "VllmInterTokenLatencyP99High", "GpuMemoryHigh", "ProvisionDriftFound", "ProvisionDriftCheckIncomplete",
-    "ProvisionDriftCheckStale", "ProvisionHealthCheckFailed",
+    "ProvisionDriftCheckStale", "ProvisionHealthCheckFailed", "ProvisionHealthHostUnreachable",
 }
 
 
@@ -73,7 +73,7 @@ def test_promtool_check_config_and_rules(rack_a):
     assert r.returncode == 0, r.stdout + r.stderr
     r = promtool("check", "rules", str(rack_a / "prometheus-rules.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 11 rules found" in r.stdout
+    assert "SUCCESS: 12 rules found" in r.stdout
     rules = yaml.safe_load((rack_a / "prometheus-rules.yml").read_text())
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     assert names == ALERTS
@@ -83,7 +83,8 @@ def test_rules_use_current_vllm_metric_names(rack_a):
     text = (rack_a / "prometheus-rules.yml").read_text()
     for metric in ("vllm:num_requests_waiting", "vllm:e2e_request_latency_seconds_bucket",
                    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-                   "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "provision_drift_resources"):
+                   "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "provision_drift_resources",
+                   "provisioner_node_health_check_ok"):
         assert metric in text, metric
     for gone in ("vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds"):
         assert gone not in text
