@@ -184,10 +184,26 @@ def write_identity(rack: RackState, host: HostState, authorized_key: str, *, pro
     _write(m / IDENTITY_MARK, f"{host.name} {host.address} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
 
 
+#: Supervises one host's nspawn like systemd-nspawn@.service does: a reboot inside the host makes nspawn exit
+#: with 133, and the host boots again (same disk); SIGTERM powers it off cleanly; any other exit ends the loop.
+SUPERVISOR = """\
+trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM INT
+while :; do
+  "$@" &
+  child=$!
+  wait "$child"
+  rc=$?
+  [ "$rc" -eq 133 ] || exit "$rc"
+  echo "provisioner-testbed: $(date -u +%FT%TZ) host rebooted" >&2
+done
+"""
+
+
 def boot(rack: RackState, host: HostState) -> Proc:
-    """Start `systemd-nspawn -b` for the host as our own detached child (its own session); return it."""
+    """Start the host (`systemd-nspawn -b` under a small reboot-aware supervisor) as our own detached process in
+    its own session; return the supervisor."""
     hp = paths(rack, host)
-    cmd = [
+    nspawn = [
         "systemd-nspawn",
         "--boot",
         f"--directory={hp.merged}",
@@ -202,6 +218,7 @@ def boot(rack: RackState, host: HostState) -> Proc:
         "--timezone=off",
         "--console=read-only",
     ]
+    cmd = ["/bin/sh", "-c", SUPERVISOR, f"pvhost-{host.machine}", *nspawn]
     with open(hp.log, "ab") as log:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     proc = Proc.of(p.pid)
@@ -211,12 +228,16 @@ def boot(rack: RackState, host: HostState) -> Proc:
 
 
 def stop(host: HostState, grace: float = 10.0) -> None:
-    """Power the host off (SIGTERM to nspawn = clean shutdown), kill it after `grace` seconds."""
+    """Power the host off (SIGTERM: the supervisor hands it to nspawn = clean shutdown), kill after `grace` s."""
     p = host.proc
     if p is None or not p.alive():
         return
-    inits = [q for q in (Proc.of(c) for c in children(p.pid)) if q is not None]
+    nspawns = [q for q in (Proc.of(c) for c in children(p.pid)) if q is not None]
+    inits = [q for n in nspawns for q in (Proc.of(c) for c in children(n.pid)) if q is not None]
     terminate([p], grace)
+    for q in nspawns:
+        if q.alive():
+            terminate([q], 2.0)
     # If nspawn had to be killed, its container init may survive it: end that process namespace too.
     for q in inits:
         if q.alive():

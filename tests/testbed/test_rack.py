@@ -206,6 +206,18 @@ def test_up_reset_down_leaves_nothing() -> None:
     assert st is not None and st.complete
     h = rack.handle(st)
     assert h.ssh("node02", "echo dirty > /root/dirt").returncode == 0
+    # A reboot inside a host (Ansible's reboot module, a driver upgrade) brings it back with its disk.
+    boot_id = h.ssh("node02", "cat /proc/sys/kernel/random/boot_id").stdout
+    h.ssh("node02", "systemctl reboot", timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = h.ssh("node02", "cat /proc/sys/kernel/random/boot_id /root/dirt", timeout=10)
+        if r.returncode == 0 and r.stdout.split()[0] != boot_id.strip():
+            break
+        time.sleep(0.5)
+    assert r.returncode == 0, r.stderr
+    new_boot, dirt = r.stdout.split()
+    assert new_boot != boot_id.strip() and dirt == "dirty"
     r = cli("reset", "--name", name)
     assert r.returncode == 0, r.stderr
     r = h.ssh("node02", "ls /root/dirt; hostname")  # same host key: known_hosts still valid
