@@ -377,3 +377,38 @@ def testbed_cluster_settings(members: int) -> dict:
         "slo_p99_ttft_ms": 60000,
         "slo_p99_tpot_ms": 5000,
     }
+
+
+def apply_testbed_inventory(hosts_ini: Path) -> bool:
+    """Make a generated testbed inventory CPU-vLLM ready (idempotent; True when a file changed).
+
+    The testbed's inventory writer is the intended place for these values (docs/development.md, "vLLM on the
+    testbed"); this applies them to an inventory written without them, so the vLLM tests and `make demo` work
+    either way. Only touches the generated group_vars files of the rack (header `# Generated`)."""
+    import yaml
+
+    gv = Path(hosts_ini).parent / "group_vars"
+    changed = False
+
+    def rewrite(p: Path, update: Callable[[dict], None]) -> None:
+        nonlocal changed
+        text = p.read_text()
+        header = "".join(ln + "\n" for ln in text.splitlines() if ln.startswith("#"))
+        data = yaml.safe_load(text) or {}
+        before = json.dumps(data, sort_keys=True)
+        update(data)
+        if json.dumps(data, sort_keys=True) != before:
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_text(header + "---\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+            os.replace(tmp, p)
+            changed = True
+
+    all_yml = gv / "all.yml"
+    if all_yml.is_file():
+        rewrite(all_yml, lambda d: d.update(testbed_inventory_vars()))
+    for p in sorted(gv.glob("*.yml")):
+        data = yaml.safe_load(p.read_text()) or {}
+        if isinstance(data.get("vllm_cluster"), dict):
+            members = int(data["vllm_cluster"].get("pipeline_parallel_size") or 1)
+            rewrite(p, lambda d, m=members: d["vllm_cluster"].update(testbed_cluster_settings(m)))
+    return changed
