@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import shutil
 import socket
 import subprocess
@@ -242,6 +243,19 @@ def stop(host: HostState, grace: float = 10.0) -> None:
     for q in inits:
         if q.alive():
             terminate([q], 2.0)
+
+
+def kill(host: HostState) -> None:
+    """Pull the plug (for `down`: the disk is thrown away, so no clean shutdown is needed): SIGKILL the
+    container's init, which ends its whole pid namespace at once; nspawn then exits and removes its veth."""
+    p = host.proc
+    if p is None or not p.alive():
+        return
+    nspawns = [q for q in (Proc.of(c) for c in children(p.pid)) if q is not None]
+    inits = [q for n in nspawns for q in (Proc.of(c) for c in children(n.pid)) if q is not None]
+    for q in inits:
+        q.signal(signal.SIGKILL)
+    terminate([*nspawns, p], 5.0)
 
 
 def ssh_banner(address: str, timeout: float = 1.0) -> bool:
