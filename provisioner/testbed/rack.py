@@ -226,6 +226,14 @@ def _check_same(st: RackState, opts: UpOptions) -> None:
 
 def _create(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -> RackState:
     cache = rootfs.cache_dir()
+    t = time.monotonic()
+
+    def phase(key: str) -> None:
+        nonlocal t
+        now = time.monotonic()
+        st.timings[key] = round(now - t, 2)
+        t = now
+
     with rootfs.locked(racks_dir() / ".alloc.lock"):
         index = _index_for(opts.name)
         st = _new_state(opts, index)
@@ -240,6 +248,7 @@ def _create(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -> Rack
         lowers.insert(0, str(vllm_image.ensure_layer(cache, base, log=log)))
     st.lowers = lowers
     repo_dir = _ensure_repo(cache, log)
+    phase("images")
     st.save()
 
     network.ensure_bridge(index)
@@ -258,17 +267,21 @@ def _create(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -> Rack
         h.host_key = Path(f"{st.dir}/ssh/hostkeys/{h.name}_ed25519.pub").read_text().strip()
         materialize(hp, specs[h.name])
 
+    phase("network")
     with ThreadPoolExecutor(max_workers=min(8, len(st.hosts))) as ex:
         list(ex.map(prepare, st.hosts))
     _write_known_hosts(st)
+    phase("prepare")
     for h in st.hosts:
         h.nspawn = hostmod.boot(st, h).to_json()
     st.save()
     log(f"booting {len(st.hosts)} host(s) on {st.bridge} ({network.subnet(index)})")
     _wait_ready(st, [h.name for h in st.hosts])
+    phase("boot")
     _write_inventory(st)
     st.complete = True
     st.save()
+    log("phases (s): " + ", ".join(f"{k} {v}" for k, v in st.timings.items()))
     return st
 
 

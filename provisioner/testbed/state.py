@@ -180,6 +180,7 @@ class RackState:
     hosts: list[HostState] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     complete: bool = False  # True once `up` finished
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase of the last create
 
     @property
     def dir(self) -> Path:
