@@ -404,3 +404,11 @@ def test_outputs_have_the_real_tools_layout(node: Node) -> None:
     assert [len(x) for x in table] == [len(x) for x in real_table]
     assert table[4:8] == real_table[4:8] and table[11:] == real_table[11:]
     assert re.fullmatch(r"GPU 0: NVIDIA H200 \(UUID: GPU-[0-9a-f-]{36}\)\n", node.smi("-L").stdout)
+
+
+@pytest.mark.skipif(not (REAL / "help-query-gpu.txt").is_file(), reason="no real captures")
+def test_every_query_field_exists_in_the_real_tool(node: Node) -> None:
+    real = set(re.findall(r'"([a-zA-Z0-9_.]+)"', (REAL / "help-query-gpu.txt").read_text()))
+    exe = node.tools["nvidia-utils-580"] / "usr/bin/nvidia-smi"
+    ours = re.findall(r'^    "([a-z0-9_.]+)": [("]', exe.read_text(), re.M)
+    assert ours and [f for f in ours if f not in real] == []
