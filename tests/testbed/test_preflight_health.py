@@ -195,3 +195,32 @@ def test_unreachable_and_usage(rig: Any, tmp_path: Path) -> None:
     assert rc == 2 and "Traceback" not in out
     rc, _, out = provision("health", str(rig.inventory), "--limit", "nosuchhost")
     assert rc == 2 and "no GPU nodes match" in out
+
+
+def test_onboard_marks_passing_hosts_and_leaves_out_failing(rig: Any) -> None:
+    clear_all(rig)
+    n1, n2, n3, _ = rig.names
+    fault(rig, n2, "xid=79")
+    fault(rig, n3, "missing_gpu")
+    try:
+        # the provisioning step runs playbooks/health.yml through provisioner.runner (serial 1)
+        rc, doc, out = provision("onboard", str(rig.inventory), n1, n2, n3, "--playbook",
+                                 str(PROJECT_ROOT / "playbooks" / "health.yml"), "--format", "json")
+        assert rc == 1, out
+        hosts = doc["hosts"]
+        assert hosts[n1]["in_service"] is True and hosts[n1]["marked"] is True
+        assert hosts[n3]["stage"] == "preflight" and hosts[n3]["problems"] == ["gpu_count: expected 8, found 7"]
+        # n2 passes preflight, then the run's own health play fails it (XID 79) before the health gate
+        assert hosts[n2]["in_service"] is False and hosts[n2]["stage"] in ("run", "health")
+        assert any("XID 79" in p for p in hosts[n2]["problems"]), hosts[n2]
+        assert set(doc["clusters_affected"]) == set(hosts[n2]["clusters"]) | set(hosts[n3]["clusters"])
+        assert rig.ssh(n1, "cat /etc/provisioner/in-service").returncode == 0
+        for n in (n2, n3):
+            assert rig.ssh(n, "test -e /etc/provisioner/in-service").returncode == 1
+        # text form: one line per host naming the gate and the check
+        rc, _, text = provision("onboard", str(rig.inventory), n1, n3, "--skip-run")
+        assert rc == 1
+        assert f"{n1}: IN SERVICE (preflight, health passed" in text
+        assert f"{n3}: LEFT OUT at preflight: gpu_count: expected 8, found 7" in text
+    finally:
+        clear_all(rig)
