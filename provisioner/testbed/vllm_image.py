@@ -183,6 +183,7 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
     base_root = Path(base_root)
     final = layer_path(cache, base_root)
     if is_ready(final):
+        _export_model_config(cache, final)
         return final
     vdir = cache / "vllm"
     vdir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +245,23 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
         shutil.rmtree(tmp, ignore_errors=True)
         if log:
             log(f"vLLM golden layer built in {built_s:.0f} s")
+        _export_model_config(cache, final)
         return final
+
+
+def model_config_path(cache: Path) -> Path:
+    """A copy of the tiny model's config.json on the controller: the inventory's `model_config` (sizing rules)."""
+    return Path(cache) / "vllm" / "tiny-llama" / "config.json"
+
+
+def _export_model_config(cache: Path, layer: Path) -> None:
+    src = layer / MODEL_DIR.lstrip("/") / "config.json"
+    dst = model_config_path(cache)
+    if src.is_file() and (not dst.is_file() or dst.read_bytes() != src.read_bytes()):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        tmp.write_bytes(src.read_bytes())
+        os.replace(tmp, dst)
 
 
 def _clean_upper(upper: Path, base_root: Path) -> None:
@@ -354,6 +371,9 @@ def testbed_inventory_vars() -> dict:
             "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "TORCH_COMPILE_DISABLE": "1",
+            # every host of the rack shares the controller's few cores: one OpenMP thread, no core pinning
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1",
         },
         "vllm_api_key": TESTBED_API_KEY,
         # CPU start-up on a shared 2-core controller: minutes, not seconds
@@ -362,16 +382,20 @@ def testbed_inventory_vars() -> dict:
     }
 
 
-def testbed_cluster_settings(members: int) -> dict:
+def testbed_cluster_settings(members: int, cache: Path | None = None) -> dict:
     """Merged into each generated `vllm_cluster` (CPU: one rank per host, float32, eager, small limits)."""
+    from provisioner.testbed.rootfs import cache_dir
+
     return {
         "model": MODEL_DIR,
+        "model_config": str(model_config_path(cache or cache_dir())),
         "served_model_name": "tiny-llama",
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": members,
         "dtype": "float32",
         "max_model_len": 1024,
         "max_num_seqs": 16,
+        "block_size": 32,  # CPU attention: multiples of 32 only
         "extra_args": ["--enforce-eager"],
         # SLOs for `provision bench` (CPU numbers: loose, the mechanics are what is exercised)
         "slo_p99_ttft_ms": 60000,

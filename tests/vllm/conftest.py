@@ -1,0 +1,121 @@
+"""A simulated rack with the vLLM golden layer, provisioned once per session with `provision run`.
+
+Session fixture `vllm_rack`: brings up (or reuses) rack PROVISIONER_VLLM_RACK (default `vllm`, 3 nodes,
+`--with-vllm`), makes its inventory CPU-vLLM ready (`vllm_image.apply_testbed_inventory`), runs
+`provision run INVENTORY` while polling each cluster head's /health from the controller, and records the time
+from the run's start to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
+PROVISIONER_TESTBED_TEARDOWN=1 removes the rack at the end when this session created it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from provisioner import PROJECT_ROOT
+
+PROVISION = str(Path(sys.executable).parent / "provision")
+NODES = 3
+RUN_TIMEOUT = 3600
+
+
+def http(url: str, *, data: dict | None = None, key: str | None = None, timeout: float = 60) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - our own test hosts
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        return 0, str(e)
+
+
+@dataclass
+class VllmRack:
+    handle: object
+    inventory: Path
+    heads: dict[str, str]  # cluster -> head address
+    ports: dict[str, int]
+    api_key: str
+    first_healthy_s: dict[str, float] = field(default_factory=dict)
+    run_rc: int = -1
+    run_s: float = 0.0
+    run_output: str = ""
+
+    def url(self, cluster: str, path: str) -> str:
+        return f"http://{self.heads[cluster]}:{self.ports[cluster]}{path}"
+
+    def ssh(self, host: str, command: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return self.handle.ssh(host, command, timeout=timeout)  # type: ignore[attr-defined]
+
+    def wait_healthy(self, cluster: str, timeout: float) -> float | None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if http(self.url(cluster, "/health"), timeout=10)[0] == 200:
+                return time.monotonic() - t0
+            time.sleep(2)
+        return None
+
+
+@pytest.fixture(scope="session")
+def vllm_rack() -> Iterator[VllmRack]:
+    if os.geteuid() != 0:
+        pytest.skip("the simulated rack needs root")
+    from provisioner.inventory import load_fleet
+    from provisioner.testbed import rack, vllm_image
+
+    name = os.environ.get("PROVISIONER_VLLM_RACK", "vllm")
+    existed = rack.RackState.load(name) is not None
+    h = rack.ensure(name, NODES, with_vllm=True, log=lambda m: print(f"testbed: {m}"))
+    inv = Path(h.inventory)
+    vllm_image.apply_testbed_inventory(inv)
+    fleet = load_fleet(inv)
+    heads = {c.name: str(fleet.hosts[c.head].get("vllm_host_ip") or fleet.hosts[c.head].address)
+             for c in fleet.clusters.values()}
+    ports = {c.name: int(c.settings.get("port", 8000)) for c in fleet.clusters.values()}
+    vr = VllmRack(h, inv, heads, ports, vllm_image.TESTBED_API_KEY)
+
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def poll() -> None:
+        while not stop.is_set() and len(vr.first_healthy_s) < len(heads):
+            for c in heads:
+                if c not in vr.first_healthy_s and http(vr.url(c, "/health"), timeout=5)[0] == 200:
+                    vr.first_healthy_s[c] = round(time.monotonic() - t0, 1)
+            stop.wait(2)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    p = subprocess.run([PROVISION, "run", str(inv), "--skip-preflight"], capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
+    vr.run_rc, vr.run_s, vr.run_output = p.returncode, round(time.monotonic() - t0, 1), p.stdout + p.stderr
+    # the run waits for /health itself; give the poller a last look
+    deadline = time.monotonic() + 30
+    while len(vr.first_healthy_s) < len(heads) and time.monotonic() < deadline:
+        time.sleep(1)
+    stop.set()
+    timings = {"rack": name, "reused_rack": existed, "run_rc": vr.run_rc, "run_s": vr.run_s,
+               "first_healthy_s": vr.first_healthy_s}
+    print(f"vllm testbed timings: {json.dumps(timings)}")
+    runs = PROJECT_ROOT / ".runs"
+    runs.mkdir(exist_ok=True)
+    (runs / "vllm-testbed-timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    yield vr
+    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
+        rack.down(name)
