@@ -92,7 +92,7 @@ FAULTS = ("missing_gpu", "hca_down", "hca_rate", "xid", "ecc_uncorrectable", "ro
           "fm_mismatch", "persistence_off")
 
 _TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "cuda_version", "hcas", "hca_rate", "faults",
-             "gpus", "boot_time"}
+             "gpus"}
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 
@@ -321,8 +321,7 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Validate an operator's spec and return the explicit form the simulators read (raises HwSpecError).
 
     Keys (all optional): `node` (seed for UUIDs, GUIDs, serials), `gpu_model` (one of GPU_MODELS), `gpu_count`,
-    `driver_version`, `cuda_version`, `hcas` (count or list of names), `hca_rate` (Gb/s), `faults` (see FAULTS),
-    `boot_time` (epoch seconds the kmsg timestamps count from).
+    `driver_version`, `cuda_version`, `hcas` (count or list of names), `hca_rate` (Gb/s), `faults` (see FAULTS).
     """
     src = dict(spec or {})
     if src.get("schema") == SCHEMA and "input" in src:  # an already resolved spec: resolve its input again
@@ -349,7 +348,6 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if rate not in IB_RATES:
         raise _err("hca_rate", f"{rate!r} is not an InfiniBand rate ({sorted(IB_RATES)})")
     names = _hca_names("hcas", src.get("hcas", DEFAULT_HCA_COUNT))
-    boot = _int("boot_time", src.get("boot_time", 1_767_225_600))
     faults = src.get("faults") or {}
     if not isinstance(faults, Mapping):
         raise _err("faults", f"expected a mapping of fault name to value, got {faults!r}")
@@ -361,7 +359,6 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "gpu_model": model_key,
         "driver": {"version": driver, "kernel_module_version": driver, "cuda_version": cuda},
         "persistence": {"forced_off": False},
-        "boot_time": boot,
         "gpus": _default_gpus(model, count, node),
         "gpus_missing": [],
         "hcas": _default_hcas(names, rate, node),
