@@ -152,3 +152,110 @@ def test_parse_probe_nvidia_smi_missing() -> None:
     text = "@@pv@@ begin query-gpu\nsh: 1: nvidia-smi: not found\n@@pv@@ end query-gpu 127\n"
     f = p.parse_probe(text)
     assert f.gpus == [] and "not found" in (f.gpu_error or "") and "127" in (f.gpu_error or "")
+
+
+# ---------------------------------------------------------------------------------------------- preflight compare
+def _hgx_facts(**over: object) -> p.NodeFacts:
+    """An HGX H100 node as the probe would see it (public topo -m, sysfs dump, Ubuntu, plenty of disk)."""
+    gpus = "\n".join(f"{i}, NVIDIA H100 80GB HBM3, 81559, 580.95.05, Enabled, 00000000:{b}:00.0"
+                     for i, b in enumerate(["1B", "43", "52", "61", "9D", "C3", "D1", "DF"]))
+    dump = []
+    for i in range(8):
+        base = f"/sys/class/infiniband/mlx5_{i}/ports/1"
+        dump += [f"{base}/state\t4: ACTIVE", f"{base}/phys_state\t5: LinkUp", f"{base}/rate\t400 Gb/sec (4X NDR)"]
+    f = p.NodeFacts(
+        gpus=p.parse_query_gpu(gpus),
+        topology=p.parse_topo_m((PUB / "topo-m-hgx-h100-8gpu.txt").read_text()),
+        ib_ports=p.parse_ib_sysfs(p.parse_file_dump("\n".join(dump))),
+        hca_numa={f"mlx5_{i}": 0 if i < 4 else 1 for i in range(8)},
+        os_release=p.parse_os_release(real("os-release.txt")),
+        kernel="6.8.0-45-generic",
+        disk=p.DfEntry("/dev/nvme0n1p2", 4_000_000_000_000, 1_000_000_000_000, 3_000_000_000_000, "/"),
+        disk_path="/opt/models",
+    )
+    for k, v in over.items():
+        setattr(f, k, v)
+    return f
+
+
+def _fleet():
+    from provisioner.inventory import load_fleet
+    from provisioner import INVENTORIES
+
+    return load_fleet(INVENTORIES / "rack-a.ini")
+
+
+def test_compare_matching_hgx_node() -> None:
+    from provisioner.probes.preflight import compare
+
+    fleet = _fleet()
+    assert compare(fleet, fleet.hosts["node01"], _hgx_facts()) == []
+
+
+def test_compare_reports_expected_and_found() -> None:
+    from provisioner.probes.preflight import compare
+
+    fleet = _fleet()
+    f = _hgx_facts()
+    f.gpus = f.gpus[:7]
+    f.ib_ports = dict(f.ib_ports)
+    f.ib_ports["mlx5_3"] = {1: p.IbPort("mlx5_3", 1, "DOWN", "Disabled", 400.0)}
+    f.ib_ports["mlx5_5"] = {1: p.IbPort("mlx5_5", 1, "ACTIVE", "LinkUp", 200.0)}
+    del f.ib_ports["mlx5_7"]
+    f.disk = p.DfEntry("/dev/sda", 100_000_000_000, 90_000_000_000, 10_000_000_000, "/")
+    lines = [m.line() for m in compare(fleet, fleet.hosts["node01"], f) if m.severity == "error"]
+    assert lines[:4] == [
+        "gpu_count: expected 8, found 7",
+        "ib_state: expected mlx5_3:1 ACTIVE/LinkUp, found DOWN/Disabled",
+        "ib_rate: expected mlx5_5:1 400 Gb/s, found 200 Gb/s",
+        "ib_hca: expected mlx5_7 present, found absent (found mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6)",
+    ]
+    assert lines[4].startswith("disk: expected >= ") and lines[4].endswith("found 10 GB free on /")
+
+
+def test_compare_wrong_model_and_numa() -> None:
+    from provisioner.probes.preflight import compare
+
+    fleet = _fleet()
+    (h200,) = p.parse_query_gpu(real("query-gpu-full.csv"))
+    f = _hgx_facts(gpus=[p.GpuInfo(i, h200.name, h200.memory_mib, h200.driver_version, "Enabled") for i in range(8)])
+    f.hca_numa = {h: 0 for h in f.hca_numa}  # every HCA on socket 0: GPUs 4-7 have none nearby
+    ms = {m.check: m for m in compare(fleet, fleet.hosts["node01"], f)}
+    assert ms["gpu_model"].expected == "H100-SXM5-80GB ('NVIDIA H100 80GB HBM3')"
+    assert ms["gpu_model"].found.startswith("'NVIDIA H200' on GPU")
+    assert ms["numa_affinity"].found == "GPU 4,5,6,7 on NUMA 1 (HCAs on NUMA 0)"
+
+
+def test_compare_unreachable_and_no_driver() -> None:
+    from provisioner.probes.preflight import compare, report_from
+    from provisioner.probes.ssh import ExecResult
+
+    fleet = _fleet()
+    r = report_from(fleet, fleet.hosts["node02"], ExecResult("node02", ok=False, error="connect timed out after 5s"))
+    assert not r.ok and r.message == "unreachable: connect timed out after 5s"
+    f = _hgx_facts(gpus=[], gpu_error="nvidia-smi: not found (rc 127)", smi_missing=True,
+                   pci_gpus=[(f"0000:{b}:00.0", "0x2330") for b in ("1b", "43", "52", "61", "9d", "c3")])
+    assert [m.line() for m in compare(fleet, fleet.hosts["node02"], f)] == [
+        "gpu_count: expected 8, found 6 on the PCI bus (no driver)"]
+
+
+def test_select_hosts_limit() -> None:
+    from provisioner.probes.preflight import select_hosts
+
+    fleet = _fleet()
+    assert select_hosts(fleet, None) == ["node01", "node02", "node03", "node04"]
+    assert select_hosts(fleet, "qwen2_72b") == ["node01", "node02"]
+    assert select_hosts(fleet, "gpu_nodes,!node03") == ["node01", "node02", "node04"]
+    assert select_hosts(fleet, "node0*:&qwen2_72b") == ["node01", "node02"]
+    assert select_hosts(fleet, "nothing") == []
+
+
+def test_ssh_args_from_inventory() -> None:
+    from provisioner.probes.ssh import parse_ssh_args
+
+    o = parse_ssh_args("-o UserKnownHostsFile=/r/kh -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes -i /r/id "
+                       "-o ConnectTimeout=7 -p 2222")
+    assert (o.known_hosts, o.identity, o.strict, o.connect_timeout, o.port) == (["/r/kh"], ["/r/id"], True, 7.0, 2222)
+    assert parse_ssh_args("-o StrictHostKeyChecking=no").strict is False
+    assert parse_ssh_args("-o UserKnownHostsFile=/dev/null").strict is False
+    assert parse_ssh_args("-o 'unbalanced").known_hosts == []

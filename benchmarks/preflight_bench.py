@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Preflight probe vs Ansible fact gathering (`ansible all -m setup`) on the same hosts.
+
+    .venv/bin/python benchmarks/preflight_bench.py INVENTORY [--repeats 5] [--limit gpu_nodes] [--json OUT]
+
+Each repeat runs both, alternating which goes first, as the user would (a fresh process each: interpreter start and
+inventory parse included):
+  - `provision preflight INVENTORY --format json`  (paramiko, one SSH exec per host running a batched snippet)
+  - `ansible gpu_nodes -i INVENTORY -m ansible.builtin.setup` with the project's ansible.cfg (forks 50, pipelining,
+    ControlPersist: after the first repeat Ansible reuses warm SSH master connections; preflight never does)
+and records three figures per run: wall seconds, controller CPU seconds (user+sys of the command's whole process
+tree, from RUSAGE_CHILDREN), whole-machine CPU seconds (/proc/stat busy jiffies: the simulated hosts' sshd/python
+work included), plus what each does per host (SSH execs / module runs). Medians of the repeats and their ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def machine_busy_seconds() -> float:
+    with open("/proc/stat") as f:
+        cpu = f.readline().split()[1:]
+    vals = [int(x) for x in cpu]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return (sum(vals[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(argv: list[str], env: dict[str, str]) -> dict[str, float | int | str]:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    m0 = machine_busy_seconds()
+    t0 = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.monotonic() - t0
+    m1 = machine_busy_seconds()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"wall_s": round(wall, 3), "controller_cpu_s": round(cpu, 3), "machine_cpu_s": round(m1 - m0, 3),
+            "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("inventory")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--limit", default="gpu_nodes")
+    ap.add_argument("--json", help="write the raw figures here")
+    a = ap.parse_args()
+
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_HOST_KEY_CHECKING="True")
+    pre = [str(VENV_BIN / "provision"), "preflight", a.inventory, "--format", "json", "--limit", a.limit]
+    ans = [str(VENV_BIN / "ansible"), a.limit, "-i", a.inventory, "-m", "ansible.builtin.setup", "-o"]
+    rows: dict[str, list[dict]] = {"preflight": [], "ansible_setup": []}
+    hosts = None
+    for i in range(a.repeats):
+        order = [("preflight", pre), ("ansible_setup", ans)]
+        if i % 2:
+            order.reverse()
+        for name, argv in order:
+            r = measure(argv, env)
+            if name == "preflight":
+                try:
+                    doc = json.loads(r["stdout"])
+                    hosts = len(doc["hosts"])
+                    unreachable = doc["summary"]["unreachable"]
+                except (ValueError, KeyError):
+                    print(f"preflight failed: {r['stderr']}", file=sys.stderr)
+                    return 1
+                r["hosts"], r["unreachable"] = hosts, unreachable
+            else:
+                ok = sum(1 for line in r["stdout"].splitlines() if "| SUCCESS" in line)
+                r["hosts_ok"] = ok
+                if ok == 0:
+                    print(f"ansible setup failed: {r['stdout'][-800:]}{r['stderr']}", file=sys.stderr)
+                    return 1
+            r.pop("stdout")
+            rows[name].append(r)
+            print(f"repeat {i + 1}/{a.repeats} {name:14s} wall {r['wall_s']:7.2f}s  controller CPU "
+                  f"{r['controller_cpu_s']:6.2f}s  machine CPU {r['machine_cpu_s']:6.2f}s", file=sys.stderr)
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(float(r[key]) for r in rows[name])
+
+    summary = {"hosts": hosts, "repeats": a.repeats, "cpus": os.cpu_count()}
+    for key in ("wall_s", "controller_cpu_s", "machine_cpu_s"):
+        p, s = med("preflight", key), med("ansible_setup", key)
+        summary[key] = {"preflight": p, "ansible_setup": s, "ratio": round(s / p, 2) if p else None}
+    summary["per_host"] = {"preflight_ssh_execs": 1, "ansible_setup_module_runs": 1,
+                           "preflight_controller_cpu_ms_per_host":
+                               round(1000 * summary["controller_cpu_s"]["preflight"] / hosts, 1),
+                           "ansible_controller_cpu_ms_per_host":
+                               round(1000 * summary["controller_cpu_s"]["ansible_setup"] / hosts, 1)}
+    print(json.dumps(summary, indent=2))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"summary": summary, "runs": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
