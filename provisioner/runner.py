@@ -461,7 +461,8 @@ class EventFolder:
             self.r.batches.append(self.current_batch)
             self.progress.play(name, n)
         elif kind in ("playbook_on_task_start", "playbook_on_handler_task_start"):
-            handler = kind == "playbook_on_handler_task_start"
+            # ansible-runner reports handler starts as playbook_on_task_start with is_conditional=True
+            handler = kind == "playbook_on_handler_task_start" or bool(ed.get("is_conditional"))
             if handler:
                 self.handler_tasks.add(str(ed.get("task_uuid") or ed.get("uuid")))
             self.progress.task(ed.get("task") or ed.get("name") or "", ed.get("role"), handler)

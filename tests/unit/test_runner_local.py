@@ -32,6 +32,7 @@ PLAYBOOK = """
         dest: "{{ root }}/{{ inventory_hostname }}/nccl.conf"
         content: "NCCL_IB_HCA=mlx5_0\\nNCCL_SOCKET_IFNAME={{ iface }}\\n"
         mode: "0644"
+      notify: Restart the consumer
     - name: Marker file
       ansible.builtin.file:
         path: "{{ root }}/{{ inventory_hostname }}/marker"
@@ -60,6 +61,12 @@ PLAYBOOK = """
       no_log: true
       changed_when: false
       when: inventory_hostname in (secret_fail_hosts | default([]))
+  handlers:
+    - name: Restart the consumer
+      ansible.builtin.copy:
+        dest: "{{ root }}/{{ inventory_hostname }}/restarted"
+        content: "{{ 999999 | random }}\\n"
+        mode: "0644"
 """
 
 
@@ -117,11 +124,11 @@ def test_counts_changed_then_idempotent(site: dict[str, Path]) -> None:
     assert first.status == "successful" and first.rc == 0
     for name in ("alpha", "beta", "gamma"):
         h = first.hosts[name]
-        # ok counts changed results too (as Ansible's recap does): 3 changes + 1 debug
-        assert (h.ok, h.changed, h.failed, h.unreachable, h.skipped) == (4, 3, 0, 0, 3), (name, h)
+        # ok counts changed results too (as Ansible's recap does): 3 changes + 1 debug + the handler
+        assert (h.ok, h.changed, h.failed, h.unreachable, h.skipped) == (5, 4, 0, 0, 3), (name, h)
         assert (site["root"] / name / "nccl.conf").read_text() == "NCCL_IB_HCA=mlx5_0\nNCCL_SOCKET_IFNAME=eth0\n"
         assert (site["root"] / name / "token").read_text() == SECRET + "\n"  # the secret really was used
-    assert first.totals()["changed"] == 9
+    assert first.totals()["changed"] == 12
 
     second = _run(site)
     assert second.succeeded
@@ -131,7 +138,7 @@ def test_counts_changed_then_idempotent(site: dict[str, Path]) -> None:
     for r in (first, second):
         assert (Path(r.artifact_dir) / "job_events").is_dir()
         saved = json.loads((Path(r.run_dir) / "result.json").read_text())
-        assert saved["hosts"]["alpha"]["ok"] == 4 and saved["succeeded"] is True
+        assert saved["hosts"]["alpha"]["ok"] == (5 if r is first else 4) and saved["succeeded"] is True
     assert second.retry_file is None
 
 
@@ -146,7 +153,8 @@ def test_check_mode_reports_diff_and_changes_nothing(site: dict[str, Path]) -> N
     assert _tree(site["root"]) == before, "check mode changed files"
     assert drift.succeeded and drift.check
     assert drift.hosts["alpha"].drift == []
-    [item] = drift.hosts["beta"].drift
+    [item] = drift.hosts["beta"].drift  # the handler the change notifies is not a resource of its own
+    assert drift.hosts["beta"].changed == 2  # (but it did run, in check mode)
     assert (item.kind, item.resource, item.task) == ("file", str(nccl), "Render nccl.conf")
     assert "-NCCL_SOCKET_IFNAME=eth9" in item.diff and "+NCCL_SOCKET_IFNAME=eth0" in item.diff
     [secret_item] = drift.hosts["gamma"].drift  # a no_log resource: reported by task name, no diff
@@ -155,7 +163,7 @@ def test_check_mode_reports_diff_and_changes_nothing(site: dict[str, Path]) -> N
     # the gotcha: a plain run right after a check run must apply again (fresh private data dir per run)
     fix = _run(site)
     assert fix.succeeded and not fix.check
-    assert fix.hosts["beta"].changed == 1 and fix.hosts["gamma"].changed == 1 and fix.hosts["alpha"].changed == 0
+    assert fix.hosts["beta"].changed == 2 and fix.hosts["gamma"].changed == 1 and fix.hosts["alpha"].changed == 0
     assert nccl.read_text().endswith("eth0\n")
     clean = _run(site, command="drift", check=True)
     assert clean.drift == [] and clean.succeeded
@@ -241,7 +249,7 @@ def test_cli_exit_codes_and_json(site: dict[str, Path]) -> None:
     ok = cli("run", str(site["inv"]), "--playbook", str(site["pb"]), "--json", "--skip-preflight")
     assert ok.returncode == 0, ok.stderr
     data = json.loads(ok.stdout)
-    assert data["schema"] == "provision.run/v1" and data["hosts"]["alpha"]["changed"] == 3
+    assert data["schema"] == "provision.run/v1" and data["hosts"]["alpha"]["changed"] == 4
     assert Path(data["artifact_dir"]).is_dir()
 
     (site["root"] / "alpha" / "nccl.conf").write_text("drifted\n")
