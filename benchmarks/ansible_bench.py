@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""provisioner (tuned ansible.cfg, `provision run|drift`) vs stock Ansible on the simulated rack (issue 10, items 1-2).
+
+    sudo .venv/bin/python benchmarks/ansible_bench.py fleet --sizes 4,8,16 [--name bench] [--json OUT]
+    sudo .venv/bin/python benchmarks/ansible_bench.py noop  --nodes 8 --repeats 3 [--mode drift|run] [--json OUT]
+
+fleet: for each size and each side (order alternates per size), a FRESH rack (`provision testbed down/up --name NAME
+--nodes N`, empty private fact cache) and one full `playbooks/site.yml`:
+  tuned: `provision run INVENTORY --quiet`          (repo ansible.cfg: forks = hosts, pipelining, ControlPersist 600 s,
+                                                     gathering smart + jsonfile fact cache; validate + preflight first)
+  stock: `ansible-playbook -i INVENTORY playbooks/site.yml` with ANSIBLE_CONFIG=benchmarks/stock-ansible.cfg
+                                                    (forks 5, no pipelining, implicit gathering, no fact cache)
+noop: on one converged rack (brought up and converged with `provision run` when needed), alternating sides, REPEATS
+times each: the nightly drift check (`--mode drift`, default): `provision drift INVENTORY` vs
+`ansible-playbook ... site.yml --check --diff`; or a plain rerun (`--mode run`). The tuned side keeps its fact cache
+between runs (as the nightly timer does within the cache's 24 h); stock has none.
+
+Per run: wall s, controller CPU s (process tree + the ssh ControlPersist masters, see _measure.py), rack CPU s (the
+simulated hosts' processes + the rack's proxy/repo server), attributed machine CPU = controller + rack, /proc/stat
+machine CPU (includes other users of this shared machine), module executions per host (callback), per-task profile.
+Prints one JSON object (also written to --json). Racks are only ever the one named --name (default `bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _measure as M  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+STOCK_CFG = ROOT / "benchmarks" / "stock-ansible.cfg"
+SITE = ROOT / "playbooks" / "site.yml"
+
+
+def log(msg: str) -> None:
+    print(f"[{dt.datetime.now(dt.UTC):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def machine() -> dict:
+    mem_kb = int(next(l for l in open("/proc/meminfo") if l.startswith("MemTotal")).split()[1])
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    return {"nproc": os.cpu_count(), "mem_gib": round(mem_kb / 2**20, 1), "kernel": platform.release(),
+            "python": platform.python_version(), "loadavg_at_start": load,
+            "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                  text=True).stdout.strip()}
+
+
+def testbed(*args: str) -> None:
+    subprocess.run([str(BIN / "provision"), "testbed", *args], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def inventory(name: str) -> Path:
+    return ROOT / "inventories" / ("testbed" if name == "rack" else f"testbed-{name}") / "hosts.ini"
+
+
+def fresh_rack(name: str, nodes: int) -> None:
+    log(f"rack {name}: down + up --nodes {nodes}")
+    subprocess.run([str(BIN / "provision"), "testbed", "down", "--name", name], cwd=ROOT,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    testbed("up", "--name", name, "--nodes", str(nodes))
+
+
+class Bench:
+    def __init__(self, name: str):
+        self.name = name
+        self.work = M.scratch(f"ansible-bench-{name}")
+        self.facts = self.work / "facts"
+        self.n = 0
+
+    def env(self, side: str, count_file: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+        env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+        env.update(M.callback_env(self.work, count_file))
+        if side == "tuned":
+            env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(self.facts)  # private: hosts are named node01.. in every rack
+            env["PROVISION_RUNS_DIR"] = str(self.work / "runs")       # never prune other people's .runs
+        else:
+            env["ANSIBLE_CONFIG"] = str(STOCK_CFG)
+        return env
+
+    def argv(self, side: str, what: str) -> list[str]:
+        inv = str(inventory(self.name))
+        if side == "tuned":
+            if what == "drift":
+                return [str(BIN / "provision"), "drift", inv, "--quiet"]
+            return [str(BIN / "provision"), "run", inv, "--quiet"]
+        argv = [str(BIN / "ansible-playbook"), "-i", inv, str(SITE)]
+        return argv + (["--check", "--diff"] if what == "drift" else [])
+
+    def run(self, side: str, what: str, nodes: int) -> dict:
+        self.n += 1
+        tag = f"{self.n:02d}-{what}-{side}-{nodes}"
+        count_file = self.work / f"{tag}.counts.json"
+        count_file.unlink(missing_ok=True)
+        argv = self.argv(side, what)
+        log(f"{tag}: {' '.join(argv)}")
+        r = M.run_measured(argv, env=self.env(side, count_file), cwd=ROOT, rack=self.name,
+                           stdout_path=self.work / f"{tag}.log")
+        counts = M.read_counts(count_file)
+        tasks = counts.pop("tasks", [])
+        r.update(counts)
+        r.update({"side": side, "what": what, "hosts": nodes, "log": str(self.work / f"{tag}.log"),
+                  "command": " ".join(argv)})
+        for k in ("controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s", "machine_cpu_s"):
+            r[k.replace("_s", "_per_host_s")] = round(r[k] / nodes, 2)
+        top = sorted(tasks, key=lambda t: t.get("wall_s", 0), reverse=True)[:12]
+        r["top_tasks_by_wall"] = [{k: t.get(k) for k in ("role", "task", "action", "module_runs", "wall_s", "cpu_s")}
+                                  for t in top]
+        (self.work / f"{tag}.result.json").write_text(json.dumps({**r, "tasks": tasks}, indent=1))
+        log(f"{tag}: rc {r['rc']} wall {r['wall_s']} ctl {r['controller_cpu_s']} rack {r['rack_cpu_s']} "
+            f"machine {r['machine_cpu_s']} modules/host {r.get('module_runs_per_host')}")
+        return r
+
+
+def ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+def fleet(args: argparse.Namespace) -> dict:
+    b = Bench(args.name)
+    runs = []
+    for i, n in enumerate(int(s) for s in args.sizes.split(",")):
+        order = ["tuned", "stock"] if i % 2 == 0 else ["stock", "tuned"]
+        for side in order:
+            fresh_rack(args.name, n)
+            if b.facts.exists():
+                shutil.rmtree(b.facts)
+            runs.append(b.run(side, "run", n))
+    summary = []
+    for n in sorted({r["hosts"] for r in runs}):
+        t = next(r for r in runs if r["hosts"] == n and r["side"] == "tuned")
+        s = next(r for r in runs if r["hosts"] == n and r["side"] == "stock")
+        summary.append({"hosts": n, "stock_over_tuned_controller_cpu": ratio(s["controller_cpu_s"], t["controller_cpu_s"]),
+                        "stock_over_tuned_attributed_cpu": ratio(s["attributed_machine_cpu_s"],
+                                                                 t["attributed_machine_cpu_s"]),
+                        "stock_over_tuned_wall": ratio(s["wall_s"], t["wall_s"]),
+                        "tuned_controller_cpu_per_host_s": t["controller_cpu_per_host_s"],
+                        "stock_controller_cpu_per_host_s": s["controller_cpu_per_host_s"]})
+    return {"bench": "fleet", "runs": runs, "summary": summary}
+
+
+def noop(args: argparse.Namespace) -> dict:
+    b = Bench(args.name)
+    n = args.nodes
+    if not inventory(args.name).is_file() or args.fresh:
+        fresh_rack(args.name, n)
+    else:
+        testbed("up", "--name", args.name, "--nodes", str(n))  # no-op on a running rack of that size
+    if not args.no_converge:
+        log("converging once with provision run (warms the tuned side's fact cache)")
+        conv = b.run("tuned", "run", n)
+        if conv["rc"] != 0:
+            log(f"converge failed, see {conv['log']}")
+    runs = []
+    for rep in range(args.repeats):
+        for side in (["tuned", "stock"] if rep % 2 == 0 else ["stock", "tuned"]):
+            runs.append(b.run(side, args.mode, n))
+    med = {}
+    for side in ("tuned", "stock"):
+        rs = [r for r in runs if r["side"] == side]
+        med[side] = {k: round(statistics.median(r[k] for r in rs), 2)
+                     for k in ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s",
+                               "machine_cpu_s", "controller_cpu_per_host_s", "rack_cpu_per_host_s",
+                               "attributed_machine_cpu_per_host_s", "machine_cpu_per_host_s",
+                               "module_runs_per_host") if all(k in r for r in rs)}
+        med[side]["rcs"] = [r["rc"] for r in rs]
+    summary = {"hosts": n, "mode": args.mode, "repeats": args.repeats, "median": med,
+               "stock_over_tuned": {k: ratio(med["stock"].get(k, 0), med["tuned"].get(k, 0))
+                                    for k in ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s",
+                                              "machine_cpu_s", "module_runs_per_host")}}
+    return {"bench": "noop", "runs": runs, "summary": summary}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fleet")
+    f.add_argument("--sizes", default="4,8,16")
+    n = sub.add_parser("noop")
+    n.add_argument("--nodes", type=int, default=8)
+    n.add_argument("--repeats", type=int, default=3)
+    n.add_argument("--mode", choices=["drift", "run"], default="drift")
+    n.add_argument("--fresh", action="store_true", help="tear the rack down and bring it up first")
+    n.add_argument("--no-converge", action="store_true", help="the rack is already converged")
+    for p in (f, n):
+        p.add_argument("--name", default="bench", help="rack name (only this rack is created/removed)")
+        p.add_argument("--json", type=Path)
+        p.add_argument("--down", action="store_true", help="remove the rack at the end")
+    args = ap.parse_args()
+    out = {"machine": machine(), "argv": sys.argv}
+    out.update(fleet(args) if args.cmd == "fleet" else noop(args))
+    out["machine"]["loadavg_at_end"] = open("/proc/loadavg").read().split()[:3]
+    if args.down:
+        subprocess.run([str(BIN / "provision"), "testbed", "down", "--name", args.name], cwd=ROOT)
+    text = json.dumps(out, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
