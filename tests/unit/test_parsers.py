@@ -259,3 +259,40 @@ def test_ssh_args_from_inventory() -> None:
     assert parse_ssh_args("-o StrictHostKeyChecking=no").strict is False
     assert parse_ssh_args("-o UserKnownHostsFile=/dev/null").strict is False
     assert parse_ssh_args("-o 'unbalanced").known_hosts == []
+
+
+# ---------------------------------------------------------------------------------------------- 2x H200, real probe
+REAL2 = Path(__file__).resolve().parents[1] / "fixtures" / "real-2xh200"
+
+
+def test_topo_and_nvlink_real_2xh200() -> None:
+    t = p.parse_topo_m((REAL2 / "topo-m.txt").read_text())
+    assert t.gpus == ["GPU0", "GPU1"] and t.link("GPU0", "GPU1") == "NV18" and t.link("GPU1", "GPU1") == "X"
+    assert t.cpu_affinity == {"GPU0": "0-31", "GPU1": "0-31"} and t.numa_affinity == {"GPU0": 0, "GPU1": 0}
+    links = p.parse_nvlink_status((REAL2 / "nvlink-status.txt").read_text())
+    assert sorted(links) == [0, 1] and all(v == {i: "26.562 GB/s" for i in range(18)} for v in links.values())
+    q = p.parse_smi_q((REAL2 / "smi-q.txt").read_text())
+    assert [p.dig(g, "Fabric", "State") for g in q["gpus"]] == ["Completed", "Completed"]
+    gpus = p.parse_query_gpu((REAL2 / "query-gpu-full.csv").read_text())
+    assert [(g.index, g.name, g.memory_mib) for g in gpus] == [(0, "NVIDIA H200", 143771), (1, "NVIDIA H200", 143771)]
+
+
+def test_real_probe_output() -> None:
+    """The preflight snippet run as is on the H200 machine (tests/fixtures/real/capture2.sh)."""
+    f = p.parse_probe(real("probe-output.txt"), "/opt/models")
+    assert [(g.index, g.name, g.driver_version) for g in f.gpus] == [(0, "NVIDIA H200", "580.159.04")]
+    assert f.pci_gpus == [("0000:00:06.0", "0x2335")] and p.PCI_GPU_NAMES["0x2335"] == "NVIDIA H200"
+    assert f.gpu_numa == {"0000:00:06.0": None}  # the VM reports numa_node -1
+    assert f.topology is not None and f.topology.gpus == ["GPU0"]
+    assert f.ib_ports == {} and f.kernel == "6.18.44-fc-v657-gpu" and f.os_release["VERSION_ID"] == "24.04"
+    assert f.disk is not None and f.disk.mount == "/" and f.disk.avail == 68699537408
+
+
+def test_real_kmsg_records() -> None:
+    text = real("kmsg-raw.txt")
+    assert text.startswith("5,0,0,-;Linux version") and "NVRM: loading NVIDIA UNIX Open Kernel Module" in text
+    assert p.parse_xids(text) == []
+    # the same record format with an XID line appended parses to the XID (record format from the real capture)
+    rec = "3,999,98120511,-;NVRM: Xid (PCI:0000:00:06): 79, pid=1930, name=python3, GPU has fallen off the bus."
+    (x,) = p.parse_xids(text + rec + "\n")
+    assert (x.pci, x.code, x.critical) == ("0000:00:06", 79, True)
