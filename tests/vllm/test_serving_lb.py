@@ -1,0 +1,167 @@
+"""The serving edge on the simulated rack: roles/serving_lb, run by real ansible-playbook over SSH, puts nginx on a
+rack host in front of the two CPU vLLM clusters (`vllm_pp` head node01, `vllm_single` node03, both serving
+`tiny-llama`, so one upstream with two heads). Completions and streams go through it with the API key, both clusters
+take requests, the key is not logged, and with one cluster stopped every request still succeeds.
+
+The balancer runs on node03 on port 8080 (vLLM owns 8000 there). The stopped cluster is started again and the test
+waits for its /health before it ends, so the tests after it find the rack as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner import PROJECT_ROOT
+
+VllmRack = Any  # tests/vllm/conftest.py's fixture object (heads, ports, api_key, url(), ssh(), wait_healthy())
+
+pytestmark = pytest.mark.vllm
+
+LB_HOST = "node03"
+LB_PORT = 8080
+MODEL = "tiny-llama"
+STOP_CLUSTER = "vllm_single"  # its head is node03; nginx on node03 keeps running
+HEALTH_BOUND_S = 900  # CPU vLLM start-up on a shared 2-core machine
+BODY = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0}
+
+
+def http(url: str, *, data: dict | None = None, key: str | None = None, timeout: float = 60) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - our own test hosts
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        return 0, str(e)
+
+
+@dataclass
+class Edge:
+    rack: VllmRack
+    url: str
+    play_output: str
+
+
+def e2e_count(rack: VllmRack, cluster: str) -> float:
+    """Finished requests a head has counted (vllm:e2e_request_latency_seconds_count, all label sets)."""
+    code, text = http(rack.url(cluster, "/metrics"), timeout=30)
+    assert code == 200, text[:500]
+    return sum(float(m.group(1)) for m in re.finditer(r"^vllm:e2e_request_latency_seconds_count\{[^}]*\} (\S+)$",
+                                                       text, re.M))
+
+
+def access_log(rack: VllmRack) -> str:
+    r = rack.ssh(LB_HOST, "cat /var/log/nginx/vllm-lb-access.log")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
+    for cluster in vllm_rack.heads:
+        if vllm_rack.wait_healthy(cluster, HEALTH_BOUND_S) is None:
+            pytest.fail(f"cluster {cluster} is not healthy before the balancer test")
+    # the rack's inventory (hosts.ini + group_vars/) with node03 also in group `lb`
+    inv_dir = tmp_path_factory.mktemp("edge") / "inventory"
+    shutil.copytree(Path(vllm_rack.inventory).parent, inv_dir)
+    hosts = inv_dir / Path(vllm_rack.inventory).name
+    hosts.write_text(hosts.read_text() + f"\n[lb]\n{LB_HOST}\n\n[lb:vars]\nserving_lb_listen_port={LB_PORT}\n")
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
+    p = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(hosts), "playbooks/serving.yml",
+                        "--tags", "serving"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    from provisioner.inventory import load_fleet
+
+    address = load_fleet(hosts).hosts[LB_HOST].address
+    yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", p.stdout)
+
+
+def test_balancer_proxies_completions_with_the_api_key(edge: Edge) -> None:
+    code, text = http(edge.url + "/v1/completions", data=BODY, key=edge.rack.api_key, timeout=300)
+    assert code == 200, text
+    out = json.loads(text)
+    assert out["model"] == MODEL and out["choices"][0]["text"] and out["usage"]["completion_tokens"] == 4
+    # the key reaches vLLM (which enforces it): without it, vLLM's 401 comes back through the balancer
+    assert http(edge.url + "/v1/completions", data=BODY, timeout=120)[0] == 401
+    # the balancer answers /v1/models itself and routes an unknown model to nothing
+    code, text = http(edge.url + "/v1/models", timeout=30)
+    assert code == 200 and [m["id"] for m in json.loads(text)["data"]] == [MODEL]
+    code, text = http(edge.url + "/v1/completions", data={**BODY, "model": "nope"}, key=edge.rack.api_key)
+    assert code == 404 and json.loads(text)["error"]["param"] == "model"
+
+
+def test_both_clusters_take_requests(edge: Edge) -> None:
+    rack = edge.rack
+    before = {c: e2e_count(rack, c) for c in rack.heads}
+    for _ in range(6):
+        code, text = http(edge.url + "/v1/completions", data=BODY, key=rack.api_key, timeout=300)
+        assert code == 200, text
+    after = {c: e2e_count(rack, c) for c in rack.heads}
+    served = {c: after[c] - before[c] for c in rack.heads}
+    assert sum(served.values()) == 6 and all(n > 0 for n in served.values()), served
+
+
+def test_stream_through_the_balancer(edge: Edge) -> None:
+    req = urllib.request.Request(edge.url + "/v1/completions", method="POST",
+                                 data=json.dumps({**BODY, "stream": True, "max_tokens": 6}).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {edge.rack.api_key}"})
+    events = []
+    with urllib.request.urlopen(req, timeout=300) as r:  # noqa: S310 - our own test host
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        for line in r:
+            if line.startswith(b"data:"):
+                events.append(line.strip())
+    assert events[-1] == b"data: [DONE]"
+    tokens = [json.loads(e[5:]) for e in events[:-1]]
+    assert len(tokens) >= 6 and all(t["choices"][0]["text"] is not None for t in tokens)
+
+
+def test_api_key_not_in_the_access_log(edge: Edge) -> None:
+    log = access_log(edge.rack)
+    heads = {f"{a}:{edge.rack.ports[c]}" for c, a in edge.rack.heads.items()}
+    assert "POST /v1/completions" in log
+    assert all(f"upstream={h}" in log for h in heads), log[-2000:]
+    assert edge.rack.api_key not in log and "Bearer" not in log
+
+
+def test_keeps_serving_when_one_cluster_is_stopped(edge: Edge) -> None:
+    rack = edge.rack
+    stopped_head = rack.heads[STOP_CLUSTER]
+    r = rack.ssh(LB_HOST, "systemctl stop vllm.service")
+    assert r.returncode == 0, r.stderr
+    try:
+        assert http(rack.url(STOP_CLUSTER, "/health"), timeout=10)[0] != 200
+        results = [http(edge.url + "/v1/completions", data=BODY, key=rack.api_key, timeout=300) for _ in range(6)]
+        assert [c for c, _ in results] == [200] * 6, results
+        tail = access_log(rack).splitlines()[-6:]
+        assert all(" 200 " in ln for ln in tail), tail
+        # every request was answered by the other cluster: $upstream_addr lists the heads tried in order
+        # ("STOPPED:8000, OTHER:8000" while passive health still counts failures), the last one answered
+        answered = [re.search(r" upstream=(.*?) ustatus=", ln).group(1).split(", ")[-1] for ln in tail]  # type: ignore[union-attr]
+        assert all(a.startswith(rack.heads["vllm_pp"] + ":") for a in answered), tail
+        assert not any(a.startswith(stopped_head + ":") for a in answered), tail
+    finally:
+        rack.ssh(LB_HOST, "systemctl start vllm.service")
+        healthy = rack.wait_healthy(STOP_CLUSTER, HEALTH_BOUND_S)
+    assert healthy is not None, f"{STOP_CLUSTER} did not come back within {HEALTH_BOUND_S} s"
