@@ -652,6 +652,12 @@ def run_playbook(
         prog.finish(result)
 
     scrub_command_artifact(Path(result.artifact_dir))
+    # hosts outside the inventory selection (the implicit localhost of a controller-side play such as validate.yml)
+    # are reported only when something happened there
+    for name in [n for n in result.hosts if n not in set(targeted)]:
+        h = result.hosts[name]
+        if h.state in ("ok", "not_run") and not h.drift:
+            del result.hosts[name]
     if runner is not None and runner.rc not in (0, None) and not any(h.seen for h in result.hosts.values()):
         result.error = _error_tail(Path(result.artifact_dir) / "stdout") or f"ansible-playbook exited {runner.rc}"
     elif runner is not None and runner.status in ("timeout", "canceled", "error") and result.error is None:

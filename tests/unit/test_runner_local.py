@@ -289,3 +289,23 @@ def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
     bad = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs", extravars=xv,
                        envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")})
     assert bad.failed_hosts == ["localhost"] and "drift_inventory" in bad.failures[0].message
+
+
+def test_playbooks_honour_the_serial_contract() -> None:
+    """The node-level plays (the ones a rolling onboarding goes through) take --serial / --max-fail-percent
+    (docs/development.md, Runner). Controller-side validation and cluster-wide plays (vLLM groups, serving) decide
+    for themselves."""
+    import yaml
+
+    from provisioner import PLAYBOOKS
+
+    missing = []
+    for pb in [PLAYBOOKS / "gpu_stack.yml", PLAYBOOKS / "fabric.yml"]:
+        for play in yaml.safe_load(pb.read_text()) or []:
+            if not isinstance(play, dict) or "hosts" not in play or play["hosts"] in ("localhost", "127.0.0.1"):
+                continue
+            if "provision_serial" not in str(play.get("serial", "")):
+                missing.append(f"{pb.name}: play {play.get('name')!r}: serial")
+            if "provision_max_fail_percent" not in str(play.get("max_fail_percentage", "")):
+                missing.append(f"{pb.name}: play {play.get('name')!r}: max_fail_percentage")
+    assert not missing, "plays without the rolling-batch keywords:\n" + "\n".join(missing)
