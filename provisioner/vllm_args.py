@@ -16,26 +16,19 @@ The function expects a cluster that passed `provision validate` (ints are ints);
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
+
+import yaml
+
+from provisioner.catalog import CATALOG_DIR
 
 from provisioner.model import Cluster, Fleet, Host
 
-# Flags vLLM no longer accepts (vLLM 0.32/0.33) -> what to do instead. Keys are exact option strings.
-REMOVED_FLAGS: Mapping[str, str] = {
-    "--swap-space": "remove it: CPU swap space is gone (removed in vLLM 0.18); preempted requests are recomputed",
-    "--disable-log-requests": "remove it: request logging is off by default (use --enable-log-requests to turn it on)",
-    "--use-v2-block-manager": "remove it: the v2 block manager is the only one",
-    "--worker-use-ray": "use --distributed-executor-backend ray (executor: ray in vllm_cluster)",
-    "--engine-use-ray": "remove it: the engine no longer runs as a Ray actor",
-    "--tokenizer-pool-size": "remove it: tokenizer pools were removed",
-    "--tokenizer-pool-type": "remove it: tokenizer pools were removed",
-    "--tokenizer-pool-extra-config": "remove it: tokenizer pools were removed",
-    "--enable-prompt-adapter": "remove it: prompt adapters were removed",
-    "--max-context-len-to-capture": "remove it: CUDA graph sizes are set through --compilation-config",
-    "--speculative-model": "use --speculative-config '{\"model\": ...}'",
-    "--num-speculative-tokens": "use --speculative-config '{\"num_speculative_tokens\": ...}'",
-    "--speculative-draft-tensor-parallel-size": "use --speculative-config '{\"draft_tensor_parallel_size\": ...}'",
-}
+# Flags vLLM no longer accepts (vLLM 0.32/0.33) -> what to do instead: provisioner/catalog/vllm_flags.yaml (shared
+# with playbooks/validate.yml).
+REMOVED_FLAGS: Mapping[str, str] = MappingProxyType(
+    yaml.safe_load((CATALOG_DIR / "vllm_flags.yaml").read_text(encoding="utf-8"))["removed"])
 
 # Flags serve_args renders from vllm_cluster settings; extra_args must not repeat them (FLAG002).
 MANAGED_FLAGS: Mapping[str, str] = {
