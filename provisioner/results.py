@@ -68,6 +68,7 @@ class HostResult:
     batch: int | None = None  # serial batch number (1-based) the host ran in
     roles: list[str] = field(default_factory=list)  # roles that ran tasks on the host ("" for play-level tasks)
     seen: bool = False  # any event for this host arrived
+    stopped: bool = False  # the rollout stopped (max fail percentage) before the play that stopped reached this host
 
     @property
     def state(self) -> str:
@@ -75,7 +76,7 @@ class HostResult:
             return "unreachable"
         if self.failed:
             return "failed"
-        if not self.seen:
+        if not self.seen or self.stopped:
             return "not_run"
         if self.changed:
             return "changed"
@@ -84,6 +85,7 @@ class HostResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("seen")
+        d.pop("stopped")
         d["state"] = self.state
         return d
 

@@ -652,6 +652,14 @@ def run_playbook(
         prog.finish(result)
 
     scrub_command_artifact(Path(result.artifact_dir))
+    if result.aborted and result.batches:
+        # the play that stopped never reached these hosts (earlier plays, e.g. validation, may have)
+        last = result.batches[-1]["play"]
+        reached = {n for b in result.batches if b["play"] == last for n in b["hosts"]}
+        for name in targeted:
+            h = result.hosts.get(name)
+            if h is not None and name not in reached and not h.failed and not h.unreachable:
+                h.stopped = True
     # hosts outside the inventory selection (the implicit localhost of a controller-side play such as validate.yml)
     # are reported only when something happened there
     for name in [n for n in result.hosts if n not in set(targeted)]:
