@@ -150,6 +150,14 @@ def test_every_rule_has_cases() -> None:
     assert codes == set(CASES), sorted(codes ^ set(CASES))
 
 
+def test_every_rule_is_documented() -> None:
+    from provisioner.rules import all_rules
+
+    doc = (ROOT / "docs" / "inventory.md").read_text()
+    missing = [c for c in all_rules() if f"| {c} |" not in doc]
+    assert not missing, missing
+
+
 @pytest.mark.parametrize(("code", "i", "spec"), _cases(0))
 def test_rule_fails(tmp_path: Path, code: str, i: int, spec: dict[str, Any]) -> None:
     rc, out = validate_json(write_inventory(tmp_path, **spec))
