@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Preflight probe vs Ansible fact gathering (`ansible all -m setup`) on the same hosts.
 
-    .venv/bin/python benchmarks/preflight_bench.py INVENTORY [--repeats 5] [--limit gpu_nodes] [--json OUT]
+    .venv/bin/python benchmarks/preflight_bench.py INVENTORY [--repeats 5] [--limit gpu_nodes] [--base-limit node01]
+                                                   [--json OUT]
 
 Each repeat runs both, alternating which goes first, as the user would (a fresh process each: interpreter start and
 inventory parse included):
@@ -10,7 +11,10 @@ inventory parse included):
     ControlPersist: after the first repeat Ansible reuses warm SSH master connections; preflight never does)
 and records three figures per run: wall seconds, controller CPU seconds (user+sys of the command's whole process
 tree, from RUSAGE_CHILDREN), whole-machine CPU seconds (/proc/stat busy jiffies: the simulated hosts' sshd/python
-work included), plus what each does per host (SSH execs / module runs). Medians of the repeats and their ratios.
+work included; on a machine shared with other work this counts theirs too), plus what each does per host (SSH
+execs / module runs). Medians of the repeats and their ratios. With --base-limit (one host), the same runs on that
+host alone give the fixed cost (interpreter, imports, inventory parse), and (N-host - 1-host) / (N - 1) the marginal
+cost per host: the figure that carries to a large fleet.
 """
 
 from __future__ import annotations
@@ -55,9 +59,40 @@ def main() -> int:
     ap.add_argument("inventory")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--limit", default="gpu_nodes")
+    ap.add_argument("--base-limit", help="a single host: also measure it alone (fixed vs per-host cost)")
     ap.add_argument("--json", help="write the raw figures here")
     a = ap.parse_args()
+    out = bench(a.inventory, a.limit, a.repeats)
+    if out is None:
+        return 1
+    doc = {"summary": out[0], "runs": out[1]}
+    if a.base_limit:
+        base = bench(a.inventory, a.base_limit, a.repeats)
+        if base is None:
+            return 1
+        n = out[0]["hosts"]
+        marg = {}
+        for tool in ("preflight", "ansible_setup"):
+            for key in ("wall_s", "controller_cpu_s"):
+                marg[f"{tool}_{key}_fixed"] = base[0][key][tool]
+                marg[f"{tool}_{key}_per_extra_host"] = round((out[0][key][tool] - base[0][key][tool]) / max(n - 1, 1), 3)
+        for key in ("wall_s", "controller_cpu_s"):
+            p_, s_ = marg[f"preflight_{key}_per_extra_host"], marg[f"ansible_setup_{key}_per_extra_host"]
+            marg[f"{key}_per_extra_host_ratio"] = round(s_ / p_, 2) if p_ > 0 else None
+        doc["base"] = base[0]
+        doc["marginal"] = marg
+        print(json.dumps({"marginal": marg}, indent=2))
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
 
+
+def bench(inventory: str, limit: str, repeats: int) -> tuple[dict, dict] | None:
+    class A:
+        pass
+
+    a = A()
+    a.inventory, a.limit, a.repeats = inventory, limit, repeats
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_HOST_KEY_CHECKING="True")
     pre = [str(VENV_BIN / "provision"), "preflight", a.inventory, "--format", "json", "--limit", a.limit]
     ans = [str(VENV_BIN / "ansible"), a.limit, "-i", a.inventory, "-m", "ansible.builtin.setup", "-o"]
@@ -76,17 +111,17 @@ def main() -> int:
                     unreachable = doc["summary"]["unreachable"]
                 except (ValueError, KeyError):
                     print(f"preflight failed: {r['stderr']}", file=sys.stderr)
-                    return 1
+                    return None
                 r["hosts"], r["unreachable"] = hosts, unreachable
             else:
                 ok = sum(1 for line in r["stdout"].splitlines() if "| SUCCESS" in line)
                 r["hosts_ok"] = ok
                 if ok == 0:
                     print(f"ansible setup failed: {r['stdout'][-800:]}{r['stderr']}", file=sys.stderr)
-                    return 1
+                    return None
             r.pop("stdout")
             rows[name].append(r)
-            print(f"repeat {i + 1}/{a.repeats} {name:14s} wall {r['wall_s']:7.2f}s  controller CPU "
+            print(f"{a.limit}: repeat {i + 1}/{a.repeats} {name:14s} wall {r['wall_s']:7.2f}s  controller CPU "
                   f"{r['controller_cpu_s']:6.2f}s  machine CPU {r['machine_cpu_s']:6.2f}s", file=sys.stderr)
 
     def med(name: str, key: str) -> float:
@@ -101,10 +136,9 @@ def main() -> int:
                                round(1000 * summary["controller_cpu_s"]["preflight"] / hosts, 1),
                            "ansible_controller_cpu_ms_per_host":
                                round(1000 * summary["controller_cpu_s"]["ansible_setup"] / hosts, 1)}
+    summary["limit"] = a.limit
     print(json.dumps(summary, indent=2))
-    if a.json:
-        Path(a.json).write_text(json.dumps({"summary": summary, "runs": rows}, indent=2) + "\n")
-    return 0
+    return summary, rows
 
 
 if __name__ == "__main__":

@@ -32,14 +32,16 @@ DEFAULT_MODEL_DIR = "/opt/models"
 IB_SYSFS_DIRS = ("/var/lib/hwsim/sys/class/infiniband", "/sys/class/infiniband")
 
 # ONE shell snippet per host (POSIX sh). Each part is framed by `@@pv@@ begin NAME` / `@@pv@@ end NAME RC` so a
-# failing tool never hides the others; files are printed as PATH<TAB>CONTENT.
+# failing tool never hides the others; files are printed as PATH<TAB>CONTENT. The two nvidia-smi calls run side by
+# side (each costs the driver a GPU walk; together they are most of the probe's time on the node).
 PROBE_SCRIPT = r"""
 export LC_ALL=C PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/nvidia/bin"
 b() { echo "@@pv@@ begin $1"; }
 e() { echo "@@pv@@ end $1 $2"; }
 dump() { for f in "$@"; do [ -r "$f" ] && printf '%s\t%s\n' "$f" "$(head -c 200 "$f" | tr '\n' ' ' | sed 's/ *$//')"; done; return 0; }
+T=$(mktemp -d 2>/dev/null) || T=/tmp/pv-probe.$$
+mkdir -p "$T"; (nvidia-smi topo -m >"$T/topo" 2>&1; echo $? >"$T/rc") &
 b query-gpu; nvidia-smi --query-gpu=index,name,memory.total,driver_version,persistence_mode,pci.bus_id --format=csv,noheader,nounits 2>&1; e query-gpu $?
-b topo; nvidia-smi topo -m 2>&1; e topo $?
 b pci-gpus; for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; c=$(cat "$d/class"); case $c in 0x0302*|0x0300*) printf '%s\t%s %s\n' "$d" "$(cat "$d/device")" "$c";; esac; done; e pci-gpus 0
 IB=; for d in __IB_DIRS__; do if [ -d "$d" ] && [ -n "$(ls "$d" 2>/dev/null)" ]; then IB=$d; break; fi; done
 b ib-sysfs; if [ -n "$IB" ]; then dump "$IB"/*/ports/*/state "$IB"/*/ports/*/phys_state "$IB"/*/ports/*/rate "$IB"/*/ports/*/link_layer; fi; e ib-sysfs $?
@@ -49,6 +51,7 @@ b os-release; cat /etc/os-release 2>&1; e os-release $?
 b kernel; uname -r; e kernel $?
 D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do D=$(dirname "$D"); done
 b df; df -P -B1 "$D" 2>&1; e df $?
+wait; b topo; cat "$T/topo"; e topo "$(cat "$T/rc" 2>/dev/null || echo 1)"; rm -rf "$T"
 """
 
 
