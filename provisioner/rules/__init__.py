@@ -7,8 +7,9 @@ Codes are documented in docs/inventory.md; never reuse or renumber one.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Literal
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal
 
 from provisioner.model import Fleet
 from provisioner.rules.context import RuleContext, build_context
@@ -62,13 +63,49 @@ def _load_all() -> None:
 
 
 def run_rules(fleet: Fleet, ctx: RuleContext | None = None) -> list[Finding]:
-    """Every rule's findings, errors and warnings, in rule-code order."""
+    """Every rule's findings, errors and warnings, in rule-code order; each message ends with where the offending
+    value was set (file:line) when Ansible recorded it."""
     _load_all()
     ctx = ctx or build_context(fleet)
     out: list[Finding] = []
     for code in sorted(RULES):
-        out.extend(RULES[code].fn(fleet, ctx))
+        out.extend(_with_origin(fleet, f) for f in RULES[code].fn(fleet, ctx))
     return out
+
+
+def _origin(value: Any) -> str | None:
+    """'path:line' of a value Ansible loaded (ansible-core tags values with their origin), else None."""
+    if value is None:
+        return None
+    try:
+        from ansible._internal._datatag._tags import Origin
+    except ImportError:  # pragma: no cover - other ansible-core versions: no locations, same findings
+        return None
+    o = Origin.get_tag(value)
+    if o is None or not o.path or o.path.startswith("<"):
+        return None
+    path = Path(o.path)
+    try:
+        path = path.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f"{path}:{o.line_num}" if o.line_num else str(path)
+
+
+def _with_origin(fleet: Fleet, f: Finding) -> Finding:
+    if not f.var:
+        return f
+    value: Any = None
+    if f.var.startswith("vllm_cluster") and f.group:
+        vc = fleet.group_vars.get(f.group, {}).get("vllm_cluster")
+        key = f.var.partition(".")[2]
+        value = vc.get(key, vc) if isinstance(vc, dict) and key else vc
+    elif f.host and f.host in fleet.hosts:
+        value = fleet.hosts[f.host].vars.get(f.var)
+    elif f.group:
+        value = fleet.group_vars.get(f.group, {}).get(f.var)
+    where = _origin(value)
+    return replace(f, message=f"{f.message} (set in {where})") if where else f
 
 
 def all_rules() -> dict[str, Rule]:

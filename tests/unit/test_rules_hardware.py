@@ -56,3 +56,13 @@ def test_version_float_names_group_once(tmp_path: Path) -> None:
     fs = findings(tmp_path, "VAR001", ini=BASE_INI + "\n[gpu_nodes:vars]\ncuda_version=12.10\n")
     assert [(f.group, f.host, f.var) for f in fs] == [("gpu_nodes", None, "cuda_version")]
     assert "12.1" in fs[0].message and "quote" in fs[0].message
+
+
+def test_messages_say_where_the_value_was_set(tmp_path: Path) -> None:
+    (f, _) = findings(tmp_path, "HW002", group_vars=gpu_nodes(gpu_count="8"))
+    lines = (tmp_path / "group_vars" / "gpu_nodes.yml").read_text().splitlines()
+    line = 1 + next(i for i, t in enumerate(lines) if t.startswith("gpu_count:"))
+    assert f.message.endswith(f"group_vars/gpu_nodes.yml:{line})"), f.message
+    (g,) = findings(tmp_path / "b", "NCCL001", ini=BASE_INI.replace("n1 ansible_host=10.0.0.1",
+                                                                       "n1 ansible_host=10.0.0.1 nccl_ib_timeout=40"))
+    assert g.message.endswith("hosts.ini:2)"), g.message
