@@ -57,7 +57,9 @@ def rewrite(source: str, healthy: dict[str, bool]) -> str:
                 m = SERVER.match(lines[i])
                 assert m
                 end = "\n" if lines[i].endswith("\n") else ""
-                out[i] = f"{m['indent']}server {addr}{m['rest']} down;{m['tail'].rstrip(chr(10))}  # /health failed{end}"
+                tail = m["tail"].rstrip("\n")
+                note = f"{tail} (/health failed)" if "#" in tail else f"{tail}  # /health failed"
+                out[i] = f"{m['indent']}server {addr}{m['rest']} down;{note}{end}"
     return "".join(out)
 
 
