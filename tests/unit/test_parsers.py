@@ -296,3 +296,14 @@ def test_real_kmsg_records() -> None:
     rec = "3,999,98120511,-;NVRM: Xid (PCI:0000:00:06): 79, pid=1930, name=python3, GPU has fallen off the bus."
     (x,) = p.parse_xids(text + rec + "\n")
     assert (x.pci, x.code, x.critical) == ("0000:00:06", 79, True)
+
+
+def test_real_probe_output_2xh200() -> None:
+    f = p.parse_probe((REAL2 / "probe-output.txt").read_text(), "/opt/models")
+    assert [g.index for g in f.gpus] == [0, 1] and {g.name for g in f.gpus} == {"NVIDIA H200"}
+    assert f.pci_gpus == [("0000:00:06.0", "0x2335"), ("0000:00:07.0", "0x2335")]
+    assert f.topology is not None and f.topology.link("GPU0", "GPU1") == "NV18"
+    res = {r["check"]: r for r in map(__import__("json").loads,
+                                      (REAL2 / "node_health-final.jsonl").read_text().splitlines())}
+    assert res["summary"]["status"] == "pass" and res["fabricmanager"]["status"] == "warn"
+    assert res["allreduce"]["found"]["busbw_gbps"] == 347.02
