@@ -79,6 +79,39 @@ def tree_cpu_seconds(roots: list[tuple[int, int]]) -> float:
     return total / CLK
 
 
+def _sessions_in_tree(roots: list[tuple[int, int]]) -> int:
+    """sshd per-connection processes still alive under the roots (ssh sessions not yet closed)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    n, stack = 0, [pid for pid, _ in roots if pid in table]
+    while stack:
+        pid = stack.pop()
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            cmd = b""
+        if cmd.startswith(b"sshd:") and b"[listener]" not in cmd:
+            n += 1
+        stack.extend(children.get(pid, []))
+    return n
+
+
+def settled_tree_cpu_seconds(roots: list[tuple[int, int]], timeout: float = 20.0) -> float:
+    """tree_cpu_seconds once the hosts' ssh sessions have closed and been reaped (after the controller's
+    connections were ended): a session that exits between reading its parent and itself would be lost."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        v = tree_cpu_seconds(roots)
+        if (_sessions_in_tree(roots) == 0 and last is not None and abs(v - last) < 0.02) \
+                or time.monotonic() > deadline:
+            return v
+        last = v
+        time.sleep(0.5)
+
+
 def rack_roots(name: str) -> list[tuple[int, int]]:
     """The rack's host supervisors, proxy and repo server, from the testbed's state.json."""
     state_dir = Path(os.environ.get("PROVISIONER_TESTBED_STATE", "/var/lib/provisioner-testbed"))
@@ -143,8 +176,8 @@ def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, rack: str |
             orphan_cpu += oru.ru_utime + oru.ru_stime
         except ChildProcessError:
             pass
+    r1 = settled_tree_cpu_seconds(roots) if roots else 0.0
     m1 = machine_busy_seconds()
-    r1 = tree_cpu_seconds(roots) if roots else 0.0
     return {
         "rc": p.returncode,
         "wall_s": round(wall, 2),

@@ -77,6 +77,21 @@ def fresh_rack(name: str, nodes: int) -> None:
         testbed("up", "--name", name, "--nodes", str(nodes))
 
 
+def bench_inventory(name: str, dest: Path) -> Path:
+    """A copy of the rack's inventory that passes validation: plain racks (no --with-vllm) get cluster group_vars
+    without model_arch/model_config, which CL001 now refuses (`provision run` refuses the whole run, site.yml's
+    validate play fails the cluster members). Both sides use this same copy; only `model_arch` is added."""
+    src = inventory(name).parent
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest)
+    for p in (dest / "group_vars").glob("*.yml"):
+        text = p.read_text()
+        if "vllm_cluster:" in text and "model_arch:" not in text and "model_config:" not in text:
+            p.write_text(text.rstrip("\n") + "\n  model_arch: Qwen2-72B  # added by benchmarks/ansible_bench.py\n")
+    return dest / "hosts.ini"
+
+
 class Bench:
     def __init__(self, name: str):
         self.name = name
@@ -96,7 +111,7 @@ class Bench:
         return env
 
     def argv(self, side: str, what: str) -> list[str]:
-        inv = str(inventory(self.name))
+        inv = str(bench_inventory(self.name, self.work / "inventory"))
         if side == "tuned":
             if what == "drift":
                 return [str(BIN / "provision"), "drift", inv, "--quiet"]
