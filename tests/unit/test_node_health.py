@@ -345,3 +345,69 @@ def test_recorded_2xh200_allreduce() -> None:
     assert ar["status"] == "pass" and ar["found"]["gpus"] == 2
     assert 300 <= ar["found"]["busbw_gbps"] <= 450 and all(s["correct"] for s in ar["found"]["sizes"])
     assert res["nvlink"]["message"] == "36 links active on 2 GPUs"
+
+
+def test_role_mirrors_the_gpu_catalog() -> None:
+    """roles/node_health/vars/main.yml must say what provisioner/catalog/gpus.yaml says (the role runs without it)."""
+    import yaml
+
+    from provisioner import catalog
+
+    v = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "vars" / "main.yml").read_text())
+    for name, spec in catalog.gpus().items():
+        if name in v["__node_health_smi_names"]:
+            assert spec.smi_name in v["__node_health_smi_names"][name], name
+        assert bool(v["__node_health_nvswitch"].get(name, False)) == bool(spec.nvswitch), name
+        if spec.allreduce_busbw_gbps and name in v["__node_health_busbw"]:
+            assert v["__node_health_busbw"][name] == spec.allreduce_busbw_gbps, name
+
+
+def test_health_argv_from_inventory() -> None:
+    from provisioner import INVENTORIES
+    from provisioner.inventory import load_fleet
+    from provisioner.probes.health import health_argv, remote_command
+
+    fleet = load_fleet(INVENTORIES / "rack-a.ini")
+    argv = health_argv(fleet, fleet.hosts["node01"])
+    joined = " ".join(argv)
+    assert "--gpu-count 8" in joined and "--gpu-name NVIDIA H100 80GB HBM3" in joined
+    assert "--driver 580.95.05-1" in joined and "--fabricmanager required" in joined
+    assert "--ib-hca =mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1" in joined
+    assert "--busbw-min 460" in joined and "--kmsg" not in joined  # not a simulated host
+    cmd = remote_command(argv, sudo=True, program="print(1)\n")
+    assert cmd.startswith("sudo -n python3 - --gpu-count 8 ") and "'NVIDIA H100 80GB HBM3'" in cmd
+    p = subprocess.run(["bash", "-c", remote_command(["--x", "a b"], sudo=False,
+                                                     program="import sys; print(sys.argv[1:])")],
+                       capture_output=True, text=True)
+    assert p.stdout.strip() == "['--x', 'a b']"
+
+
+def test_health_reports_from_real_output() -> None:
+    """The controller side folds node_health.py's real output (2x H200) into table, JSON and Prometheus."""
+    from provisioner.probes.health import parse_output, render_json, render_prometheus, render_text
+    from provisioner.probes.ssh import ExecResult
+
+    out = (REAL2 / "node_health-final.jsonl").read_text()
+    ok = parse_output("h200x2", ExecResult("h200x2", ok=True, rc=0, stdout=out))
+    bad_lines = [json.loads(x) for x in out.splitlines()]
+    bad_lines[0] = {**bad_lines[0], "status": "fail", "message": "1 GPUs, expected 2"}
+    bad_lines[-1] = {**bad_lines[-1], "status": "fail", "failed": ["gpu"]}
+    bad = parse_output("h200b", ExecResult("h200b", ok=True, rc=1, stdout="\n".join(map(json.dumps, bad_lines))))
+    gone = parse_output("down1", ExecResult("down1", ok=False, error="connect timed out after 30s"))
+    junk = parse_output("junk", ExecResult("junk", ok=True, rc=1, stdout="", stderr="sudo: a password is required"))
+    res = {r.host: r for r in (ok, bad, gone, junk)}
+    assert ok.ok and not bad.ok and not gone.ok and not junk.ok
+    assert "passwordless sudo" in (junk.error or "")
+    text = render_text(res)
+    assert text.splitlines()[1].split()[:3] == ["h200x2", "PASS", "ok"]
+    assert "h200b: gpu: 1 GPUs, expected 2" in text
+    assert any(x.split()[:2] == ["down1", "UNREACHABLE"] and x.endswith("connect timed out after 30s")
+               for x in text.splitlines())
+    assert text.rstrip().endswith("health: 4 hosts, 1 pass, 2 fail, 1 unreachable")
+    doc = json.loads(render_json(res))
+    assert doc["ok"] is False and doc["hosts"]["h200b"]["failed"] == ["gpu"]
+    prom = render_prometheus(res, now=1.0)
+    assert 'provisioner_node_health_ok{host="h200x2"} 1' in prom
+    assert 'provisioner_node_health_check_ok{host="h200b",check="gpu",status="fail"} 0' in prom
+    assert 'provisioner_node_health_allreduce_busbw_gbps{host="h200x2"} 347.02' in prom
+    assert 'provisioner_node_health_reachable{host="down1"} 0' in prom
