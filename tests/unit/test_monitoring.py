@@ -101,21 +101,29 @@ def test_each_alert_fires_above_and_stays_quiet_below(rack_a):
     assert tested == ALERTS
 
 
-@needs_promtool
-@pytest.mark.parametrize("setting, alert", [
-    ("monitoring_e2e_p99_seconds=4", "VllmE2ELatencyP99High"),         # cold P99 is 4.96 s
-    ("monitoring_ttft_p99_seconds=0.45", "VllmTTFTP99High"),           # cold P99 is 0.496 s
-    ("monitoring_itl_p99_seconds=0.04", "VllmInterTokenLatencyP99High"),  # cold P99 is 49.6 ms
-    ("monitoring_waiting_requests=98", "VllmRequestsWaitingHigh"),     # cold has 99 waiting
-    ("monitoring_gpu_memory_ratio=0.85", "GpuMemoryHigh"),             # cold uses 88.9 %
-    ("monitoring_model_load_seconds=100", "VllmModelLoadSlow"),        # cold has loaded for 120 s
-])
-def test_thresholds_are_variables_and_the_fixture_notices(tmp_path, setting, alert):
-    """Lower one threshold below the "cold" series: the same fixture must now fail on that alert."""
+@pytest.fixture(scope="module")
+def rack_a_fleet():
     if not RACK_A.exists():
         pytest.skip("inventories/rack-a.ini not there yet")
-    r = provision("monitoring", str(RACK_A), "--out", str(tmp_path), "--set", setting)
-    assert r.returncode == 0, r.stdout + r.stderr
+    from provisioner.inventory import load_fleet
+
+    return load_fleet(RACK_A)
+
+
+@needs_promtool
+@pytest.mark.parametrize("setting, alert", [
+    ({"monitoring_e2e_p99_seconds": 4}, "VllmE2ELatencyP99High"),          # cold P99 is 4.96 s
+    ({"monitoring_ttft_p99_seconds": 0.45}, "VllmTTFTP99High"),            # cold P99 is 0.496 s
+    ({"monitoring_itl_p99_seconds": 0.04}, "VllmInterTokenLatencyP99High"),  # cold P99 is 49.6 ms
+    ({"monitoring_waiting_requests": 98}, "VllmRequestsWaitingHigh"),      # cold has 99 waiting
+    ({"monitoring_gpu_memory_ratio": 0.85}, "GpuMemoryHigh"),              # cold uses 88.9 %
+    ({"monitoring_model_load_seconds": 100}, "VllmModelLoadSlow"),         # cold has loaded for 120 s
+])
+def test_thresholds_are_variables_and_the_fixture_notices(rack_a_fleet, tmp_path, setting, alert):
+    """Lower one threshold below the "cold" series: the same fixture must now fail on that alert."""
+    from provisioner.monitoring import write_monitoring
+
+    write_monitoring(rack_a_fleet, tmp_path, setting)
     shutil.copy(FIXTURE, tmp_path / "alerts_test.yml")
     r = promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
     assert r.returncode != 0
