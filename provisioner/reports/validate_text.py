@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from provisioner.rules import Finding
@@ -47,9 +48,8 @@ def print_report(result: ValidationResult, console: Console) -> None:
     for c in result.clusters:
         console.print(_cluster_table(c))
     if result.findings:
-        t = Table(title="findings", title_justify="left", header_style="bold")
-        for col in ("code", "severity", "where", "variable", "message"):
-            t.add_column(col, overflow="fold")
+        # one finding per line (wraps cleanly at any width; a table squeezes long messages into slivers)
+        console.print("[bold]findings[/]")
         shown: Counter[str] = Counter()
         hidden: Counter[str] = Counter()
         for f in sorted(result.findings, key=lambda f: (f.severity != "error", f.code)):
@@ -57,9 +57,9 @@ def print_report(result: ValidationResult, console: Console) -> None:
                 hidden[f.code] += 1
                 continue
             shown[f.code] += 1
-            sev = "[red]error[/]" if f.severity == "error" else "[yellow]warning[/]"
-            t.add_row(f.code, sev, _where(f), f.var or "", f.message)
-        console.print(t)
+            sev = "[red]error[/]  " if f.severity == "error" else "[yellow]warning[/]"
+            var = f" ({escape(f.var)})" if f.var else ""
+            console.print(f"{sev} [bold]{f.code}[/] {escape(_where(f))}{var}: {escape(f.message)}", highlight=False)
         for code, n in hidden.items():
             console.print(f"... and {n} more {code} finding(s) (--format json lists all)")
     n_e, n_w = len(result.errors), len(result.warnings)

@@ -13,12 +13,14 @@ from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, is_number, quoted_hint, show, suggest, type_name
 from provisioner.rules.context import RuleContext
 
-DTYPES = ("bfloat16", "float16")
+DTYPES = ("bfloat16", "float16", "float32")  # float32: CPU vLLM (the simulated rack)
 QUANTIZATIONS = (None, "fp8")
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 EXECUTORS = ("mp", "ray")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-KNOWN_KEYS = (*VLLM_CLUSTER_DEFAULTS, "model", "model_arch", "model_config", "served_model_name")
+# slo_*: latency objectives `provision bench`/`health` compare against (docs/inventory.md)
+SLO_KEYS = ("slo_p99_ttft_ms", "slo_p99_tpot_ms")
+KNOWN_KEYS = (*VLLM_CLUSTER_DEFAULTS, "model", "model_arch", "model_config", "served_model_name", *SLO_KEYS)
 V = "vllm_cluster"
 
 
@@ -67,6 +69,10 @@ def setting_problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     if is_int(s.get("port")) and s.get("port") == s.get("master_port"):
         out.append(("master_port", f"master_port = {s.get('master_port')} is also the API port: use another "
                     "(default 29501)"))
+    for key in SLO_KEYS:
+        v = s.get(key)
+        if v is not None and not (is_number(v) and v > 0):
+            out.append((key, f"{key} = {show(v)}: expected a positive number of milliseconds{quoted_hint(v, 'number')}"))
     for key in ("model", "model_arch", "model_config", "served_model_name"):
         v = s.get(key)
         if v is not None and not (isinstance(v, str) and v.strip()):
