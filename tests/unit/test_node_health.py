@@ -2,7 +2,8 @@
 
 - the testbed's stand-in `nvidia-smi` / `nv-fabricmanager` (provisioner/testbed/packages) reading a resolved hardware
   spec (provisioner.testbed.hwspec) from a temporary HWSIM_DIR, put first on a fake PATH;
-- a sysfs-shaped InfiniBand tree (--sysfs-root) and a kmsg-shaped file (--kmsg) written from that spec;
+- the sysfs-shaped InfiniBand tree (--sysfs-root) and the kmsg-shaped file (--kmsg) that
+  provisioner.testbed.hwsim.materialize writes from that spec, as on the simulated rack;
 - fake `systemctl` / `journalctl` (the only stand-ins written here: a unit state and a log line);
 - and the real outputs captured on an H200 (tests/fixtures/real) replayed by a one-line fake nvidia-smi.
 No root, no network.
@@ -28,9 +29,8 @@ REAL = PROJECT_ROOT / "tests" / "fixtures" / "real"
 PUB = PROJECT_ROOT / "tests" / "fixtures" / "public"
 
 hwspec = pytest.importorskip("provisioner.testbed.hwspec")
+hwsim = pytest.importorskip("provisioner.testbed.hwsim")
 
-PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4}
-PHYS_STATES = {"Sleep": 1, "Polling": 2, "Disabled": 3, "LinkUp": 5}
 
 
 def _script(path: Path, text: str) -> None:
@@ -46,15 +46,8 @@ class Node:
         self.bin = root / "bin"
         self.hwsim = root / "hwsim"
         self.run_dir = root / "run"
-        self.sys = root / "sysroot"
-        self.kmsg = root / "kmsg"
-        for d in (self.bin, self.hwsim, self.run_dir, self.sys):
+        for d in (self.bin, self.hwsim, self.run_dir):
             d.mkdir(parents=True, exist_ok=True)
-        # what the loaded open kernel module reports (the real H200 capture), and a kernel with DMA-BUF
-        (self.sys / "proc" / "driver" / "nvidia").mkdir(parents=True)
-        shutil.copyfile(REAL / "proc-driver-version.txt", self.sys / "proc" / "driver" / "nvidia" / "version")
-        (self.sys / "proc" / "sys" / "kernel").mkdir(parents=True)
-        (self.sys / "proc" / "sys" / "kernel" / "osrelease").write_text("6.8.0-45-generic\n")
         self.marker = root / "nvidia.ko"
         self.marker.write_text("")
         pkgroot = root / "pkg"
@@ -81,36 +74,17 @@ class Node:
         self.spec: dict[str, Any] = {}
 
     def set_spec(self, **kw: Any) -> dict[str, Any]:
+        """Materialize the hardware exactly as the simulated rack does (spec.json, sysfs tree, kmsg, proc files)."""
         kw.setdefault("node", "node01")
-        spec = hwspec.resolve(kw)
-        self.spec = spec
-        (self.hwsim / "spec.json").write_text(json.dumps(spec))
-        ib = self.sys / "sys" / "class" / "infiniband"
-        shutil.rmtree(ib, ignore_errors=True)
-        for hca in spec["hcas"]:
-            (ib / hca["name"] / "device").mkdir(parents=True)
-            (ib / hca["name"] / "device" / "numa_node").write_text(f"{hca['numa_node']}\n")
-            for p in hca["ports"]:
-                d = ib / hca["name"] / "ports" / str(p["port"])
-                d.mkdir(parents=True)
-                (d / "state").write_text(f"{PORT_STATES[p['state']]}: {p['state']}\n")
-                (d / "phys_state").write_text(f"{PHYS_STATES.get(p['phys_state'], 0)}: {p['phys_state']}\n")
-                (d / "rate").write_text(f"{p['rate']} Gb/sec ({hwspec.IB_RATES[p['rate']]})\n")
-                (d / "link_layer").write_text(f"{p['link_layer']}\n")
-        lines = ["6,1,1000,-;NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  "
-                 f"{spec['driver']['kernel_module_version']}  Release Build"]
-        for n, x in enumerate(spec["xids"]):
-            bus = x["pci_bus_id"][4:].lower().rsplit(".", 1)[0]  # 00000000:1B:00.0 -> 0000:1b:00
-            lines.append(f"3,{100 + n},{2000 + n},-;NVRM: Xid (PCI:{bus}): {x['code']}, pid=4242, name=python3, "
-                         f"{x['text']}")
-        self.kmsg.write_text("\n".join(lines) + "\n")
-        return spec
+        hwsim.materialize(kw, self.hwsim)
+        self.spec = json.loads((self.hwsim / "spec.json").read_text())
+        return self.spec
 
     def persistence_on(self) -> None:
         subprocess.run(["nvidia-smi", "-pm", "1"], env=self.env, check=True, capture_output=True)
 
     def run(self, *args: str, python: str = sys.executable) -> tuple[int, dict[str, dict[str, Any]], str]:
-        argv = [python, str(PROGRAM), "--sysfs-root", str(self.sys), "--kmsg", str(self.kmsg),
+        argv = [python, str(PROGRAM), "--sysfs-root", str(self.hwsim), "--kmsg", str(self.hwsim / "kmsg"),
                 "--nccl-conf", str(self.root / "nccl.conf"), "--allreduce", "off", *args]
         p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
         results = {}
