@@ -17,7 +17,12 @@ from provisioner import INVENTORIES
 DEFAULT_HCAS = [f"mlx5_{i}" for i in range(8)]
 MULTI_GROUP = "vllm_pp"  # the 2-node cluster (TP 8 x PP 2)
 SINGLE_GROUP = "vllm_single"  # the 1-node cluster (TP 8)
-TINY_MODEL = "/opt/models/tiny-llama"
+#: What each cluster declares on a plain rack (no vLLM layer): real models from the catalog that fit the
+#: simulated H100s, so the generated inventory passes `provision validate` (sizing needs `model_arch`).
+PLAIN_MODELS: dict[str, tuple[str, str]] = {
+    MULTI_GROUP: ("meta-llama/Llama-3.1-70B-Instruct", "Llama-3.1-70B"),
+    SINGLE_GROUP: ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
+}
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,9 @@ class InvRack:
     known_hosts: str
     repo_url: str  # http://GW:8090/nvidia/
     proxy_url: str  # http://GW:3128
-    extra_vars: dict[str, Any] = field(default_factory=dict)
+    extra_vars: dict[str, Any] = field(default_factory=dict)  # merged into group_vars/all.yml
+    # group -> settings merged into its vllm_cluster (the vLLM layer's CPU settings; replaces model_arch)
+    cluster_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def inventory_dir(rack: str) -> Path:
@@ -115,12 +122,17 @@ def render(rack: InvRack) -> dict[str, str]:
     files["group_vars/gpu_nodes.yml"] = _yaml("Generated: the simulated nodes' hardware (HGX H100 + NDR).", gpu_vars)
     for g, members in groups.items():
         tp = max(1, min(h.gpu_count for h in rack.hosts if h.name in members))
-        cluster = {
-            "model": TINY_MODEL,
-            "served_model_name": "tiny-llama",
+        model, arch = PLAIN_MODELS[g]
+        cluster: dict[str, Any] = {
+            "model": model,
+            "model_arch": arch,
+            "served_model_name": model.split("/")[-1].lower(),
             "tensor_parallel_size": tp,
             "pipeline_parallel_size": len(members),
         }
+        if g in rack.cluster_vars:
+            cluster.pop("model_arch")  # the layer's settings name a model_config instead
+            cluster.update(rack.cluster_vars[g])
         files[f"group_vars/{g}.yml"] = _yaml(f"Generated: vLLM cluster '{g}' ({len(members)} node(s)).",
                                              {"vllm_cluster": cluster})
     return files

@@ -94,3 +94,28 @@ def veths_of(index: int) -> list[str]:
             if n.startswith(prefix):
                 names.append(n)
     return names
+
+
+#: Every host's systemd takes several inotify instances; the kernel default (128 per user, and all hosts run as
+#: root) runs out at ~20 hosts on one machine ("Failed to allocate manager object: Too many open files").
+HOST_LIMITS: dict[str, int] = {
+    "fs.inotify.max_user_instances": 8192,
+    "fs.inotify.max_user_watches": 1048576,
+}
+
+
+def ensure_host_limits() -> list[str]:
+    """Raise the controller's limits that many booted hosts need (never lowers them); return what changed."""
+    from pathlib import Path
+
+    changed = []
+    for key, want in HOST_LIMITS.items():
+        p = Path("/proc/sys") / key.replace(".", "/")
+        try:
+            have = int(p.read_text().split()[0])
+            if have < want:
+                p.write_text(str(want))
+                changed.append(f"{key} {have} -> {want}")
+        except (OSError, ValueError):
+            continue
+    return changed

@@ -89,7 +89,13 @@ def _spec_doc(spec_file: Path | None) -> dict[str, Any]:
     return hwspec.load(spec_file)
 
 
-def host_input_specs(spec_file: Path | None, names: list[str]) -> dict[str, dict[str, Any]]:
+#: A `--with-vllm` rack runs one CPU vLLM rank per host (TP 1): its hosts simulate one GPU each unless the spec
+#: says otherwise, so the inventory's GPU count matches the clusters' TP x PP (rule CL003).
+VLLM_RACK_GPUS = 1
+
+
+def host_input_specs(spec_file: Path | None, names: list[str], *, with_vllm: bool = False
+                     ) -> dict[str, dict[str, Any]]:
     """Each host's spec as written (rack defaults + its overrides), validated (UsageError on a bad spec)."""
     from provisioner.testbed import hwspec
 
@@ -102,6 +108,8 @@ def host_input_specs(spec_file: Path | None, names: list[str]) -> dict[str, dict
     out = {}
     for n in names:
         s = hwspec.for_host(doc, n)
+        if with_vllm:
+            s.setdefault("gpu_count", VLLM_RACK_GPUS)
         hwspec.resolve(s)  # validate now, before anything is created
         out[n] = s
     return out
@@ -204,7 +212,8 @@ def up(opts: UpOptions, log: Log = _nolog) -> UpResult:
         if st is not None or rack_dir(opts.name).exists():
             log(f"rack '{opts.name}' was left half-built (crash?): cleaning it up first")
             _teardown(opts.name, log)
-        specs = host_input_specs(opts.spec_file, [f"node{i:02d}" for i in range(1, opts.nodes + 1)])
+        specs = host_input_specs(opts.spec_file, [f"node{i:02d}" for i in range(1, opts.nodes + 1)],
+                                 with_vllm=opts.with_vllm)
         st = _create(opts, specs, log)
         return UpResult(st, created=True, repaired=(), seconds=time.monotonic() - t0)
 
@@ -225,6 +234,19 @@ def _check_same(st: RackState, opts: UpOptions) -> None:
 
 
 def _create(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -> RackState:
+    """Build a new rack; on any failure (or Ctrl-C) remove what was made, so a failed `up` leaves nothing."""
+    try:
+        return _create_inner(opts, specs, log)
+    except BaseException:
+        if rack_dir(opts.name).exists() and os.environ.get("PROVISIONER_TESTBED_KEEP_FAILED") != "1":
+            try:
+                _teardown(opts.name, _nolog)
+            except Exception as exc:  # report the first error, not the cleanup's
+                log(f"cleanup after the failed up also failed: {exc}")
+        raise
+
+
+def _create_inner(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -> RackState:
     cache = rootfs.cache_dir()
     t = time.monotonic()
 
@@ -251,6 +273,8 @@ def _create(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -> Rack
     phase("images")
     st.save()
 
+    for change in network.ensure_host_limits():
+        log(f"raised {change} (many hosts on one kernel)")
     network.ensure_bridge(index)
     st.proxy = proxy.start(st.gateway, f"{network.subnet(index)}", st.dir / "proxy").to_json()
     mapping = {"/nvidia/": repo_dir} if repo_dir else {}
@@ -313,17 +337,39 @@ def _write_known_hosts(st: RackState) -> None:
     os.replace(tmp, p)
 
 
+def boot_failure(st: RackState, h: HostState) -> str:
+    """The telling line of a host's boot log (ANSI colours stripped)."""
+    import re
+
+    try:
+        lines = hostmod.paths(st, h).log.read_text(errors="replace").splitlines()[-40:]
+    except OSError:
+        return "no boot log"
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in lines if ln.strip()]
+    bad = [ln for ln in lines if re.search(r"fail|error|cannot|too many", ln, re.I)]
+    return (bad or lines or ["empty boot log"])[0]
+
+
 def _wait_ready(st: RackState, names: list[str]) -> None:
-    """sshd answers on every host, and a real login with host key checking ON works."""
+    """sshd answers on every host, and a real login with host key checking ON works. Fails at once when a host's
+    nspawn exited (with the telling line of its boot log)."""
     hs = [h for h in st.hosts if h.name in names]
     timeout = SSH_TIMEOUT_BASE + SSH_TIMEOUT_PER_HOST * len(hs)
-    left = hostmod.wait_ssh([h.address for h in hs], timeout)
-    if left:
-        bad = [h for h in hs if h.address in left]
-        dead = [h.name for h in bad if h.proc is None or not h.proc.alive()]
-        detail = f" ({', '.join(dead)} exited: see {hostmod.paths(st, bad[0]).log})" if dead else ""
-        raise RuntimeError(f"sshd did not answer within {timeout:.0f} s on: "
-                           f"{', '.join(h.name for h in bad)}{detail}")
+    deadline = time.monotonic() + timeout
+    left = list(hs)
+    with ThreadPoolExecutor(max_workers=min(16, len(hs))) as pool:
+        while left:
+            answered = list(pool.map(lambda h: hostmod.ssh_banner(h.address, 0.5), left))
+            left = [h for h, ok in zip(left, answered) if not ok]
+            dead = [h for h in left if h.proc is None or not h.proc.alive()]
+            if dead:
+                h = dead[0]
+                raise RuntimeError(f"{h.name} did not boot: {boot_failure(st, h)} (log {hostmod.paths(st, h).log})")
+            if left and time.monotonic() > deadline:
+                raise RuntimeError(f"sshd did not answer within {timeout:.0f} s on: {', '.join(h.name for h in left)} "
+                                   f"(log {hostmod.paths(st, left[0]).log})")
+            if left:
+                time.sleep(0.2)
 
     def login(h: HostState) -> tuple[str, int, str]:
         for _ in range(20):
@@ -341,6 +387,14 @@ def _wait_ready(st: RackState, names: list[str]) -> None:
 
 def _write_inventory(st: RackState) -> None:
     specs = {h.name: _load_spec(st, h) for h in st.hosts}
+    extra: dict[str, Any] = {}
+    cluster_vars: dict[str, dict[str, Any]] = {}
+    if st.with_vllm:  # the vLLM area owns these values (docs/development.md, "vLLM on the testbed")
+        from provisioner.testbed import vllm_image
+
+        extra = vllm_image.testbed_inventory_vars()
+        for g, members in invw.clusters([h.name for h in st.hosts]).items():
+            cluster_vars[g] = vllm_image.testbed_cluster_settings(len(members))
     inv = invw.InvRack(
         name=st.name,
         hosts=tuple(_inv_host(h, specs[h.name]) for h in st.hosts),
@@ -348,6 +402,8 @@ def _write_inventory(st: RackState) -> None:
         known_hosts=str(st.dir / "ssh" / "known_hosts"),
         repo_url=st.repo_url,
         proxy_url=f"http://{st.gateway}:{proxy.PORT}",
+        extra_vars=extra,
+        cluster_vars=cluster_vars,
     )
     st.inventory = str(invw.write(inv))
 
@@ -362,6 +418,7 @@ def _load_spec(st: RackState, h: HostState) -> dict[str, Any]:
 def _repair(st: RackState, log: Log) -> list[str]:
     """Restart what died (proxy, repo server, stopped hosts); return the names of what was restarted."""
     fixed: list[str] = []
+    network.ensure_host_limits()
     network.ensure_bridge(st.index)
     if not (p := Proc.from_json(st.proxy)) or not p.alive():
         st.proxy = proxy.start(st.gateway, str(network.subnet(st.index)), st.dir / "proxy").to_json()
@@ -511,7 +568,8 @@ def reset(name: str, log: Log = _nolog) -> RackState:
             list(ex.map(hostmod.stop, st.hosts))
         import shutil
 
-        specs = host_input_specs(Path(st.spec_file) if st.spec_file else None, [h.name for h in st.hosts])
+        specs = host_input_specs(Path(st.spec_file) if st.spec_file else None, [h.name for h in st.hosts],
+                                 with_vllm=st.with_vllm)
         key = Path(f"{st.dir}/ssh/id_ed25519.pub").read_text()
         proxy_url = f"http://{st.gateway}:{proxy.PORT}"
         for h in st.hosts:
@@ -637,7 +695,8 @@ def clear(name: str, host: str) -> dict[str, Any]:
     with rootfs.locked(racks_dir() / f".{name}.lock"):
         st = load(name)
         h = get_host(st, host)
-        spec = host_input_specs(Path(st.spec_file) if st.spec_file else None, [x.name for x in st.hosts])[h.name]
+        spec = host_input_specs(Path(st.spec_file) if st.spec_file else None, [x.name for x in st.hosts],
+                                with_vllm=st.with_vllm)[h.name]
         resolved = materialize(hostmod.paths(st, h), spec)
         _refresh_sysfs(st, h)
         return resolved

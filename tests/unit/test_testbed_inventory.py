@@ -70,3 +70,27 @@ def test_rewrite_is_change_only_and_drops_stale_groups(tmp_path: Path) -> None:
 def test_named_racks_get_their_own_directory() -> None:
     assert invw.inventory_dir("rack").name == "testbed"
     assert invw.inventory_dir("ci").name == "testbed-ci"
+
+
+def test_plain_rack_inventory_passes_the_rules(tmp_path: Path) -> None:
+    from provisioner.rules import run_rules
+
+    fleet = load_fleet(invw.write(_rack(4), tmp_path))
+    errors = [f for f in run_rules(fleet) if getattr(f, "severity", "") == "error"]
+    assert errors == []
+    assert fleet.clusters["vllm_pp"].get("model_arch") == "Llama-3.1-70B"
+
+
+def test_vllm_layer_settings_replace_the_catalog_model(tmp_path: Path) -> None:
+    hosts = tuple(invw.InvHost(name=f"node{i:02d}", address=f"198.18.0.{10 + i}", gpu_count=1) for i in (1, 2, 3))
+    r = invw.InvRack(name="rack", hosts=hosts, key_file="/k", known_hosts="/kh", repo_url="http://g/nvidia/",
+                     proxy_url="http://g:3128", extra_vars={"vllm_venv": "/opt/vllm/venv"},
+                     cluster_vars={"vllm_pp": {"model": "/opt/models/tiny-llama", "model_config": "/c.json",
+                                               "tensor_parallel_size": 1}})
+    fleet = load_fleet(invw.write(r, tmp_path))
+    pp, single = fleet.clusters["vllm_pp"], fleet.clusters["vllm_single"]
+    assert (pp.get("model"), pp.get("model_config"), pp.get("model_arch")) == ("/opt/models/tiny-llama", "/c.json",
+                                                                               None)
+    assert pp.get("tensor_parallel_size") == 1 and pp.get("pipeline_parallel_size") == 2
+    assert single.get("model_arch") == "Llama-3.1-8B"
+    assert fleet.hosts["node01"].vars["vllm_venv"] == "/opt/vllm/venv"
