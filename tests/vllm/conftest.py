@@ -1,7 +1,7 @@
 """A simulated rack with the vLLM golden layer, provisioned once per session with `provision run`.
 
 Session fixture `vllm_rack`: brings up (or reuses) rack PROVISIONER_VLLM_RACK (default `vllm`, 3 nodes,
-`--with-vllm`), makes its inventory CPU-vLLM ready (`vllm_image.apply_testbed_inventory`), runs
+`--with-vllm`, one GPU per node: tests/vllm/rack-spec.yaml), makes its inventory CPU-vLLM ready (`vllm_image.apply_testbed_inventory`), runs
 `provision run INVENTORY` while polling each cluster head's /health from the controller, and records the time
 from the run's start to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
 PROVISIONER_TESTBED_TEARDOWN=1 removes the rack at the end when this session created it.
@@ -25,51 +25,7 @@ import pytest
 
 from provisioner import PROJECT_ROOT
 
-PROVISION = str(Path(sys.executable).parent / "provision")
-NODES = 3
-RUN_TIMEOUT = 3600
-
-
-def http(url: str, *, data: dict | None = None, key: str | None = None, timeout: float = 60) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - our own test hosts
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as e:
-        return 0, str(e)
-
-
-@dataclass
-class VllmRack:
-    handle: object
-    inventory: Path
-    heads: dict[str, str]  # cluster -> head address
-    ports: dict[str, int]
-    api_key: str
-    first_healthy_s: dict[str, float] = field(default_factory=dict)
-    run_rc: int = -1
-    run_s: float = 0.0
-    run_output: str = ""
-
-    def url(self, cluster: str, path: str) -> str:
-        return f"http://{self.heads[cluster]}:{self.ports[cluster]}{path}"
-
-    def ssh(self, host: str, command: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        return self.handle.ssh(host, command, timeout=timeout)  # type: ignore[attr-defined]
-
-    def wait_healthy(self, cluster: str, timeout: float) -> float | None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if http(self.url(cluster, "/health"), timeout=10)[0] == 200:
-                return time.monotonic() - t0
-            time.sleep(2)
-        return None
+from vllm_e2e import NODES, PROVISION, RUN_TIMEOUT, SPEC, VllmRack, http  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +37,7 @@ def vllm_rack() -> Iterator[VllmRack]:
 
     name = os.environ.get("PROVISIONER_VLLM_RACK", "vllm")
     existed = rack.RackState.load(name) is not None
-    h = rack.ensure(name, NODES, with_vllm=True, log=lambda m: print(f"testbed: {m}"))
+    h = rack.ensure(name, NODES, with_vllm=True, spec_file=SPEC, log=lambda m: print(f"testbed: {m}"))
     inv = Path(h.inventory)
     vllm_image.apply_testbed_inventory(inv)
     fleet = load_fleet(inv)

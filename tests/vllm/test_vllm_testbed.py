@@ -21,7 +21,7 @@ import yaml
 from provisioner import PROJECT_ROOT
 from provisioner.render import REDACTED, host_files
 
-from .conftest import PROVISION, VllmRack, http
+from vllm_e2e import PROVISION, VllmRack, http
 
 pytestmark = pytest.mark.vllm
 

@@ -1,0 +1,59 @@
+"""Helpers shared by the vLLM end-to-end tests (imported by conftest.py and the tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROVISION = str(Path(sys.executable).parent / "provision")
+SPEC = Path(__file__).with_name("rack-spec.yaml")  # one GPU per simulated node: TP 1 x PP n is valid
+NODES = 3
+RUN_TIMEOUT = 3600
+
+
+def http(url: str, *, data: dict | None = None, key: str | None = None, timeout: float = 60) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - our own test hosts
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        return 0, str(e)
+
+
+@dataclass
+class VllmRack:
+    handle: object
+    inventory: Path
+    heads: dict[str, str]  # cluster -> head address
+    ports: dict[str, int]
+    api_key: str
+    first_healthy_s: dict[str, float] = field(default_factory=dict)
+    run_rc: int = -1
+    run_s: float = 0.0
+    run_output: str = ""
+
+    def url(self, cluster: str, path: str) -> str:
+        return f"http://{self.heads[cluster]}:{self.ports[cluster]}{path}"
+
+    def ssh(self, host: str, command: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return self.handle.ssh(host, command, timeout=timeout)  # type: ignore[attr-defined]
+
+    def wait_healthy(self, cluster: str, timeout: float) -> float | None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if http(self.url(cluster, "/health"), timeout=10)[0] == 200:
+                return time.monotonic() - t0
+            time.sleep(2)
+        return None
