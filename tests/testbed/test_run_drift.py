@@ -1,0 +1,283 @@
+"""`provision run` and `provision drift` on the simulated rack, end to end through the CLI.
+
+Debugging: PROVISIONER_RUNNER_NO_RESET=1 keeps the rack's disks (run a later test alone with -k),
+PROVISIONER_RUNNER_INVENTORY / PROVISIONER_RUNNER_PLAYBOOK point the commands at another inventory / playbook.
+
+One rack of its own (PROVISIONER_RUNNER_RACK, default `runner`, 4 hosts), reset to fresh disks at the start. The
+tests run in file order and build on each other, as an operator would:
+
+1. node01+node02 provisioned; node03+node04 onboarded with --serial 1: a failure in batch one (node03's apt broken)
+   stops the rollout at --max-fail-percent 0 (node04 untouched, both in the retry file); fixed, the retry converges
+   with one batch per host in the progress output.
+2. drift on the converged rack: exit 0, empty report.
+3. tamper node02 (edit /etc/nccl.conf, stop nvidia-persistenced, another version of a held package, alter a unit
+   file): drift reports exactly those four resources on node02 and nothing else, in all four formats, exit 3; node02
+   is byte-for-byte unchanged by the check (file tree hashes, dpkg state, unit states).
+4. `provision run --limit node02` heals it; drift on node02 is clean again.
+5. node04 stopped: drift reports it unreachable while the others are checked (exit 1); run reports it unreachable
+   while the others complete; started again, `--limit @retry` converges.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner import PLAYBOOKS, PROJECT_ROOT
+
+pytestmark = pytest.mark.testbed
+
+PROVISION = [sys.executable, "-m", "provisioner.cli"]
+NSCQ_OLD = "580.82.07-1"  # the stand-in repo's other version of a held package
+FW_UNIT = "/etc/systemd/system/provisioner-firewall.service"
+
+# What a drift check must leave untouched on a host: content of config/state trees, metadata of the rest, package
+# and unit states. (Caches and logs, /var/cache /var/log /run /tmp, are not state.)
+SNAPSHOT = r"""
+set -u
+export LC_ALL=C
+echo "## content"
+find /etc /opt /usr/local /usr/lib/systemd /var/lib/dpkg /var/lib/apt/extended_states -xdev -type f \
+  ! -path '/var/lib/dpkg/lock*' ! -name '*-old' -print0 2>/dev/null | sort -z | xargs -0 sha256sum
+echo "## metadata"
+find /etc /usr /opt /var/lib -xdev \( -path /var/lib/apt/lists/partial -o -path /var/lib/systemd \
+  -o -path /var/lib/dhcp -o -path /var/lib/private \) -prune -o ! -path '/var/lib/dpkg/lock*' \
+  ! -path /var/lib/apt/lists/lock -printf '%p %y %m %U %G %s %T@ %l\n' 2>/dev/null | sort
+echo "## packages"
+dpkg-query -W -f='${Package} ${Version} ${Status}\n' | sort
+dpkg --get-selections | sort
+echo "## units"
+for u in nvidia-persistenced nvidia-fabricmanager provisioner-firewall; do
+  echo "$u $(systemctl is-active $u) $(systemctl is-enabled $u 2>&1)"
+done
+echo "## nft"
+nft list ruleset 2>&1 | sha256sum
+"""
+
+
+def _norm(s: str) -> str:
+    return " ".join(s.split())
+
+
+class Rig:
+    def __init__(self, handle: Any, runs: Path) -> None:
+        self.h = handle
+        # debugging hooks: another inventory/playbook for the same rack (e.g. an overlay with extra vars)
+        self.inv = os.environ.get("PROVISIONER_RUNNER_INVENTORY") or str(handle.inventory)
+        self.playbook = os.environ.get("PROVISIONER_RUNNER_PLAYBOOK")
+        self.runs = runs
+
+    def cli(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, PROVISION_RUNS_DIR=str(self.runs))
+        if self.playbook and args and args[0] in ("run", "drift"):
+            args = (*args, "--playbook", self.playbook)
+        p = subprocess.run([*PROVISION, *args], capture_output=True, text=True, env=env, timeout=timeout,
+                           cwd=PROJECT_ROOT)
+        assert "Traceback" not in p.stderr, p.stderr
+        return p
+
+    def run(self, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        p = self.cli("run", self.inv, "--json", *args)
+        try:
+            data = json.loads(p.stdout)
+        except ValueError:
+            raise AssertionError(f"no JSON from provision run (rc {p.returncode}): {p.stdout}\n{p.stderr}") from None
+        return p, data
+
+    def drift(self, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+        p = self.cli("drift", self.inv, *args)
+        m = re.search(r"run dir: (\S+)", p.stderr)
+        assert m, f"no run dir printed (rc {p.returncode}): {p.stdout}\n{p.stderr}"
+        return p, Path(m.group(1))
+
+    def ssh(self, host: str, cmd: str, timeout: float = 600) -> str:
+        r = self.h.ssh(host, cmd, timeout=timeout)
+        assert r.returncode == 0, f"{host}: {cmd}: {r.stdout}{r.stderr}"
+        return r.stdout
+
+
+def _site_complete() -> str | None:
+    site = (PLAYBOOKS / "site.yml").read_text()
+    missing = [m for m in re.findall(r"import_playbook:\s*(\S+)", site) if not (PLAYBOOKS / m).is_file()]
+    return f"playbooks/site.yml imports missing playbooks: {missing}" if missing else None
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    if os.geteuid() != 0:
+        pytest.skip("the simulated rack needs root")
+    if (why := _site_complete()) is not None:
+        pytest.skip(why)
+    from provisioner.testbed import rack
+
+    name = os.environ.get("PROVISIONER_RUNNER_RACK", "runner")
+    existed = rack.RackState.load(name) is not None
+    rack.ensure(name, 4, log=lambda m: print(f"testbed: {m}"))
+    if os.environ.get("PROVISIONER_RUNNER_NO_RESET") != "1":  # debugging: keep an already provisioned rack
+        rack.reset(name, log=lambda m: print(f"testbed: {m}"))  # fresh disks: node03/node04 are new hosts
+    h = rack.ensure(name, 4, log=lambda m: print(f"testbed: {m}"))
+    r = Rig(h, tmp_path_factory.mktemp("runs"))
+    v = r.cli("validate", r.inv)
+    if v.returncode != 0:
+        pytest.fail(f"the rack's generated inventory does not validate; provision run refuses it:\n{v.stdout}{v.stderr}")
+    yield r
+    try:
+        rack.start_host_cmd(name, "node04")
+    finally:
+        if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
+            rack.down(name)
+
+
+def test_onboarding_serial_batches_stop_on_failure_then_converge(rig: Rig) -> None:
+    p, first = rig.run("--limit", "node01,node02")
+    assert p.returncode == 0, p.stderr + json.dumps(first["failures"], indent=1)
+    assert first["succeeded"] and sorted(first["hosts"]) == ["node01", "node02"]
+    assert all(h["changed"] > 0 for h in first["hosts"].values())
+    assert Path(first["artifact_dir"], "job_events").is_dir()
+
+    # batch one fails: node03's apt cannot update (a broken source), --max-fail-percent 0 stops the rollout
+    rig.ssh("node03", "echo 'deb [trusted=yes] http://127.0.0.1:9/broken ./' > /etc/apt/sources.list.d/broken.list")
+    p = rig.cli("run", rig.inv, "--limit", "node03,node04", "--serial", "1", "--max-fail-percent", "0")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert re.search(r"PLAY \[[^\]]+\] batch 1", p.stderr), p.stderr
+    assert " batch 2" not in p.stderr
+    assert re.search(r"FAILED node03: TASK \[", p.stdout), p.stdout
+    assert "NOT RUN (the rollout stopped before reaching them): node04" in p.stdout
+    m = re.search(r"--limit @(\S+/retry)", p.stdout)
+    assert m, p.stdout
+    retry = m.group(1)
+    assert Path(retry).read_text().split() == ["node03", "node04"]
+    assert rig.h.ssh("node04", "test -e /etc/nccl.conf || dpkg -s nvidia-persistenced").returncode != 0, \
+        "node04 was touched after batch one failed"
+
+    # fixed: the retry file onboards both, one batch per host, progress names the batches
+    rig.ssh("node03", "rm /etc/apt/sources.list.d/broken.list")
+    p = rig.cli("run", rig.inv, "--limit", f"@{retry}", "--serial", "1", "--max-fail-percent", "0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(r"PLAY \[[^\]]+\] batch 1", p.stderr) and re.search(r"PLAY \[[^\]]+\] batch 2", p.stderr)
+    rows = {ln.split()[0]: ln.split() for ln in p.stdout.splitlines() if ln.startswith("node0")}
+    assert rows["node03"][-1] == "1" and rows["node04"][-1] == "2", p.stdout  # BATCH column
+
+
+def test_drift_clean_after_run(rig: Rig) -> None:
+    p, run_dir = rig.drift("--report", "json")
+    data = json.loads(p.stdout)
+    assert p.returncode == 0, json.dumps(data["hosts"], indent=1) + p.stderr
+    assert data["drift_found"] is False and data["complete"] is True
+    assert sorted(data["hosts"]) == ["node01", "node02", "node03", "node04"]
+    assert all(h["drift"] == [] and h["state"] == "clean" for h in data["hosts"].values())
+    prom = (run_dir / "drift.prom").read_text()
+    assert re.search(r'provision_drift_resources\{host="node02",role="nccl_tuning"\} 0', prom)
+
+
+def _snapshot(rig: Rig, host: str) -> str:
+    return rig.ssh(host, SNAPSHOT)
+
+
+def test_tamper_reported_exactly_in_all_formats_and_host_unchanged(rig: Rig, tmp_path: Path) -> None:
+    rig.ssh("node02", "echo 'NCCL_DEBUG=TRACE' >> /etc/nccl.conf")
+    rig.ssh("node02", "systemctl stop nvidia-persistenced")
+    rig.ssh("node02", "set -e; apt-mark unhold libnvidia-nscq-580 >/dev/null; "
+                      f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades "
+                      f"libnvidia-nscq-580={NSCQ_OLD} >/dev/null; apt-mark hold libnvidia-nscq-580 >/dev/null")
+    rig.ssh("node02", f"sed -i 's/^Description=.*/Description=edited by hand/' {FW_UNIT}; systemctl daemon-reload")
+    before = _snapshot(rig, "node02")
+    others = {h: _snapshot(rig, h) for h in ("node01", "node03")}
+
+    out = tmp_path / "drift.prom"
+    p, run_dir = rig.drift("--report", "prometheus", "--output", str(out))
+    assert p.returncode == 3, p.stdout + p.stderr
+
+    after = _snapshot(rig, "node02")
+    assert after == before, "the drift check changed node02:\n" + "".join(
+        list(difflib.unified_diff(before.splitlines(True), after.splitlines(True)))[:80])
+    for h, snap in others.items():
+        assert _snapshot(rig, h) == snap, f"the drift check changed {h}"
+    assert "inactive" in rig.ssh("node02", "systemctl is-active nvidia-persistenced || true")
+
+    expected = {("file", "/etc/nccl.conf"), ("service", "nvidia-persistenced"), ("package", "libnvidia-nscq-580"),
+                ("file", FW_UNIT)}
+    # JSON
+    d = json.loads((run_dir / "drift.json").read_text())
+    assert d["summary"]["drifted_hosts"] == ["node02"], json.dumps(d["hosts"], indent=1)
+    got = {(i["kind"], i["resource"]) for i in d["hosts"]["node02"]["drift"]}
+    assert got == expected, json.dumps(d["hosts"]["node02"]["drift"], indent=1)
+    items = {i["resource"]: i for i in d["hosts"]["node02"]["drift"]}
+    assert "-NCCL_DEBUG=TRACE" in items["/etc/nccl.conf"]["diff"]
+    assert "-Description=edited by hand" in items[FW_UNIT]["diff"]
+    assert items["/etc/nccl.conf"]["role"] == "nccl_tuning"
+    assert items["nvidia-persistenced"]["role"] == "nvidia_persistenced"
+    assert items["libnvidia-nscq-580"]["role"] == "fabric_manager"
+    # JUnit
+    root = ET.parse(run_dir / "drift.xml").getroot()
+    failed = {(s.get("name"), c.get("name")) for s in root.iter("testsuite") for c in s.iter("testcase")
+              if c.find("failure") is not None}
+    assert failed == {("node02", f"{k}:{r}") for k, r in expected}
+    assert root.get("failures") == "4" and root.get("errors") == "0"
+    # Prometheus (the --output file and the run dir's copy are the same)
+    prom = out.read_text()
+    assert prom == (run_dir / "drift.prom").read_text()
+    series = dict(re.findall(r'^provision_drift_resources\{host="([^"]+",role="[^"]+)"\} (\d+)$', prom, re.M))
+    assert series['node02",role="nccl_tuning'] == "1"
+    assert series['node02",role="nvidia_persistenced'] == "1"
+    assert series['node02",role="fabric_manager'] == "1"
+    assert series['node02",role="cluster_firewall'] == "1"
+    assert all(v == "0" for k, v in series.items() if not k.startswith("node02"))
+    assert "provision_drift_last_run_timestamp_seconds " in prom
+    assert re.findall(r'^provision_host_unreachable\{host="[^"]+"\} (\d)$', prom, re.M) == ["0"] * 4
+    # text
+    text = (run_dir / "drift.txt").read_text()
+    assert "node02: 4 resources drifted" in text and "drift: 4 resources on 1 host of 4" in text
+    for h in ("node01", "node03", "node04"):
+        assert f"{h}: no drift" in text
+
+
+def test_run_limit_heals_and_drift_is_clean_again(rig: Rig) -> None:
+    p, data = rig.run("--limit", "node02")
+    assert p.returncode == 0, p.stderr + json.dumps(data["failures"], indent=1)
+    assert list(data["hosts"]) == ["node02"] and data["hosts"]["node02"]["changed"] >= 4
+    assert "active" == rig.ssh("node02", "systemctl is-active nvidia-persistenced").strip()
+    assert NSCQ_OLD not in rig.ssh("node02", "dpkg-query -W libnvidia-nscq-580")
+    p, run_dir = rig.drift("--report", "json", "--limit", "node02")
+    assert p.returncode == 0, p.stdout
+    assert json.loads(p.stdout)["hosts"]["node02"]["drift"] == []
+
+
+def test_unreachable_host_reported_while_others_complete_then_rerun_converges(rig: Rig) -> None:
+    from provisioner.testbed import rack
+
+    rack.stop_host(rig.h.name, "node04")
+    p, run_dir = rig.drift("--report", "junit")
+    assert p.returncode == 1, p.stdout + p.stderr
+    d = json.loads((run_dir / "drift.json").read_text())
+    assert d["summary"]["unreachable_hosts"] == ["node04"]
+    assert {n: h["state"] for n, h in d["hosts"].items()} == {
+        "node01": "clean", "node02": "clean", "node03": "clean", "node04": "unreachable"}
+    root = ET.fromstring(p.stdout)
+    assert root.get("errors") == "1" and root.get("failures") == "0"
+    assert 'provision_host_unreachable{host="node04"} 1' in (run_dir / "drift.prom").read_text()
+
+    # preflight refuses a run with an unreachable host unless told to skip it
+    refused = rig.cli("run", rig.inv)
+    assert refused.returncode == 1 and "node04" in _norm(refused.stderr) and "preflight" in refused.stderr
+
+    p, data = rig.run("--skip-preflight")
+    assert p.returncode == 1
+    assert data["unreachable_hosts"] == ["node04"] and data["failed_hosts"] == []
+    assert all(data["hosts"][h]["state"] == "ok" for h in ("node01", "node02", "node03")), data["hosts"]
+    assert Path(data["retry_file"]).read_text().split() == ["node04"]
+
+    assert rack.start_host_cmd(rig.h.name, "node04")
+    p, again = rig.run("--limit", f"@{data['retry_file']}")
+    assert p.returncode == 0, p.stderr + json.dumps(again["failures"], indent=1)
+    assert list(again["hosts"]) == ["node04"] and again["hosts"]["node04"]["state"] in ("ok", "changed")
