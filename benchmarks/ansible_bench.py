@@ -80,7 +80,7 @@ def fresh_rack(name: str, nodes: int) -> None:
 def bench_inventory(name: str, dest: Path) -> Path:
     """A copy of the rack's inventory that passes validation: plain racks (no --with-vllm) get cluster group_vars
     without model_arch/model_config, which CL001 now refuses (`provision run` refuses the whole run, site.yml's
-    validate play fails the cluster members). Both sides use this same copy; only `model_arch` is added."""
+    validate play fails the cluster members). Both sides use this same copy; only `model_arch` is added (Llama-2-7B: TP 8 divides its heads, and its weights fit the hosts' disk, which preflight checks)."""
     src = inventory(name).parent
     if dest.exists():
         shutil.rmtree(dest)
@@ -88,7 +88,7 @@ def bench_inventory(name: str, dest: Path) -> Path:
     for p in (dest / "group_vars").glob("*.yml"):
         text = p.read_text()
         if "vllm_cluster:" in text and "model_arch:" not in text and "model_config:" not in text:
-            p.write_text(text.rstrip("\n") + "\n  model_arch: Qwen2-72B  # added by benchmarks/ansible_bench.py\n")
+            p.write_text(text.rstrip("\n") + "\n  model_arch: Llama-2-7B  # added by benchmarks/ansible_bench.py\n")
     return dest / "hosts.ini"
 
 
