@@ -153,6 +153,8 @@ def fleet(args: argparse.Namespace) -> dict:
     runs = []
     for i, n in enumerate(int(s) for s in args.sizes.split(",")):
         order = ["tuned", "stock"] if i % 2 == 0 else ["stock", "tuned"]
+        if args.first != "alternate":
+            order = sorted(order, key=lambda x: x != args.first)
         for side in (x for x in order if x in args.sides.split(",")):
             fresh_rack(args.name, n)
             if b.facts.exists():
@@ -211,6 +213,9 @@ def main() -> int:
     f = sub.add_parser("fleet")
     f.add_argument("--sizes", default="4,8,16")
     f.add_argument("--sides", default="tuned,stock", help="which sides to run (default both)")
+    f.add_argument("--first", choices=["alternate", "tuned", "stock"], default="alternate",
+                   help="which side runs first at each size (default: alternate per size); `stock` leaves the rack "
+                        "converged by the tuned side with a warm fact cache, ready for `noop --no-converge`")
     n = sub.add_parser("noop")
     n.add_argument("--nodes", type=int, default=8)
     n.add_argument("--repeats", type=int, default=3)
