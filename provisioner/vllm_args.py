@@ -128,17 +128,13 @@ def removed_flags(argv: Sequence[str]) -> list[tuple[str, str]]:
     return [(flag_name(a), REMOVED_FLAGS[flag_name(a)]) for a in argv if flag_name(a) in REMOVED_FLAGS]
 
 
-def vllm_parser_error(model: str, argv: Sequence[str]) -> str | None:
-    """Check `vllm serve MODEL argv` with vLLM's own parser (no engine start). None when accepted or when vLLM is
-    not importable; else the parser's message. Importing vLLM takes 10-20 s: callers do it once per run."""
-    try:
-        from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found]
-        from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
-    except Exception:  # noqa: BLE001 - vLLM missing or broken: the static table still applies
-        return None
-    import contextlib
-    import io
+# Runs inside an interpreter that has vLLM: reads [[model, argv], ...] as JSON on stdin, writes [error-or-null, ...].
+_PARSER_SCRIPT = r"""
+import contextlib, io, json, sys
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+def check(model, argv):
     root = FlexibleArgumentParser(prog="vllm")
     subs = root.add_subparsers(dest="subparser")
     sc = ServeSubcommand()
@@ -146,16 +142,59 @@ def vllm_parser_error(model: str, argv: Sequence[str]) -> str | None:
     buf = io.StringIO()
     try:
         with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
-            ns = root.parse_args(["serve", model, *argv])
-            sc.validate(ns)
+            sc.validate(root.parse_args(["serve", model, *argv]))
     except SystemExit as exc:
         if exc.code in (0, None):
             return None
         lines = [ln for ln in buf.getvalue().strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else f"vLLM's parser exited {exc.code}"
-    except Exception as exc:  # noqa: BLE001 - validate() raises plain errors for bad combinations
-        return f"{type(exc).__name__}: {exc}"
+        return lines[-1] if lines else "vLLM's parser exited %s" % exc.code
+    except Exception as exc:
+        return "%s: %s" % (type(exc).__name__, exc)
     return None
+
+items = json.load(sys.stdin)
+json.dump([check(m, a) for m, a in items], sys.stdout)
+"""
+
+
+def vllm_parser_errors(items: Sequence[tuple[str, Sequence[str]]], python: str | None = None,
+                       pythonpath: str | None = None, timeout: float = 900) -> list[str | None]:
+    """Check each `vllm serve MODEL argv` with vLLM's own parser (no engine start): None when accepted, else the
+    parser's message. In this interpreter when `python` is None (vLLM must be importable), else in `python` (e.g. a
+    vLLM venv's interpreter; `pythonpath` becomes its PYTHONPATH) in one batch. Importing vLLM takes 10-20 s or more.
+    Raises RuntimeError when the external interpreter cannot run the check."""
+    import json
+    import subprocess
+    import sys
+
+    payload = json.dumps([[m, list(a)] for m, a in items])
+    if python is None:
+        python = sys.executable
+        if not vllm_available():
+            raise RuntimeError("the vllm package is not importable here")
+    env = None
+    if pythonpath:
+        import os
+
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+    try:
+        p = subprocess.run([python, "-c", _PARSER_SCRIPT], input=payload, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"cannot run {python}: {exc}") from None
+    try:
+        out = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        tail = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        raise RuntimeError(f"{python} could not run vLLM's parser: {tail}") from None
+    return [None if x is None else str(x) for x in out]
+
+
+def vllm_parser_error(model: str, argv: Sequence[str]) -> str | None:
+    """One argv through vLLM's parser in this interpreter (None also when vLLM is not importable)."""
+    if not vllm_available():
+        return None
+    return vllm_parser_errors([(model, argv)])[0]
 
 
 def vllm_available() -> bool:

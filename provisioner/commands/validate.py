@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -29,20 +30,38 @@ class VllmParser(str, Enum):
     off = "off"
 
 
-def run(inventory: Path, fmt: Format = Format.text, vllm_parser: VllmParser = VllmParser.auto) -> int:
+def _flag_checker(fleet: Any, vllm_parser: VllmParser, vllm_python: str | None) -> Any:
+    """A FLAG003 checker backed by vLLM's real parser (all argvs checked in one batch up front), or None."""
+    from provisioner.rules.flags import member_argvs
+    from provisioner.vllm_args import vllm_available, vllm_parser_errors
+
+    if vllm_parser is VllmParser.off:
+        return None
+    if vllm_python is None and not vllm_available():
+        if vllm_parser is VllmParser.on:
+            raise UsageError("--vllm-parser on: the vllm package is not importable here; pass --vllm-python "
+                             "(or PROVISION_VLLM_PYTHON) pointing at a vLLM environment's interpreter")
+        return None
+    items = member_argvs(fleet)
+    try:
+        errors = vllm_parser_errors([(model, argv) for _, _, model, argv in items], python=vllm_python,
+                                    pythonpath=os.environ.get("PROVISION_VLLM_PYTHONPATH"))
+    except RuntimeError as exc:
+        raise UsageError(f"--vllm-python: {exc}") from None
+    verdicts = {(model, argv): err for (_, _, model, argv), err in zip(items, errors)}
+    return lambda model, argv: verdicts.get((model, tuple(argv)))
+
+
+def run(inventory: Path, fmt: Format = Format.text, vllm_parser: VllmParser = VllmParser.auto,
+        vllm_python: str | None = None) -> int:
     """Validate and print; returns the exit code. UsageError propagates (the CLI maps it to exit 2)."""
     from provisioner.inventory import load_fleet
     from provisioner.reports import validate_json, validate_text
     from provisioner.rules import build_context
     from provisioner.rules.result import validate
-    from provisioner.vllm_args import vllm_available, vllm_parser_error
 
     fleet = load_fleet(inventory)
-    checker = None
-    if vllm_parser is VllmParser.on and not vllm_available():
-        raise UsageError("--vllm-parser on: the vllm package is not importable in this environment")
-    if vllm_parser is not VllmParser.off and vllm_available():
-        checker = vllm_parser_error
+    checker = _flag_checker(fleet, vllm_parser, vllm_python)
     result = validate(fleet, build_context(fleet, flag_checker=checker))
     if fmt is Format.json:
         sys.stdout.write(validate_json.render(result))
@@ -69,8 +88,12 @@ def register(app: typer.Typer) -> None:
         vllm_parser: str = typer.Option(
             "auto", "--vllm-parser",
             help="check rendered vLLM flags with vLLM's own parser: auto (when importable), on, off"),
+        vllm_python: Optional[str] = typer.Option(
+            None, "--vllm-python", envvar="PROVISION_VLLM_PYTHON", show_default=False,
+            help="interpreter of an environment with vLLM, for the parser check (its PYTHONPATH: "
+                 "PROVISION_VLLM_PYTHONPATH)"),
     ) -> None:
         if inventory is None:
             raise UsageError("validate needs an INVENTORY (e.g. provision validate inventories/rack-a.ini)")
-        raise SystemExit(run(inventory, _choice(Format, "--format", fmt), _choice(VllmParser, "--vllm-parser",
-                                                                                    vllm_parser)))
+        raise SystemExit(run(inventory, _choice(Format, "--format", fmt),
+                             _choice(VllmParser, "--vllm-parser", vllm_parser), vllm_python))

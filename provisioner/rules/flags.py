@@ -56,22 +56,29 @@ def malformed(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                               group=name, var=VAR)
 
 
-@rule("FLAG003", "vLLM's own parser rejects the command line")
-def vllm_parser(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
-    """When vLLM is importable (validate --vllm-parser / auto), every member's rendered argv goes through
-    `vllm serve`'s real argument parser, so no flag typo reaches a node."""
-    if ctx.flag_checker is None:
-        return
+def member_argvs(fleet: Fleet) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(cluster, member, model, argv) for every distinct argv FLAG003 checks (usable clusters only)."""
+    out = []
     for name, c in fleet.clusters.items():
         if not usable(c) or not _extra_ok(_extra(fleet, name)) or not c.members:
             continue
         seen: set[tuple[str, ...]] = set()
         for m in c.members:
             argv = tuple(serve_args(c, m, fleet))
-            if not argv or argv in seen:
-                continue
-            seen.add(argv)
-            err = ctx.flag_checker(str(c.settings.get("model") or "model"), list(argv))
-            if err:
-                yield Finding("FLAG003", "error", f"vLLM's parser rejects the command line for {m}: {err}",
-                              host=m, group=name, var=VAR)
+            if argv and argv not in seen:
+                seen.add(argv)
+                out.append((name, m, str(c.settings.get("model") or "model"), argv))
+    return out
+
+
+@rule("FLAG003", "vLLM's own parser rejects the command line")
+def vllm_parser(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """When vLLM is importable (validate --vllm-parser / auto), every member's rendered argv goes through
+    `vllm serve`'s real argument parser, so no flag typo reaches a node."""
+    if ctx.flag_checker is None:
+        return
+    for name, m, model, argv in member_argvs(fleet):
+        err = ctx.flag_checker(model, list(argv))
+        if err:
+            yield Finding("FLAG003", "error", f"vLLM's parser rejects the command line for {m}: {err}",
+                          host=m, group=name, var=VAR)

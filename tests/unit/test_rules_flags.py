@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,25 @@ def test_real_vllm_parser(tmp_path: Path) -> None:
     c = fleet.clusters["qwen2_72b"]
     assert vllm_parser_error("/m", serve_args(c, "node01", fleet)) is None
     assert vllm_parser_error("/m", ["--swap-space", "4"]) is not None
+
+
+VLLM_PYTHON = os.environ.get("PROVISION_VLLM_PYTHON")
+
+
+@pytest.mark.skipif(not VLLM_PYTHON, reason="set PROVISION_VLLM_PYTHON (and PROVISION_VLLM_PYTHONPATH) to a vLLM env")
+def test_real_vllm_parser_through_the_cli(tmp_path: Path) -> None:
+    """FLAG003 with vLLM's real parser in another interpreter: rack-a's argvs pass, an unknown flag fails."""
+    import json
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).parent / "provision")
+    ok = subprocess.run([exe, "validate", str(INVENTORIES / "rack-a.ini"), "--format", "json", "--vllm-parser", "on"],
+                        capture_output=True, text=True, timeout=1200)
+    assert ok.returncode == 0, ok.stderr
+    inv = write_inventory(tmp_path, group_vars=cluster(extra_args=["--no-such-flag"]))
+    bad = subprocess.run([exe, "validate", str(inv), "--format", "json", "--vllm-parser", "on"],
+                         capture_output=True, text=True, timeout=1200)
+    assert bad.returncode == 1, bad.stderr
+    errs = [e for e in json.loads(bad.stdout)["errors"] if e["code"] == "FLAG003"]
+    assert errs and "--no-such-flag" in errs[0]["message"]
