@@ -141,6 +141,20 @@ def test_bench_reports_and_judges_slos(vllm_rack: VllmRack, tmp_path: Path) -> N
     assert "SLO breach" in p.stderr and "p99_ttft_ms" in p.stderr
 
 
+def test_second_run_with_tags_vllm_changes_nothing_and_restarts_nothing(vllm_rack: VllmRack) -> None:
+    pids = {h: vllm_rack.ssh(h, "systemctl show -p MainPID --value vllm").stdout.strip()
+            for h in ("node01", "node02", "node03")}
+    p = subprocess.run([PROVISION, "run", str(vllm_rack.inventory), "--tags", "vllm", "--skip-preflight", "--json"],
+                       capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads(p.stdout)
+    assert report["succeeded"] and report["totals"]["changed"] == 0, json.dumps(report["hosts"])[:3000]
+    after = {h: vllm_rack.ssh(h, "systemctl show -p MainPID --value vllm").stdout.strip() for h in pids}
+    assert after == pids  # nothing changed, so no cluster was restarted
+    for c in CLUSTERS:
+        assert http(vllm_rack.url(c, "/health"))[0] == 200
+
+
 def test_killing_the_worker_brings_the_cluster_back(vllm_rack: VllmRack) -> None:
     assert http(vllm_rack.url("vllm_pp", "/health"))[0] == 200
     pid = vllm_rack.ssh("node02", "pgrep -u vllm -f -o 'vllm serve'").stdout.strip()
