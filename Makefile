@@ -3,14 +3,18 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 
-.PHONY: help venv test test-unit lint demo clean
+.PHONY: help deps venv test test-unit lint demo clean
 
 help:
+	@echo "make deps       install the Debian packages the suite needs (root or sudo)"
 	@echo "make venv       create .venv with the first Python >= 3.12 found (PATH, then pyenv)"
 	@echo "make test       run the whole test suite (unit + simulated rack + vLLM end-to-end; root needed for the rack)"
 	@echo "make test-unit  unit tests only (no root, no rack)"
 	@echo "make lint       ansible-lint (production profile) + yamllint"
 	@echo "make demo       bring up the simulated rack and provision it"
+
+deps:
+	@./.ci/install-deps.sh
 
 $(PY):
 	@./.ci/find-python.sh >/dev/null || exit 1
@@ -20,7 +24,7 @@ $(PY):
 
 venv: $(PY)
 
-test: venv
+test: deps venv
 	$(VENV)/bin/pytest tests
 
 test-unit: venv
@@ -30,9 +34,9 @@ lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks roles
 	$(VENV)/bin/yamllint -s playbooks roles inventories
 
-demo: venv
+demo: deps venv
 	$(VENV)/bin/provision testbed up --nodes 4
-	$(VENV)/bin/provision run inventories/testbed.ini
+	$(VENV)/bin/provision run inventories/testbed/hosts.ini
 
 clean:
 	rm -rf $(VENV) .pytest_cache
