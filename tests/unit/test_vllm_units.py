@@ -203,3 +203,105 @@ def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor:
             assert written.replace(SECRET, REDACTED).replace(HF, REDACTED) == f.content, (host, f.dest)
             if f.dest.endswith("vllm.env"):
                 assert f'VLLM_API_KEY="{SECRET}"' in written  # the host gets the real key
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# vllm-group-run: the group-restart wrapper the units run (real processes, real sockets, no mocks)
+
+import http.server  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+WRAPPER = ROLES / "vllm_launch/files/vllm-group-run"
+
+
+def _wrapper(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(WRAPPER), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _child_pid(out: str) -> int:
+    return int(out.split("started pid ", 1)[1].split(":", 1)[0])
+
+
+def test_group_run_worker_stops_when_its_head_goes_away(tmp_path: Path) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    port = srv.getsockname()[1]
+    pidfile = tmp_path / "child.pid"
+    p = _wrapper("--head-addr", "127.0.0.1", "--head-port", str(port), "--interval", "0.2", "--misses", "2",
+                 "--stop-grace", "2", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
+    time.sleep(1.5)
+    assert p.poll() is None  # head up: the worker keeps running
+    child = int(pidfile.read_text())
+    srv.close()  # the head dies
+    rc = p.wait(timeout=10)
+    out = p.stdout.read() if p.stdout else ""
+    assert rc == 75, out
+    assert "is up" in out and "gone" in out
+    time.sleep(0.2)
+    assert not _alive(child)  # the worker's vLLM was stopped with it
+
+
+def test_group_run_worker_that_never_joins_restarts() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there
+    p = _wrapper("--head-addr", "127.0.0.1", "--head-port", str(port), "--interval", "0.2", "--join-timeout", "1",
+                 "--", "sleep", "60")
+    assert p.wait(timeout=10) == 75
+
+
+@pytest.mark.parametrize(("code", "expect"), [(0, 75), (3, 3)])
+def test_group_run_any_unrequested_exit_is_a_failure(code: int, expect: int) -> None:
+    p = _wrapper("--", "sh", "-c", f"exit {code}")
+    assert p.wait(timeout=10) == expect
+
+
+def test_group_run_sigterm_stops_the_child_and_exits_clean(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    p = _wrapper("--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
+    deadline = time.monotonic() + 5
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 0
+    time.sleep(0.2)
+    assert not _alive(child)
+
+
+def test_group_run_head_stops_when_its_engine_dies() -> None:
+    state = {"code": 200}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(state["code"])
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/health"
+    p = _wrapper("--health-url", url, "--interval", "0.2", "--misses", "2", "--", "sleep", "60")
+    time.sleep(1.5)
+    assert p.poll() is None
+    state["code"] = 503  # what vLLM's /health answers once the engine died
+    try:
+        assert p.wait(timeout=10) == 75
+    finally:
+        srv.shutdown()
