@@ -94,6 +94,21 @@ def register(app: typer.Typer) -> None:
         else:
             out.print(_table(name))
 
+    @tb.command("list")
+    def list_() -> None:
+        """Every rack on this machine (name, hosts running, bridge, subnet, inventory)."""
+        from provisioner.testbed import rack
+
+        t = Table(title="testbed racks", title_justify="left")
+        for col in ("rack", "hosts", "bridge", "subnet", "state", "vLLM", "inventory"):
+            t.add_column(col, no_wrap=True)
+        for r in rack.list_racks():
+            state = "[green]up[/]" if r.complete and r.running == r.nodes else (
+                "[yellow]degraded[/]" if r.complete else "[red]half-built[/]")
+            t.add_row(r.name, f"{r.running}/{r.nodes}", r.bridge, r.subnet, state, "yes" if r.with_vllm else "-",
+                      r.inventory)
+        out.print(t)
+
     @tb.command()
     def down(
         name: str = NAME_OPT,

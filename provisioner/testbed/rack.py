@@ -754,6 +754,33 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class RackSummary:
+    name: str
+    nodes: int
+    running: int
+    bridge: str
+    subnet: str
+    complete: bool
+    with_vllm: bool
+    inventory: str
+
+
+def list_racks() -> list[RackSummary]:
+    """Every rack in the state dir (also half-built ones: `down --name` removes those)."""
+    require_root()
+    out = []
+    for n in rack_names():
+        st = RackState.load(n)
+        if st is None:
+            out.append(RackSummary(n, 0, 0, "?", "?", False, False, ""))
+            continue
+        running = sum(1 for h in st.hosts if h.proc is not None and h.proc.alive())
+        out.append(RackSummary(n, st.nodes, running, st.bridge, str(network.subnet(st.index)), st.complete,
+                               st.with_vllm, st.inventory))
+    return out
+
+
 def status(name: str) -> list[HostStatus]:
     require_root()
     st = load(name)
