@@ -436,8 +436,15 @@ def apply_testbed_inventory(hosts_ini: Path) -> bool:
             changed = True
 
     all_yml = gv / "all.yml"
+    gpu_yml = gv / "gpu_nodes.yml"
+    gpu_count = (yaml.safe_load(gpu_yml.read_text()) or {}).get("gpu_count") if gpu_yml.is_file() else None
+    extra = dict(testbed_inventory_vars())
+    if gpu_count is not None and gpu_count != 8:
+        # CPU vLLM racks simulate one GPU per node (tests/vllm/rack-spec.yaml: TP 1): no NVSwitch baseboard, so
+        # no Fabric Manager (the simulator has NVSwitches on 8-GPU HGX nodes only)
+        extra["gpu_needs_fabric_manager"] = False
     if all_yml.is_file():
-        rewrite(all_yml, lambda d: d.update(testbed_inventory_vars()))
+        rewrite(all_yml, lambda d: d.update(extra))
     for p in sorted(gv.glob("*.yml")):
         data = yaml.safe_load(p.read_text()) or {}
         if isinstance(data.get("vllm_cluster"), dict):
