@@ -123,13 +123,13 @@ def rack_roots(name: str) -> list[tuple[int, int]]:
     return [(int(p), int(s)) for p, s in roots]
 
 
-def become_subreaper() -> None:
+def set_subreaper(on: bool) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
-def _my_children() -> list[int]:
+def _my_children(ssh_only: bool = False) -> list[int]:
     me = os.getpid()
     kids = []
     for d in os.listdir("/proc"):
@@ -140,6 +140,13 @@ def _my_children() -> list[int]:
             except OSError:
                 continue
             if int(s[s.rindex(")") + 2:].split()[1]) == me:
+                if ssh_only:
+                    try:
+                        cmd = open(f"/proc/{d}/cmdline", "rb").read()
+                    except OSError:
+                        continue
+                    if not cmd.startswith(b"ssh"):
+                        continue
                 kids.append(int(d))
     return kids
 
@@ -147,7 +154,8 @@ def _my_children() -> list[int]:
 def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, rack: str | None = None,
                  stdout_path: Path | None = None) -> dict:
     """Run argv as the controller; return wall/controller/machine/rack CPU and the exit code."""
-    become_subreaper()
+    before = set(_my_children())
+    set_subreaper(True)
     roots = rack_roots(rack) if rack else []
     r0 = tree_cpu_seconds(roots) if roots else 0.0
     m0 = machine_busy_seconds()
@@ -162,8 +170,11 @@ def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, rack: str |
             out.close()
     wall = time.monotonic() - t0
     cpu = ru.ru_utime + ru.ru_stime
-    # daemonized leftovers (ssh ControlPersist masters) re-parented to us: end them and add their CPU
-    orphans = _my_children()
+    # daemonized leftovers of this command (ssh ControlPersist masters) re-parented to us: end them, add their CPU.
+    # Only ssh processes that were not our children before: a rack brought up by this process has its host
+    # supervisors re-parented here too, and those must be left alone.
+    set_subreaper(False)
+    orphans = [p for p in _my_children(ssh_only=True) if p not in before]
     for pid in orphans:
         try:
             os.kill(pid, signal.SIGTERM)

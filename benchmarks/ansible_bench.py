@@ -207,6 +207,31 @@ def noop(args: argparse.Namespace) -> dict:
     return {"bench": "noop", "runs": runs, "summary": summary}
 
 
+def report(files: list[Path]) -> str:
+    """Markdown table of every run in the given result files (fleet and noop), medians for repeated noop runs."""
+    rows = []
+    for f in files:
+        d = json.loads(f.read_text())
+        groups: dict[tuple, list[dict]] = {}
+        for r in d["runs"]:
+            groups.setdefault((d["bench"], r["what"], r["hosts"], r["side"]), []).append(r)
+        for (bench, what, n, side), rs in groups.items():
+            ok = [r for r in rs if r["rc"] in (0, 3)] or rs
+            med = {k: statistics.median(r.get(k, 0) or 0 for r in ok)
+                   for k in ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s", "machine_cpu_s",
+                             "module_runs_per_host")}
+            rows.append((bench, what, n, side, len(ok), [r["rc"] for r in rs], med))
+    out = ["| bench | hosts | side | runs (rc) | wall s | controller CPU s (/host) | rack CPU s (/host) | "
+           "controller+rack CPU s (/host) | /proc/stat machine CPU s (/host) | module runs /host |",
+           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for bench, what, n, side, k, rcs, m in sorted(rows, key=lambda x: (x[0], x[1], x[2], x[3] != "tuned")):
+        per = lambda v: f"{v:.1f} ({v / n:.2f})"  # noqa: E731
+        out.append(f"| {bench} {what} | {n} | {side} | {k} ({','.join(map(str, rcs))}) | {m['wall_s']:.0f} | "
+                   f"{per(m['controller_cpu_s'])} | {per(m['rack_cpu_s'])} | {per(m['attributed_machine_cpu_s'])} | "
+                   f"{per(m['machine_cpu_s'])} | {m['module_runs_per_host']:.1f} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -216,17 +241,22 @@ def main() -> int:
     f.add_argument("--first", choices=["alternate", "tuned", "stock"], default="alternate",
                    help="which side runs first at each size (default: alternate per size); `stock` leaves the rack "
                         "converged by the tuned side with a warm fact cache, ready for `noop --no-converge`")
+    rp = sub.add_parser("report", help="Markdown table from result JSON files")
+    rp.add_argument("files", type=Path, nargs="+")
     n = sub.add_parser("noop")
     n.add_argument("--nodes", type=int, default=8)
     n.add_argument("--repeats", type=int, default=3)
     n.add_argument("--mode", choices=["drift", "run"], default="drift")
     n.add_argument("--fresh", action="store_true", help="tear the rack down and bring it up first")
     n.add_argument("--no-converge", action="store_true", help="the rack is already converged")
-    for p in (f, n):
+    for p in (f, n):  # noqa: B007
         p.add_argument("--name", default="bench", help="rack name (only this rack is created/removed)")
         p.add_argument("--json", type=Path)
         p.add_argument("--down", action="store_true", help="remove the rack at the end")
     args = ap.parse_args()
+    if args.cmd == "report":
+        print(report(args.files))
+        return 0
     out = {"machine": machine(), "argv": sys.argv}
     out.update(fleet(args) if args.cmd == "fleet" else noop(args))
     out["machine"]["loadavg_at_end"] = open("/proc/loadavg").read().split()[:3]
