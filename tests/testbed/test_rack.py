@@ -250,7 +250,15 @@ def test_crash_mid_up_is_cleaned_by_down_and_by_the_next_up() -> None:
     assert st is not None and all(h.nspawn for h in st.hosts), "up never booted the hosts"
     p.kill()
     p.wait()
-    os.kill(st.hosts[0].nspawn[0], signal.SIGKILL)  # type: ignore[index]
+    # SIGKILL the nspawn itself (the child of the host's supervisor): its container init is orphaned.
+    from provisioner.testbed.state import children
+
+    supervisor = st.hosts[0].nspawn[0]  # type: ignore[index]
+    deadline = time.monotonic() + 10
+    while not (kids := children(supervisor)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kids, "the host's supervisor never started nspawn"
+    os.kill(kids[0], signal.SIGKILL)
     time.sleep(0.5)
     assert leftovers(name, st.index)
     # The next `up` notices the half-built rack, cleans it and builds a good one.
