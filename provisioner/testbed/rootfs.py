@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -85,7 +85,7 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure_base(cache: Path | None = None, *, log: "callable | None" = None) -> Path:  # type: ignore[valid-type]
+def ensure_base(cache: Path | None = None, *, log: Callable[[str], None] | None = None) -> Path:
     """Return the base root, building it first when missing (cold: ~1.5 min from Debian's mirror)."""
     cache = cache or cache_dir()
     final = base_path(cache)
