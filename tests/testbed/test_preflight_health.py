@@ -119,8 +119,7 @@ def test_gpu_and_hca_faults(rig: Any, tmp_path: Path) -> None:
         rc, pf, out = provision("preflight", str(rig.inventory), "--format", "json")
         assert rc == 1, out
         assert pf_errors(pf, n1) == {"gpu_count": "expected 8, found 7"}
-        assert pf_errors(pf, n2) == {"ib_state": "expected mlx5_3:1 ACTIVE/LinkUp, found DOWN/Polling",
-                                     "ib_rate": "expected mlx5_3:1 400 Gb/s, found 10 Gb/s"}
+        assert pf_errors(pf, n2) == {"ib_state": "expected mlx5_3:1 ACTIVE/LinkUp, found DOWN/Polling"}
         assert pf_errors(pf, n3) == {"ib_rate": "expected mlx5_2:1 400 Gb/s, found 200 Gb/s"}
         assert pf_errors(pf, n4) == {} and pf["hosts"][n4]["ok"]
 
