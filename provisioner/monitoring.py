@@ -1,10 +1,12 @@
 """Render the serving edge and monitoring files from the Fleet: Prometheus scrape config + alert rules, nginx config.
 
 The templates in `templates/` (`prometheus.yml.j2`, `prometheus-rules.yml.j2`, `nginx-vllm.conf.j2`) are the same
-ones `roles/monitoring` and `roles/serving_lb` render with Ansible. They read the Ansible magic variables `groups`
-and `hostvars`; `template_context` builds those from the Fleet (hostvars = each host's merged vars plus
-`inventory_hostname` and `group_names`), under the roles' `defaults/main.yml` and the inventory's own values, so the
-CLI and the roles produce the same bytes (tests/unit/test_serving_lb.py compares them).
+ones `roles/monitoring` and `roles/serving_lb` render with Ansible. What they need from the inventory is
+`fleet_targets(fleet)`: every cluster head (cluster = the group that defines `vllm_cluster`, its served model names,
+address and port), the GPU nodes with their cluster, the balancers. The roles get it through their filter plugin
+(`inventory_file | provisioner_fleet_targets`, which calls this module, like roles/vllm's plugin), the CLI calls it
+directly, and both render on top of the roles' `defaults/main.yml`, so they produce the same bytes
+(tests/unit/test_serving_lb.py and test_monitoring.py compare them with real ansible-playbook output).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import yaml
 
 from provisioner import ROLES, TEMPLATES
 from provisioner.errors import UsageError
-from provisioner.model import Fleet
+from provisioner.model import Cluster, Fleet, Host
 
 #: Files `provision monitoring` writes, and the template each comes from.
 MONITORING_FILES: dict[str, str] = {
@@ -85,23 +87,41 @@ def _resolve(ctx: dict[str, Any], env: jinja2.Environment) -> dict[str, Any]:
     return out
 
 
-def ansible_magic(fleet: Fleet) -> dict[str, Any]:
-    """`groups` and `hostvars` as Ansible would hand them to a template, built from the Fleet."""
-    groups: dict[str, list[str]] = {"all": list(fleet.hosts)}
-    for name, h in fleet.hosts.items():
-        for g in h.groups:
-            groups.setdefault(g, []).append(name)
-    ungrouped = [n for n, h in fleet.hosts.items() if not h.groups]
-    if ungrouped:
-        groups["ungrouped"] = ungrouped
-    hostvars: dict[str, dict[str, Any]] = {}
-    for name, h in fleet.hosts.items():
-        hv = dict(h.vars)
-        hv.setdefault("ansible_host", h.address)
-        hv["inventory_hostname"] = name
-        hv["group_names"] = list(h.groups)
-        hostvars[name] = hv
-    return {"groups": groups, "hostvars": hostvars}
+def _served_names(cluster: Cluster) -> list[str]:
+    served = cluster.get("served_model_name") or cluster.get("model") or ""
+    if isinstance(served, str):
+        return [served] if served else []
+    if isinstance(served, (list, tuple)):
+        return [str(x) for x in served if x]
+    return [str(served)]
+
+
+def fleet_targets(fleet: Fleet) -> dict[str, list[dict[str, Any]]]:
+    """What the serving edge and the scrape config need from the inventory (JSON-safe, sorted, stable).
+
+    heads: one per cluster with a head (its node_rank 0 member): host, cluster, model (first served name),
+    names (every served name), address (ansible_host), port (vllm_cluster.port).
+    gpu_nodes, lbs (hosts in group `lb`): host, address, cluster (None outside clusters).
+    """
+    heads = []
+    for c in sorted(fleet.clusters.values(), key=lambda c: c.name):
+        if c.head is None or c.head not in fleet.hosts:
+            continue
+        h = fleet.hosts[c.head]
+        names = _served_names(c)
+        port = c.get("port")
+        heads.append({
+            "host": h.name, "cluster": c.name, "model": names[0] if names else "", "names": names,
+            "address": h.address, "port": int(port) if str(port).isdigit() else 8000,
+        })
+
+    def node(h: Host) -> dict[str, Any]:
+        clusters = sorted(fleet.cluster_of(h.name))
+        return {"host": h.name, "address": h.address, "cluster": clusters[0] if clusters else None}
+
+    gpu_nodes = [node(h) for h in sorted(fleet.gpu_nodes, key=lambda h: h.name)]
+    lbs = [node(h) for h in sorted(fleet.hosts.values(), key=lambda h: h.name) if "lb" in h.groups]
+    return {"heads": heads, "gpu_nodes": gpu_nodes, "lbs": lbs}
 
 
 def inventory_overrides(fleet: Fleet, prefix: str, groups: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -121,17 +141,19 @@ def template_context(
     host: str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Variables a template sees: role defaults < host's merged vars (when `host`) < overrides, + groups/hostvars."""
+    """Variables a template sees: role defaults < host's merged vars (when `host`) < overrides, plus
+    `<role>_fleet` = fleet_targets(fleet) for each role (what the role's vars/main.yml sets through its plugin)."""
     ctx: dict[str, Any] = {}
     for role in roles:
         ctx.update(role_defaults(role))
-    magic = ansible_magic(fleet)
     if host is not None:
         if host not in fleet.hosts:
             raise UsageError(f"host {host!r} is not in the inventory", path=str(fleet.source))
-        ctx.update(magic["hostvars"][host])
+        ctx.update(fleet.hosts[host].vars)
     ctx.update(overrides or {})
-    ctx.update(magic)
+    targets = fleet_targets(fleet)
+    for role in roles:
+        ctx[f"{role}_fleet"] = targets
     return _resolve(ctx, _environment())
 
 

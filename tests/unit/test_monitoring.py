@@ -54,10 +54,10 @@ def test_scrapes_every_head_node_exporter_and_dcgm(rack_a):
     assert set(jobs) == {"vllm", "node", "dcgm"}
     vllm = [(sc["targets"][0], sc["labels"]) for sc in jobs["vllm"]["static_configs"]]
     # rack-a: qwen2_72b = node01 (head) + node02 (worker, no API server); llama31_70b = node03; mixtral = node04
-    assert vllm == [
-        ("10.20.0.11:8000", {"host": "node01", "cluster": "qwen2_72b", "model": "qwen2-72b"}),
+    assert vllm == [  # one per cluster, by cluster name
         ("10.20.0.13:8000", {"host": "node03", "cluster": "llama31_70b", "model": "llama-3.1-70b"}),
         ("10.20.0.14:8000", {"host": "node04", "cluster": "mixtral", "model": "mixtral-8x7b"}),
+        ("10.20.0.11:8000", {"host": "node01", "cluster": "qwen2_72b", "model": "qwen2-72b"}),
     ]
     assert jobs["vllm"]["metrics_path"] == "/metrics"
     node = [sc["targets"][0] for sc in jobs["node"]["static_configs"]]
@@ -145,6 +145,10 @@ vllm_cluster={"model": "/m/x", "port": 8100}
 
 [lb]
 lb1 ansible_host=10.0.0.9
+
+# another one-host group holding the head: the cluster is still the group that defines vllm_cluster
+[aaa_rack_row1]
+g1
 
 [all:vars]
 monitoring_textfile_targets=["10.0.0.254:9100"]
