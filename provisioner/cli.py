@@ -35,7 +35,7 @@ COMMANDS = (
     "testbed",
 )
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _register_all() -> None:
