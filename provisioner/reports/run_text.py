@@ -21,6 +21,12 @@ def render(result: RunResult, *, quiet: bool = False) -> str:
             h = result.hosts[name]
             row = f"{name:<{width}}  {h.state:<11}  " + "  ".join(f"{getattr(h, c):>{len(c)}}" for c in COLUMNS)
             lines.append(row + f"  {h.batch if h.batch is not None else '-':>5}")
+    if result.check:
+        for d in result.drift:
+            where = f"{d.role} : {d.task}" if d.role else d.task
+            lines.append(f"WOULD CHANGE {d.host}: {d.kind} {d.resource} (TASK [{where}])")
+            if d.diff and not quiet:
+                lines.extend("      " + ln for ln in d.diff.rstrip("\n").splitlines())
     for f in result.failures:
         where = f"{f.role} : {f.task}" if f.role else f.task
         msg = f.message.replace("\n", "\n      ")

@@ -219,3 +219,11 @@ def test_run_text() -> None:
     # a host no play targeted (not aborted) is not a retry candidate
     r.aborted = False
     assert r.retry_hosts == ["node01"]
+
+
+def test_run_text_check_mode_lists_what_would_change() -> None:
+    r = drift_result()
+    r.command = "run"
+    text = run_text.render(r)
+    assert "WOULD CHANGE node01: file /etc/nccl.conf (TASK [nccl_tuning : Render /etc/nccl.conf])" in text
+    assert "+NCCL_IB_HCA=mlx5_0" in text
