@@ -126,12 +126,13 @@ class Bench:
         count_file.unlink(missing_ok=True)
         argv = self.argv(side, what)
         log(f"{tag}: {' '.join(argv)}")
+        state = tree_state()
         r = M.run_measured(argv, env=self.env(side, count_file), cwd=ROOT, rack=self.name,
                            stdout_path=self.work / f"{tag}.log")
         counts = M.read_counts(count_file)
         tasks = counts.pop("tasks", [])
         r.update(counts)
-        r.update({"side": side, "what": what, "hosts": nodes, "log": str(self.work / f"{tag}.log"),
+        r.update({"side": side, "what": what, "hosts": nodes, "tree": state, "log": str(self.work / f"{tag}.log"),
                   "command": " ".join(argv)})
         for k in ("controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s", "machine_cpu_s"):
             r[k.replace("_s", "_per_host_s")] = round(r[k] / nodes, 2)
@@ -142,6 +143,18 @@ class Bench:
         log(f"{tag}: rc {r['rc']} wall {r['wall_s']} ctl {r['controller_cpu_s']} rack {r['rack_cpu_s']} "
             f"machine {r['machine_cpu_s']} modules/host {r.get('module_runs_per_host')}")
         return r
+
+
+def tree_state() -> str:
+    """HEAD plus a hash of the playbooks/roles/templates as they are on disk (others may be editing them)."""
+    import hashlib
+    h = hashlib.sha256()
+    for sub in ("playbooks", "roles", "templates"):
+        for f in sorted((ROOT / sub).rglob("*")):
+            if f.is_file():
+                h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return f"{head.strip()}+{h.hexdigest()[:10]}"
 
 
 def ratio(a: float, b: float) -> float | None:
