@@ -93,8 +93,9 @@ def bench_inventory(name: str, dest: Path) -> Path:
 
 
 class Bench:
-    def __init__(self, name: str):
+    def __init__(self, name: str, skip_tags: str = ""):
         self.name = name
+        self.skip_tags = skip_tags
         self.work = M.scratch(f"ansible-bench-{name}")
         self.facts = self.work / "facts"
         self.n = 0
@@ -112,11 +113,12 @@ class Bench:
 
     def argv(self, side: str, what: str) -> list[str]:
         inv = str(bench_inventory(self.name, self.work / "inventory"))
+        skip = ["--skip-tags", self.skip_tags] if self.skip_tags else []
         if side == "tuned":
             if what == "drift":
-                return [str(BIN / "provision"), "drift", inv, "--quiet"]
-            return [str(BIN / "provision"), "run", inv, "--quiet"]
-        argv = [str(BIN / "ansible-playbook"), "-i", inv, str(SITE)]
+                return [str(BIN / "provision"), "drift", inv, "--quiet", *skip]
+            return [str(BIN / "provision"), "run", inv, "--quiet", *skip]
+        argv = [str(BIN / "ansible-playbook"), "-i", inv, str(SITE), *skip]
         return argv + (["--check", "--diff"] if what == "drift" else [])
 
     def run(self, side: str, what: str, nodes: int) -> dict:
@@ -162,7 +164,7 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def fleet(args: argparse.Namespace) -> dict:
-    b = Bench(args.name)
+    b = Bench(args.name, args.skip_tags)
     runs = []
     for i, n in enumerate(int(s) for s in args.sizes.split(",")):
         order = ["tuned", "stock"] if i % 2 == 0 else ["stock", "tuned"]
@@ -189,7 +191,7 @@ def fleet(args: argparse.Namespace) -> dict:
 
 
 def noop(args: argparse.Namespace) -> dict:
-    b = Bench(args.name)
+    b = Bench(args.name, args.skip_tags)
     n = args.nodes
     if not inventory(args.name).is_file() or args.fresh:
         fresh_rack(args.name, n)
@@ -266,6 +268,9 @@ def main() -> int:
         p.add_argument("--name", default="bench", help="rack name (only this rack is created/removed)")
         p.add_argument("--json", type=Path)
         p.add_argument("--down", action="store_true", help="remove the rack at the end")
+        p.add_argument("--skip-tags", default="vllm",
+                       help="passed to both sides (default vllm: site.yml's vLLM play pip-installs vLLM, which a plain "
+                            "rack without --with-vllm cannot reach; '' runs everything)")
     args = ap.parse_args()
     if args.cmd == "report":
         print(report(args.files))
