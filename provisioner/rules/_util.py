@@ -26,7 +26,14 @@ def type_name(v: Any) -> str:
 
 def show(v: Any) -> str:
     """A found value for a message: repr, shortened."""
-    r = repr(v) if not isinstance(v, (dict, list, tuple)) else repr(type(v)(v) if not isinstance(v, dict) else dict(v))
+    if isinstance(v, dict):
+        r = repr(dict(v))
+    elif isinstance(v, (list, tuple)):
+        r = repr(list(v))
+    elif isinstance(v, str):
+        r = repr(str(v))
+    else:
+        r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
 
 
