@@ -10,8 +10,8 @@ tests run in file order and build on each other, as an operator would:
    stops the rollout at --max-fail-percent 0 (node04 untouched, both in the retry file); fixed, the retry converges
    with one batch per host in the progress output.
 2. drift on the converged rack: exit 0, empty report.
-3. tamper node02 (edit /etc/nccl.conf, stop nvidia-persistenced, another version of a held package, alter a unit
-   file): drift reports exactly those four resources on node02 and nothing else, in all four formats, exit 3; node02
+3. tamper node02 (edit /etc/nccl.conf, stop nvidia-persistenced, another build of the held cuda-cudart-12-8, alter
+   a unit file): drift reports exactly those four resources on node02 and nothing else, in all four formats, exit 3; node02
    is byte-for-byte unchanged by the check (file tree hashes, dpkg state, unit states).
 4. `provision run --limit node02` heals it; drift on node02 is clean again.
 5. node04 stopped: drift reports it unreachable while the others are checked (exit 1); run reports it unreachable
@@ -38,7 +38,8 @@ from provisioner import PLAYBOOKS, PROJECT_ROOT
 pytestmark = pytest.mark.testbed
 
 PROVISION = [sys.executable, "-m", "provisioner.cli"]
-NSCQ_OLD = "580.82.07-1"  # the stand-in repo's other version of a held package
+HELD_PKG = "cuda-cudart-12-8"  # a held package of the cuda_nccl role (pinned 12.8.90-1)
+HELD_OLD = "12.8.61-1"  # "another build installed by hand": the stand-in .deb repacked with this version
 FW_UNIT = "/etc/systemd/system/provisioner-firewall.service"
 
 # What a drift check must leave untouched on a host: content of config/state trees, metadata of the rest, package
@@ -180,6 +181,29 @@ def test_drift_clean_after_run(rig: Rig) -> None:
     assert re.search(r'provision_drift_resources\{host="node02",role="nccl_tuning"\} 0', prom)
 
 
+def _install_other_version(rig: Rig, host: str, tmp: Path) -> None:
+    """Replace the held HELD_PKG on `host` by the same package under another version (dpkg -i of a repacked .deb),
+    keeping the hold: what a hand-installed build looks like."""
+    import urllib.request
+
+    version = rig.ssh(host, f"dpkg-query -W -f='${{Version}}' {HELD_PKG}").strip()
+    url = f"{rig.h.repo_url.rstrip('/')}/{HELD_PKG}_{version}_amd64.deb"
+    deb = tmp / "orig.deb"
+    deb.write_bytes(urllib.request.urlopen(url, timeout=30).read())
+    tree = tmp / "pkg"
+    subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True)
+    control = tree / "DEBIAN" / "control"
+    control.write_text(re.sub(r"^Version: .*$", f"Version: {HELD_OLD}", control.read_text(), flags=re.M))
+    other = tmp / "other.deb"
+    subprocess.run(["dpkg-deb", "-b", "--root-owner-group", str(tree), str(other)], check=True, capture_output=True)
+    up = subprocess.run(rig.h.ssh_argv(host, "cat > /root/other.deb"), input=other.read_bytes(), timeout=60)
+    assert up.returncode == 0
+    rig.ssh(host, f"set -e; apt-mark unhold {HELD_PKG} >/dev/null; dpkg -i /root/other.deb >/dev/null 2>&1; "
+                  f"apt-mark hold {HELD_PKG} >/dev/null; rm /root/other.deb")
+    assert rig.ssh(host, f"dpkg-query -W -f='${{Version}}' {HELD_PKG}").strip() == HELD_OLD
+    assert "hold" in rig.ssh(host, f"dpkg --get-selections {HELD_PKG}")
+
+
 def _snapshot(rig: Rig, host: str) -> str:
     return rig.ssh(host, SNAPSHOT)
 
@@ -187,9 +211,7 @@ def _snapshot(rig: Rig, host: str) -> str:
 def test_tamper_reported_exactly_in_all_formats_and_host_unchanged(rig: Rig, tmp_path: Path) -> None:
     rig.ssh("node02", "echo 'NCCL_DEBUG=TRACE' >> /etc/nccl.conf")
     rig.ssh("node02", "systemctl stop nvidia-persistenced")
-    rig.ssh("node02", "set -e; apt-mark unhold libnvidia-nscq-580 >/dev/null; "
-                      f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades "
-                      f"libnvidia-nscq-580={NSCQ_OLD} >/dev/null; apt-mark hold libnvidia-nscq-580 >/dev/null")
+    _install_other_version(rig, "node02", tmp_path)
     rig.ssh("node02", f"sed -i 's/^Description=.*/Description=edited by hand/' {FW_UNIT}; systemctl daemon-reload")
     before = _snapshot(rig, "node02")
     others = {h: _snapshot(rig, h) for h in ("node01", "node03")}
@@ -205,7 +227,7 @@ def test_tamper_reported_exactly_in_all_formats_and_host_unchanged(rig: Rig, tmp
         assert _snapshot(rig, h) == snap, f"the drift check changed {h}"
     assert "inactive" in rig.ssh("node02", "systemctl is-active nvidia-persistenced || true")
 
-    expected = {("file", "/etc/nccl.conf"), ("service", "nvidia-persistenced"), ("package", "libnvidia-nscq-580"),
+    expected = {("file", "/etc/nccl.conf"), ("service", "nvidia-persistenced"), ("package", HELD_PKG),
                 ("file", FW_UNIT)}
     # JSON
     d = json.loads((run_dir / "drift.json").read_text())
@@ -217,7 +239,7 @@ def test_tamper_reported_exactly_in_all_formats_and_host_unchanged(rig: Rig, tmp
     assert "-Description=edited by hand" in items[FW_UNIT]["diff"]
     assert items["/etc/nccl.conf"]["role"] == "nccl_tuning"
     assert items["nvidia-persistenced"]["role"] == "nvidia_persistenced"
-    assert items["libnvidia-nscq-580"]["role"] == "fabric_manager"
+    assert items[HELD_PKG]["role"] == "cuda_nccl"
     # JUnit
     root = ET.parse(run_dir / "drift.xml").getroot()
     failed = {(s.get("name"), c.get("name")) for s in root.iter("testsuite") for c in s.iter("testcase")
@@ -230,7 +252,7 @@ def test_tamper_reported_exactly_in_all_formats_and_host_unchanged(rig: Rig, tmp
     series = dict(re.findall(r'^provision_drift_resources\{host="([^"]+",role="[^"]+)"\} (\d+)$', prom, re.M))
     assert series['node02",role="nccl_tuning'] == "1"
     assert series['node02",role="nvidia_persistenced'] == "1"
-    assert series['node02",role="fabric_manager'] == "1"
+    assert series['node02",role="cuda_nccl'] == "1"
     assert series['node02",role="cluster_firewall'] == "1"
     assert all(v == "0" for k, v in series.items() if not k.startswith("node02"))
     assert "provision_drift_last_run_timestamp_seconds " in prom
@@ -247,7 +269,7 @@ def test_run_limit_heals_and_drift_is_clean_again(rig: Rig) -> None:
     assert p.returncode == 0, p.stderr + json.dumps(data["failures"], indent=1)
     assert list(data["hosts"]) == ["node02"] and data["hosts"]["node02"]["changed"] >= 4
     assert "active" == rig.ssh("node02", "systemctl is-active nvidia-persistenced").strip()
-    assert NSCQ_OLD not in rig.ssh("node02", "dpkg-query -W libnvidia-nscq-580")
+    assert HELD_OLD not in rig.ssh("node02", f"dpkg-query -W {HELD_PKG}")
     p, run_dir = rig.drift("--report", "json", "--limit", "node02")
     assert p.returncode == 0, p.stdout
     assert json.loads(p.stdout)["hosts"]["node02"]["drift"] == []
