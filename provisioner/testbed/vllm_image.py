@@ -444,6 +444,14 @@ def apply_testbed_inventory(hosts_ini: Path) -> bool:
         # no Fabric Manager (the simulator has NVSwitches on 8-GPU HGX nodes only)
         extra["gpu_needs_fabric_manager"] = False
     if all_yml.is_file():
+        from urllib.parse import urlparse
+
+        proxy = (yaml.safe_load(all_yml.read_text()) or {}).get("apt_proxy") or ""
+        controller = urlparse(str(proxy)).hostname
+        if controller:
+            # the cluster firewall opens the vLLM API port to client networks only: the controller is the client
+            # (tests, `provision bench --local`, the balancer's health checks)
+            extra["vllm_client_networks"] = [f"{controller}/32"]
         rewrite(all_yml, lambda d: d.update(extra))
     for p in sorted(gv.glob("*.yml")):
         data = yaml.safe_load(p.read_text()) or {}

@@ -58,9 +58,13 @@ def vllm_rack() -> Iterator[VllmRack]:
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
-    p = subprocess.run([PROVISION, "run", str(inv), "--skip-preflight"], capture_output=True, text=True,
-                       timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
-    vr.run_rc, vr.run_s, vr.run_output = p.returncode, round(time.monotonic() - t0, 1), p.stdout + p.stderr
+    if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") == "1":  # developer loop on an already provisioned rack
+        vr.run_rc, vr.run_output = 0, "skipped (PROVISIONER_VLLM_SKIP_RUN=1)"
+    else:
+        p = subprocess.run([PROVISION, "run", str(inv), "--skip-preflight"], capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
+        vr.run_rc, vr.run_output = p.returncode, p.stdout + p.stderr
+    vr.run_s = round(time.monotonic() - t0, 1)
     # the run waits for /health itself; give the poller a last look
     deadline = time.monotonic() + 30
     while len(vr.first_healthy_s) < len(heads) and time.monotonic() < deadline:
