@@ -299,8 +299,8 @@ def _text(v: Any) -> str:
     return json.dumps(v, indent=2, sort_keys=True, default=str) + "\n"
 
 
-def render_diff(diff: Any) -> str | None:
-    """Ansible's diff structure(s) as a unified diff (or apt's `prepared` text)."""
+def render_diff(diff: Any, path: str | None = None) -> str | None:
+    """Ansible's diff structure(s) as a unified diff (or apt's `prepared` text); `path` names both sides."""
     if not diff:
         return None
     items = diff if isinstance(diff, list) else [diff]
@@ -322,8 +322,9 @@ def render_diff(diff: Any) -> str | None:
             a[-1] += "\n\\ No newline at end of file\n"
         if b and not b[-1].endswith("\n"):
             b[-1] += "\n\\ No newline at end of file\n"
-        out.extend(difflib.unified_diff(a, b, fromfile=f"before: {d.get('before_header', '')}".rstrip(": "),
-                                        tofile=f"after: {d.get('after_header', '')}".rstrip(": ")))
+        bh, ah = (path, path) if path else (d.get("before_header", ""), d.get("after_header", ""))
+        out.extend(difflib.unified_diff(a, b, fromfile=f"before: {bh}".rstrip(": "),
+                                        tofile=f"after: {ah}".rstrip(": ")))
     text = "".join(out)
     return text or None
 
@@ -359,13 +360,14 @@ def _item_label(res: dict[str, Any]) -> str | None:
 
 
 def _diff_path(res: dict[str, Any]) -> str | None:
+    """The managed path from a diff's headers: `before_header` is the destination; `after_header` may be the
+    rendered temporary source (template in check mode), so it only counts when it is not Ansible's temp dir."""
     diff = res.get("diff")
-    for d in diff if isinstance(diff, list) else [diff]:
-        if isinstance(d, dict):
-            for k in ("after_header", "before_header"):
-                h = d.get(k)
-                if isinstance(h, str) and h.startswith("/"):
-                    return h.split(" ", 1)[0]
+    for k in ("before_header", "after_header"):
+        for d in diff if isinstance(diff, list) else [diff]:
+            h = d.get(k) if isinstance(d, dict) else None
+            if isinstance(h, str) and h.startswith("/") and "/.ansible/tmp/" not in h:
+                return h.split(" ", 1)[0]
     return None
 
 
@@ -520,8 +522,9 @@ class EventFolder:
         results = res.get("results") if isinstance(res.get("results"), list) else None
         parts = [x for x in results if isinstance(x, dict) and x.get("changed")] if results else [res]
         for part in parts:
-            diff = None if part.get("censored") or res.get("censored") else render_diff(part.get("diff"))
+            censored = part.get("censored") or res.get("censored")
             for kind, resource in resources_of(action, part, task):
+                diff = None if censored else render_diff(part.get("diff"), resource if kind == "file" else None)
                 if any(d.kind == kind and d.resource == resource for d in h.drift):
                     continue
                 h.drift.append(DriftItem(host=h.name, task=task, kind=kind, resource=resource, role=ed.get("role"),
