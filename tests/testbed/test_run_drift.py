@@ -1,5 +1,6 @@
 """`provision run` and `provision drift` on the simulated rack, end to end through the CLI.
 
+site.yml runs without the vLLM area (`--skip-tags vllm`): this rack has no vLLM layer; tests/vllm covers it.
 Debugging: PROVISIONER_RUNNER_NO_RESET=1 keeps the rack's disks (run a later test alone with -k),
 PROVISIONER_RUNNER_INVENTORY / PROVISIONER_RUNNER_PLAYBOOK point the commands at another inventory / playbook.
 
@@ -80,8 +81,11 @@ class Rig:
 
     def cli(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, PROVISION_RUNS_DIR=str(self.runs))
-        if self.playbook and args and args[0] in ("run", "drift"):
-            args = (*args, "--playbook", self.playbook)
+        if args and args[0] in ("run", "drift"):
+            # this rack has no vLLM layer (tests/vllm has its own rack): site.yml without the vLLM area
+            args = (*args, "--skip-tags", "vllm")
+            if self.playbook:
+                args = (*args, "--playbook", self.playbook)
         p = subprocess.run([*PROVISION, *args], capture_output=True, text=True, env=env, timeout=timeout,
                            cwd=PROJECT_ROOT)
         assert "Traceback" not in p.stderr, p.stderr
