@@ -195,6 +195,8 @@ def noop(args: argparse.Namespace) -> dict:
     n = args.nodes
     if not inventory(args.name).is_file() or args.fresh:
         fresh_rack(args.name, n)
+        if b.facts.exists():
+            shutil.rmtree(b.facts)
     else:
         testbed("up", "--name", args.name, "--nodes", str(n))  # no-op on a running rack of that size
     if not args.no_converge:
