@@ -39,7 +39,8 @@ from provisioner import PLAYBOOKS, PROJECT_ROOT
 pytestmark = pytest.mark.testbed
 
 PROVISION = [sys.executable, "-m", "provisioner.cli"]
-HELD_PKG = "cuda-cudart-12-8"  # a held package of the cuda_nccl role (pinned 12.8.90-1)
+HELD_PKG = "cuda-cudart-12-8"  # a held package of the cuda_nccl role
+HELD_PIN = "12.8.90-1"  # its pinned version (docs/development.md), as the stand-in repo serves it
 HELD_OLD = "12.8.61-1"  # "another build installed by hand": the stand-in .deb repacked with this version
 FW_UNIT = "/etc/systemd/system/provisioner-firewall.service"
 
@@ -190,8 +191,7 @@ def _install_other_version(rig: Rig, host: str, tmp: Path) -> None:
     keeping the hold: what a hand-installed build looks like."""
     import urllib.request
 
-    version = rig.ssh(host, f"dpkg-query -W -f='${{Version}}' {HELD_PKG}").strip()
-    url = f"{rig.h.repo_url.rstrip('/')}/{HELD_PKG}_{version}_amd64.deb"
+    url = f"{rig.h.repo_url.rstrip('/')}/{HELD_PKG}_{HELD_PIN}_amd64.deb"
     deb = tmp / "orig.deb"
     deb.write_bytes(urllib.request.urlopen(url, timeout=30).read())
     tree = tmp / "pkg"
