@@ -3,8 +3,10 @@ rack host in front of the two CPU vLLM clusters (`vllm_pp` head node01, `vllm_si
 `tiny-llama`, so one upstream with two heads). Completions and streams go through it with the API key, both clusters
 take requests, the key is not logged, and with one cluster stopped every request still succeeds.
 
-The balancer runs on node03 on port 8080 (vLLM owns 8000 there). The stopped cluster is started again and the test
-waits for its /health before it ends, so the tests after it find the rack as it was.
+The balancer runs on node03 on port 8080 (vLLM owns 8000 there). As `site.yml` would, the heads' cluster firewall is
+applied with node03 in group `lb` first (the API port admits only clients, members and balancers). Afterwards the
+rack's own firewall is put back, and the stopped cluster is started again and waited for, so the tests after these
+find the rack as it was (nginx stays installed on node03, on a port nothing else uses).
 """
 
 from __future__ import annotations
@@ -74,26 +76,52 @@ def access_log(rack: VllmRack) -> str:
     return r.stdout
 
 
+FIREWALL_PLAY = """\
+- name: Cluster firewall (the heads' API port admits the hosts in group lb)
+  hosts: gpu_nodes
+  gather_facts: true
+  gather_subset: ["!all", "min"]
+  become: true
+  roles:
+    - role: cluster_firewall
+"""
+
+
+def playbook(inventory: Path, play: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_ROLES_PATH=str(PROJECT_ROOT / "roles"), PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
+    return subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(inventory), str(play), *args],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+
+
 @pytest.fixture(scope="module")
 def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
     for cluster in vllm_rack.heads:
         if vllm_rack.wait_healthy(cluster, HEALTH_BOUND_S) is None:
             pytest.fail(f"cluster {cluster} is not healthy before the balancer test")
+    work = tmp_path_factory.mktemp("edge")
     # the rack's inventory (hosts.ini + group_vars/) with node03 also in group `lb`
-    inv_dir = tmp_path_factory.mktemp("edge") / "inventory"
+    inv_dir = work / "inventory"
     shutil.copytree(Path(vllm_rack.inventory).parent, inv_dir)
     hosts = inv_dir / Path(vllm_rack.inventory).name
     hosts.write_text(hosts.read_text() + f"\n[lb]\n{LB_HOST}\n\n[lb:vars]\nserving_lb_listen_port={LB_PORT}\n")
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
-    p = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(hosts), "playbooks/serving.yml",
-                        "--tags", "serving"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    firewall = work / "firewall.yml"
+    firewall.write_text(FIREWALL_PLAY)
+    # As site.yml does (fabric.yml before serving.yml): the heads' cluster firewall lets the balancer in, then nginx.
+    p = playbook(hosts, firewall)
     assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
-    from provisioner.inventory import load_fleet
+    try:
+        p = playbook(hosts, PROJECT_ROOT / "playbooks" / "serving.yml", "--tags", "serving")
+        assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+        from provisioner.inventory import load_fleet
 
-    address = load_fleet(hosts).hosts[LB_HOST].address
-    yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", p.stdout)
+        address = load_fleet(hosts).hosts[LB_HOST].address
+        yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", p.stdout)
+    finally:
+        # the rack's own firewall back (the tests after this one expect a second `provision run` to change nothing)
+        r = playbook(Path(vllm_rack.inventory), firewall)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
 
 def test_balancer_proxies_completions_with_the_api_key(edge: Edge) -> None:
