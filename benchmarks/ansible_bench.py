@@ -227,11 +227,12 @@ def noop(args: argparse.Namespace) -> dict:
 def report(files: list[Path]) -> str:
     """Markdown table of every run in the given result files (fleet and noop), medians for repeated noop runs."""
     rows = []
+    groups: dict[tuple, list[dict]] = {}  # runs of the same kind from several files are pooled
     for f in files:
         d = json.loads(f.read_text())
-        groups: dict[tuple, list[dict]] = {}
         for r in d["runs"]:
             groups.setdefault((d["bench"], r["what"], r["hosts"], r["side"]), []).append(r)
+    if True:
         for (bench, what, n, side), rs in groups.items():
             ok = [r for r in rs if r["rc"] in (0, 3)] or rs
             med = {k: statistics.median(r.get(k, 0) or 0 for r in ok)
