@@ -232,13 +232,12 @@ def report(files: list[Path]) -> str:
         d = json.loads(f.read_text())
         for r in d["runs"]:
             groups.setdefault((d["bench"], r["what"], r["hosts"], r["side"]), []).append(r)
-    if True:
-        for (bench, what, n, side), rs in groups.items():
-            ok = [r for r in rs if r["rc"] in (0, 3)] or rs
-            med = {k: statistics.median(r.get(k, 0) or 0 for r in ok)
-                   for k in ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s", "machine_cpu_s",
-                             "module_runs_per_host")}
-            rows.append((bench, what, n, side, len(ok), [r["rc"] for r in rs], med))
+    for (bench, what, n, side), rs in groups.items():
+        ok = [r for r in rs if r["rc"] in (0, 3)] or rs
+        med = {k: statistics.median(r.get(k, 0) or 0 for r in ok)
+               for k in ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s", "machine_cpu_s",
+                         "module_runs_per_host")}
+        rows.append((bench, what, n, side, len(ok), [r["rc"] for r in rs], med))
     out = ["| bench | hosts | side | runs (rc) | wall s | controller CPU s (/host) | rack CPU s (/host) | "
            "controller+rack CPU s (/host) | /proc/stat machine CPU s (/host) | module runs /host |",
            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
