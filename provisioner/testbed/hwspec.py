@@ -50,7 +50,7 @@ class GpuModel:
 GPU_MODELS: Mapping[str, GpuModel] = {
     "H100-SXM5-80GB": GpuModel("NVIDIA H100 80GB HBM3", 81559, 551, 700, "0x233010DE", "96.00.99.00.01",
                                "692-2G520-0200-000", 1980, 2619),
-    "H200-SXM5-141GB": GpuModel("NVIDIA H200", 143771, 630, 700, "0x233510DE", "96.00.A5.00.01",
+    "H200-SXM-141GB": GpuModel("NVIDIA H200", 143771, 630, 700, "0x233510DE", "96.00.A5.00.01",
                                 "692-2G520-0280-000", 1980, 3201),
 }
 

@@ -286,7 +286,7 @@ def test_spec_file_sets_per_host_hardware_and_bad_specs_are_usage_errors(tmp_pat
     name = "tbspec"
     cli("down", "--name", name)
     spec = tmp_path / "rack.yaml"
-    spec.write_text("defaults:\n  gpu_model: H200-SXM5-141GB\nhosts:\n  node02:\n    gpu_count: 4\n"
+    spec.write_text("defaults:\n  gpu_model: H200-SXM-141GB\nhosts:\n  node02:\n    gpu_count: 4\n"
                     "    faults:\n      hca_down: mlx5_1\n")
     try:
         r = cli("up", "--name", name, "--nodes", "2", "--spec", str(spec))
@@ -294,7 +294,7 @@ def test_spec_file_sets_per_host_hardware_and_bad_specs_are_usage_errors(tmp_pat
         st = RackState.load(name)
         assert st is not None
         fleet = load_fleet(st.inventory)
-        assert fleet.hosts["node01"].gpu_model == "H200-SXM5-141GB"
+        assert fleet.hosts["node01"].gpu_model == "H200-SXM-141GB"
         assert (fleet.hosts["node01"].gpu_count, fleet.hosts["node02"].gpu_count) == (8, 4)
         hw = json.loads(rack.handle(st).ssh("node02", "cat /var/lib/hwsim/spec.json").stdout)
         assert len(hw["gpus"]) == 4

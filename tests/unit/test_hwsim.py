@@ -43,7 +43,7 @@ def test_defaults_are_an_8x_h100_node_with_8_ndr_hcas() -> None:
 
 @pytest.mark.parametrize(("spec", "message"), [
     ({"gpu_modell": "x"}, r"gpu_modell: unknown key"),
-    ({"gpu_model": "A100"}, r"gpu_model: unknown model 'A100' \(known: H100-SXM5-80GB, H200-SXM5-141GB\)"),
+    ({"gpu_model": "A100"}, r"gpu_model: unknown model 'A100' \(known: H100-SXM5-80GB, H200-SXM-141GB\)"),
     ({"gpu_count": "8"}, r"gpu_count: expected an integer, got '8'"),
     ({"faults": {"hca_dwn": "mlx5_3"}}, r"faults: unknown fault 'hca_dwn'"),
     ({"faults": {"hca_down": "mlx5_9"}}, r"faults.hca_down: unknown HCA 'mlx5_9' \(this node has mlx5_0, "),
@@ -88,7 +88,7 @@ def test_missing_gpu_reindexes_what_is_left_in_pci_order() -> None:
 
 def test_rack_file_merges_defaults_and_host_faults(tmp_path: Path) -> None:
     f = tmp_path / "rack.yml"
-    f.write_text("defaults:\n  gpu_model: H200-SXM5-141GB\n  faults: {persistence_off: true}\n"
+    f.write_text("defaults:\n  gpu_model: H200-SXM-141GB\n  faults: {persistence_off: true}\n"
                  "hosts:\n  node02:\n    faults: {hca_down: mlx5_3}\n")
     doc = hwspec.load(f)
     n2 = hwspec.resolve(hwspec.for_host(doc, "node02"))
@@ -290,7 +290,7 @@ def test_no_spec_or_no_module_means_no_driver(node: Node, tmp_path: Path) -> Non
 
 def test_missing_gpu_and_h200(node: Node) -> None:
     assert len(node.spec({"faults": {"missing_gpu": 1}}).query("index")) == 7
-    assert node.spec({"gpu_model": "H200-SXM5-141GB", "gpu_count": 2}).query("name,memory.total") == [
+    assert node.spec({"gpu_model": "H200-SXM-141GB", "gpu_count": 2}).query("name,memory.total") == [
         ["NVIDIA H200", "143771"]] * 2
 
 
@@ -391,7 +391,7 @@ def _skeleton(text: str) -> list[str]:
 
 @pytest.mark.skipif(not (REAL / "smi-q.txt").is_file(), reason="no real captures")
 def test_outputs_have_the_real_tools_layout(node: Node) -> None:
-    node.spec({"gpu_model": "H200-SXM5-141GB", "gpu_count": 1, "hcas": 0})
+    node.spec({"gpu_model": "H200-SXM-141GB", "gpu_count": 1, "hcas": 0})
     assert _skeleton(node.smi("-q").stdout) == _skeleton((REAL / "smi-q.txt").read_text())
     ecc = node.smi("-q", "-d", "ECC,ROW_REMAPPER,PAGE_RETIREMENT").stdout
     assert _skeleton(ecc) == _skeleton((REAL / "smi-q-ecc.txt").read_text())

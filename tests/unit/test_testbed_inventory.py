@@ -46,11 +46,11 @@ def test_small_racks_get_the_clusters_they_can_hold(tmp_path: Path) -> None:
 
 def test_per_host_hardware_differences_become_host_vars(tmp_path: Path) -> None:
     r = _rack(2)
-    hosts = (r.hosts[0], invw.InvHost(name="node02", address="198.18.0.12", gpu_model="H200-SXM5-141GB",
+    hosts = (r.hosts[0], invw.InvHost(name="node02", address="198.18.0.12", gpu_model="H200-SXM-141GB",
                                       gpu_count=4, ib_hcas=("mlx5_0", "mlx5_1")))
     fleet = load_fleet(invw.write(invw.InvRack(**{**r.__dict__, "hosts": hosts}), tmp_path))
     assert (fleet.hosts["node01"].gpu_model, fleet.hosts["node01"].gpu_count) == ("H100-SXM5-80GB", 8)
-    assert (fleet.hosts["node02"].gpu_model, fleet.hosts["node02"].gpu_count) == ("H200-SXM5-141GB", 4)
+    assert (fleet.hosts["node02"].gpu_model, fleet.hosts["node02"].gpu_count) == ("H200-SXM-141GB", 4)
     assert fleet.hosts["node02"].ib_hcas == ("mlx5_0", "mlx5_1")
     assert len(fleet.hosts["node01"].ib_hcas) == 8
     assert fleet.clusters["vllm_pp"].get("tensor_parallel_size") == 4
