@@ -119,7 +119,6 @@ def _smi_names(gpu_model: str | None) -> tuple[str, ...]:
 _FALLBACK_SMI = {
     "H100-SXM5-80GB": ("NVIDIA H100 80GB HBM3",),
     "H200-SXM-141GB": ("NVIDIA H200",),
-    "H200-SXM-141GB": ("NVIDIA H200",),
     "H100-PCIe-80GB": ("NVIDIA H100 PCIe",),
     "H100-NVL-94GB": ("NVIDIA H100 NVL",),
 }
