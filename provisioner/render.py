@@ -107,8 +107,10 @@ def vllm_facts(fleet: Fleet, host: str, variables: Mapping[str, Any]) -> dict[st
         role = "head" if is_head else "worker"
         ray_exec = ""
         if is_head:
+            peers = [str(fleet.hosts[m].get("vllm_host_ip") or fleet.hosts[m].address) for m in members[1:]]
             exec_argv = [*wrapper, "--health-url", health_url, "--misses", str(variables.get("vllm_watch_misses", 3)),
-                         "--interval", str(variables.get("vllm_head_watch_interval", 10)), "--", *argv]
+                         "--interval", str(variables.get("vllm_head_watch_interval", 10)),
+                         *(["--peers", ",".join(peers)] if peers else []), "--", *argv]
         else:
             exec_argv = [*wrapper, "--head-addr", head_address, "--head-port", str(master_port),
                          "--misses", str(variables.get("vllm_watch_misses", 3)),

@@ -157,7 +157,7 @@ def test_second_run_with_tags_vllm_changes_nothing_and_restarts_nothing(vllm_rac
 
 def test_killing_the_worker_brings_the_cluster_back(vllm_rack: VllmRack) -> None:
     assert http(vllm_rack.url("vllm_pp", "/health"))[0] == 200
-    pid = vllm_rack.ssh("node02", "pgrep -u vllm -f -o 'vllm serve'").stdout.strip()
+    pid = vllm_rack.ssh("node02", "pgrep -u vllm -f '^/opt/vllm/venv/bin/python[0-9.]* /opt/vllm/venv/bin/vllm serve'").stdout.strip()
     assert pid.isdigit()
     t0 = time.monotonic()
     assert vllm_rack.ssh("node02", f"kill -9 {pid}").returncode == 0
@@ -179,5 +179,5 @@ def test_killing_the_worker_brings_the_cluster_back(vllm_rack: VllmRack) -> None
     code, text = http(vllm_rack.url("vllm_pp", "/v1/completions"), data=body, key=vllm_rack.api_key, timeout=300)
     assert code == 200, text
     # and the worker is a new process (restarted by systemd, not left stale)
-    new_pid = vllm_rack.ssh("node02", "pgrep -u vllm -f -o 'vllm serve'").stdout.strip()
+    new_pid = vllm_rack.ssh("node02", "pgrep -u vllm -f '^/opt/vllm/venv/bin/python[0-9.]* /opt/vllm/venv/bin/vllm serve'").stdout.strip()
     assert new_pid.isdigit() and new_pid != pid
