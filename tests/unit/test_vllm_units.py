@@ -305,3 +305,38 @@ def test_group_run_head_stops_when_its_engine_dies() -> None:
         assert p.wait(timeout=10) == 75
     finally:
         srv.shutdown()
+
+
+def test_group_run_head_stops_when_a_worker_connection_set_vanishes() -> None:
+    """An idle head never notices a dead worker by itself: the wrapper watches the worker's connections."""
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/health"
+    rendezvous = socket.socket()
+    rendezvous.bind(("127.0.0.1", 0))
+    rendezvous.listen(4)
+    worker = socket.create_connection(rendezvous.getsockname())  # the "worker" holds a connection to the head
+    accepted, _ = rendezvous.accept()
+    p = _wrapper("--health-url", url, "--interval", "0.3", "--misses", "2", "--peers", "127.0.0.1", "--",
+                 "sleep", "60")
+    try:
+        time.sleep(2.5)
+        assert p.poll() is None  # worker connected: the head keeps running
+        worker.close()  # the worker process dies: its connections go away
+        accepted.close()
+        assert p.wait(timeout=15) == 75
+        assert "gone" in (p.stdout.read() if p.stdout else "")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        srv.shutdown()
+        rendezvous.close()
