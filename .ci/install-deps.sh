@@ -2,7 +2,7 @@
 # Install the Debian/Ubuntu packages the suite needs (idempotent: a no-op when all are present).
 #   testbed hosts:      debootstrap systemd-container tinyproxy iproute2 nftables
 #   stand-in NVIDIA repo: dpkg-dev apt-utils gnupg gpgv fakeroot
-#   serving edge tests: nginx-light (nginx -t, real proxy tests), prometheus (promtool)
+#   serving edge tests: nginx-light + libnginx-mod-http-js (njs model routing), prometheus (promtool)
 #   tools:              make rsync procps psmisc openssh-client curl
 set -euo pipefail
 PKGS=(debootstrap systemd-container tinyproxy iproute2 nftables
