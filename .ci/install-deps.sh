@@ -7,7 +7,7 @@
 set -euo pipefail
 PKGS=(debootstrap systemd-container tinyproxy iproute2 nftables
       dpkg-dev apt-utils gnupg gpgv fakeroot
-      nginx-light prometheus
+      nginx-light libnginx-mod-http-js prometheus
       make rsync procps psmisc openssh-client curl ca-certificates)
 missing=()
 for p in "${PKGS[@]}"; do
