@@ -52,6 +52,17 @@ def _register_all() -> None:
 _register_all()
 
 
+def _click_exceptions() -> tuple[type[BaseException], ...]:
+    """Click's usage-error classes: typer >= 0.29 vendors its own click (typer._click), older ones use click."""
+    types: list[type[BaseException]] = []
+    for mod in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            types.append(importlib.import_module(mod).ClickException)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(types)
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)
@@ -67,10 +78,8 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        if isinstance(exc, _click_exceptions()):
+            exc.show()  # type: ignore[attr-defined]
             sys.exit(Exit.USAGE)
         raise
     sys.exit(0)

@@ -1,0 +1,48 @@
+"""Every command answers a usage error with exit 2 and one message, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provisioner.cli import COMMANDS
+
+PROVISION = str(Path(sys.executable).with_name("provision"))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_unknown_option_is_a_usage_error(command: str) -> None:
+    r = _run(command, "--no-such-option")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert "--no-such-option" in r.stderr
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    r = _run("no-such-command")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "no-such-command" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["validate", "render", "run", "drift", "preflight", "health", "monitoring"])
+def test_missing_inventory_file_is_a_usage_error(command: str, tmp_path: Path) -> None:
+    extra = {"render": ["--host", "node01"], "monitoring": ["--out", str(tmp_path / "o")]}.get(command, [])
+    r = _run(command, str(tmp_path / "missing.ini"), *extra)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert "missing.ini" in r.stderr
+
+
+def test_help_lists_every_command() -> None:
+    r = _run("--help")
+    assert r.returncode == 0
+    for command in COMMANDS:
+        assert command in r.stdout
