@@ -54,7 +54,13 @@ NCCL_DEFAULTS: dict[str, Any] = {
     "nccl_extra": {},
 }
 
-_ANSIBLE_KEEP = {"ansible_host", "ansible_port", "ansible_user", "ansible_ssh_common_args", "ansible_python_interpreter"}
+# Connection variables the probes (paramiko) need to reach hosts the way Ansible does.
+_ANSIBLE_KEEP = {
+    "ansible_host", "ansible_port", "ansible_user", "ansible_ssh_user", "ansible_ssh_port",
+    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_private_key_file",
+    "ansible_private_key_file", "ansible_python_interpreter", "ansible_connection",
+    "ansible_become", "ansible_become_user",
+}
 
 
 def _quiet_ansible() -> None:
