@@ -340,3 +340,19 @@ def test_group_run_head_stops_when_a_worker_connection_set_vanishes() -> None:
             p.kill()
         srv.shutdown()
         rendezvous.close()
+
+
+def test_group_run_kills_orphaned_rank_processes_when_vllm_dies(tmp_path: Path) -> None:
+    """vLLM's main process killed: its rank processes (same process group) must not live on as orphans."""
+    pidfile = tmp_path / "rank.pid"
+    p = _wrapper("--stop-grace", "2", "--", "sh", "-c", f"sleep 60 & echo $! > {pidfile}; exec sleep 60")
+    deadline = time.monotonic() + 5
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    rank = int(pidfile.read_text())
+    main = int(subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()[0])
+    os.kill(main, signal.SIGKILL)  # what the e2e test does to the worker's vLLM
+    assert p.wait(timeout=15) == 75
+    time.sleep(0.3)
+    assert not _alive(rank)
