@@ -449,9 +449,12 @@ def apply_testbed_inventory(hosts_ini: Path) -> bool:
         proxy = (yaml.safe_load(all_yml.read_text()) or {}).get("apt_proxy") or ""
         controller = urlparse(str(proxy)).hostname
         if controller:
-            # the cluster firewall opens the vLLM API port to client networks only: the controller is the client
-            # (tests, `provision bench --local`, the balancer's health checks)
-            extra["vllm_client_networks"] = [f"{controller}/32"]
+            # the cluster firewall opens the vLLM API port to client networks only: the rack's subnet is the client
+            # network (the controller: tests, `provision bench --local`; the balancer on a rack host in front of
+            # both clusters, tests/vllm/test_serving_lb.py)
+            import ipaddress
+
+            extra["vllm_client_networks"] = [str(ipaddress.ip_network(f"{controller}/24", strict=False))]
         rewrite(all_yml, lambda d: d.update(extra))
     for p in sorted(gv.glob("*.yml")):
         data = yaml.safe_load(p.read_text()) or {}
