@@ -65,7 +65,8 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # standalone_mode=False: a command's `raise typer.Exit(code)` comes back as the return value
+        rc = app(standalone_mode=False)
     except UsageError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(Exit.USAGE)
@@ -82,7 +83,7 @@ def main() -> None:
             exc.show()  # type: ignore[attr-defined]
             sys.exit(Exit.USAGE)
         raise
-    sys.exit(0)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":
