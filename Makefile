@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 
-.PHONY: help deps venv test test-unit lint demo clean
+.PHONY: help deps venv test test-unit lint demo demo-vllm clean
 
 help:
 	@echo "make deps       install the Debian packages the suite needs (root or sudo)"
@@ -11,7 +11,8 @@ help:
 	@echo "make test       run the whole test suite (unit + simulated rack + vLLM end-to-end; root needed for the rack)"
 	@echo "make test-unit  unit tests only (no root, no rack)"
 	@echo "make lint       ansible-lint (production profile) + yamllint"
-	@echo "make demo       bring up the simulated rack and provision it"
+	@echo "make demo       bring up the simulated rack and provision it (GPU stack, fabric, firewall)"
+	@echo "make demo-vllm  a 3-host rack with the CPU vLLM image, provisioned up to serving vLLM clusters"
 
 deps:
 	@./.ci/install-deps.sh
@@ -34,9 +35,14 @@ lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks roles
 	$(VENV)/bin/yamllint -s playbooks roles inventories
 
+# The plain rack has no vLLM image: the vLLM play is skipped (`make demo-vllm` adds the CPU vLLM golden layer).
 demo: deps venv
 	$(VENV)/bin/provision testbed up --nodes 4
-	$(VENV)/bin/provision run inventories/testbed/hosts.ini
+	$(VENV)/bin/provision run inventories/testbed/hosts.ini --skip-tags vllm
+
+demo-vllm: deps venv
+	$(VENV)/bin/provision testbed up --name demo-vllm --nodes 3 --with-vllm --spec tests/vllm/rack-spec.yaml
+	$(VENV)/bin/provision run inventories/testbed-demo-vllm/hosts.ini
 
 clean:
 	rm -rf $(VENV) .pytest_cache
