@@ -597,6 +597,10 @@ def run_playbook(
     for name in targeted:
         result.host(name)
 
+    if command in ("run", "drift") and "validate" not in (tags or "").split(","):
+        # `provision run/drift` already ran the same rules in Python (provisioner.rules): skip the validate.yml plays,
+        # ~27 assert tasks per host that cost a third of a no-op run's controller CPU (benchmarks/README.md).
+        skip_tags = ",".join(filter(None, [skip_tags, "validate"]))
     xv: dict[str, Any] = dict(extravars or {})
     if serial is not None:
         xv["provision_serial"] = serial
