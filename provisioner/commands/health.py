@@ -35,18 +35,10 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(900.0, "--timeout", help="Seconds per host (the all-reduce included)."),
         forks: int = typer.Option(64, "--forks", help="Hosts checked at once."),
     ) -> None:
-        from provisioner.commands.preflight import select
-        from provisioner.inventory import load_fleet
+        from provisioner.commands.preflight import load_targets
         from provisioner.probes.health import render_json, render_prometheus, render_text, run_health, write_atomic
 
-        if fmt not in ("text", "json"):
-            raise UsageError(f"--format must be text or json, got {fmt!r}")
-        if timeout <= 0 or forks < 1:
-            raise UsageError("--timeout must be > 0 and --forks >= 1")
-        fleet = load_fleet(inventory)
-        hosts = select(fleet, inventory, limit)
-        if not hosts:
-            raise UsageError(f"no GPU nodes match{' --limit ' + limit if limit else ''}", path=str(inventory))
+        fleet, hosts = load_targets(inventory, limit, fmt, timeout, forks)
         t0 = time.monotonic()
         results = run_health(fleet, hosts, timeout=timeout, forks=forks)
         seconds = time.monotonic() - t0

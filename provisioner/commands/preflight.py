@@ -11,7 +11,6 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
 from provisioner.errors import Exit, UsageError
 
 err = Console(stderr=True, highlight=False)
@@ -93,19 +92,26 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds per host (connect + probe)."),
         forks: int = typer.Option(64, "--forks", help="Hosts probed at once."),
     ) -> None:
-        from provisioner.inventory import load_fleet
         from provisioner.probes.preflight import probe
 
-        if fmt not in ("text", "json"):
-            raise UsageError(f"--format must be text or json, got {fmt!r}")
-        if timeout <= 0 or forks < 1:
-            raise UsageError("--timeout must be > 0 and --forks >= 1")
-        fleet = load_fleet(inventory)
-        hosts = select(fleet, inventory, limit)
-        if not hosts:
-            raise UsageError(f"no GPU nodes match{' --limit ' + limit if limit else ''}", path=str(inventory))
+        fleet, hosts = load_targets(inventory, limit, fmt, timeout, forks)
         t0 = time.monotonic()
         reports = probe(fleet, hosts, timeout=timeout, forks=forks)
         seconds = time.monotonic() - t0
         sys.stdout.write(render_json(reports, seconds) if fmt == "json" else render_text(reports, seconds))
         raise SystemExit(int(Exit.OK if all(r.ok for r in reports.values()) else Exit.FAIL))
+
+
+def load_targets(inventory: Path, limit: str | None, fmt: str, timeout: float, forks: int) -> tuple[Any, list[Any]]:
+    """Check the options shared by `preflight` and `health`, load the fleet and pick the GPU nodes to reach."""
+    from provisioner.inventory import load_fleet
+
+    if fmt not in ("text", "json"):
+        raise UsageError(f"--format must be text or json, got {fmt!r}")
+    if timeout <= 0 or forks < 1:
+        raise UsageError("--timeout must be > 0 and --forks >= 1")
+    fleet = load_fleet(inventory)
+    hosts = select(fleet, inventory, limit)
+    if not hosts:
+        raise UsageError(f"no GPU nodes match{' --limit ' + limit if limit else ''}", path=str(inventory))
+    return fleet, hosts
