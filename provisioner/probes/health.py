@@ -43,6 +43,15 @@ def pinned_driver(host: Host) -> str | None:
     return str(v) if v and "{{" not in str(v) else None
 
 
+def socket_ifname_setting(bootstrap_interface: str | None) -> str:
+    """NCCL_SOCKET_IFNAME as templates/nccl.conf.j2 renders it from `bootstrap_interface`: an exact match
+    (`=host0`) unless the value already starts with `=` or `^`; "" when the inventory names no interface."""
+    v = str(bootstrap_interface or "").strip()
+    if not v:
+        return ""
+    return v if v[0] in "=^" else "=" + v
+
+
 def health_argv(fleet: Fleet, host: Host) -> list[str]:
     """Arguments of node_health.py for `host` (without the program path)."""
     from provisioner.probes.preflight import _smi_names, expected_ib_rate
@@ -70,11 +79,17 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
     except Exception:
         spec = None
     fm_default = "required" if (spec is not None and spec.fabric_manager) else "auto"
+    needs_fm = host.get("gpu_needs_fabric_manager")
+    if needs_fm is not None and str(needs_fm).strip().lower() in ("false", "no", "0", "off"):
+        fm_default = "auto"  # the site says this node has no NVSwitch fabric (the fabric_manager role skips FM too)
     argv += ["--fabricmanager", str(opt("fabricmanager", fm_default))]
     hca = opt("ib_hca", ("=" + ",".join(host.ib_hcas)) if host.ib_hcas else "")
     if hca:
         argv += ["--ib-hca", str(hca)]
     argv += ["--ib-rate", f"{float(opt('ib_rate', expected_ib_rate(host))):g}"]
+    ifname = opt("socket_ifname", socket_ifname_setting(host.bootstrap_interface))
+    if ifname:
+        argv += ["--socket-ifname", str(ifname)]
     busbw = opt("busbw_min_gbps", None)
     if busbw in (None, "") and spec is not None and spec.allreduce_busbw_gbps and count == spec.all_reduce_gpus:
         busbw = spec.allreduce_busbw_gbps
@@ -192,7 +207,8 @@ def run_health(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_T
 
 
 # ------------------------------------------------------------------------------------------ reports
-CHECK_ORDER = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "gpudirect", "allreduce")
+CHECK_ORDER = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname",
+               "gpudirect", "allreduce")
 _MARK = {"pass": "ok", "fail": "FAIL", "skip": "-", "warn": "warn"}
 
 

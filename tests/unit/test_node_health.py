@@ -158,6 +158,63 @@ def test_ib_hca_from_nccl_conf_prefix_and_missing(node: Node) -> None:
     assert res["ib"]["status"] == "pass" and set(res["ib"]["found"]["ports"]) == {"mlx5_0:1", "mlx5_1:1"}
 
 
+
+def _netdev(root: Path, name: str, operstate: str, flags: str = "0x1003") -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "operstate").write_text(operstate + "\n")
+    (d / "flags").write_text(flags + "\n")
+
+
+def test_socket_ifname_exists_and_up(node: Node) -> None:
+    """NCCL_SOCKET_IFNAME: an interface it selects must exist and be up (else NCCL: "no socket interface found");
+    NCCL's rules: prefix by default, "=" exact, "^" excludes; --socket-ifname, else the environment, else nccl.conf."""
+    node.set_spec()
+    node.persistence_on()
+    net = node.root / "net"
+    _netdev(net, "lo", "unknown", "0x9")
+    _netdev(net, "host0", "up")
+    _netdev(net, "eth10", "down", "0x1002")
+    base = (*H100, "--net-dir", str(net), "--only", "socket_ifname")
+
+    rc, res, out = node.run(*base, "--socket-ifname", "=host0")
+    assert rc == 0 and res["socket_ifname"]["status"] == "pass", out
+    assert res["socket_ifname"]["message"] == "NCCL_SOCKET_IFNAME==host0: host0 up"
+
+    # exact name missing on the node: the bootstrap failure, named
+    rc, res, out = node.run(*base, "--socket-ifname", "=ens10f0np0")
+    assert rc == 1 and res["summary"]["failed"] == ["socket_ifname"], out
+    msg = res["socket_ifname"]["message"]
+    assert "NCCL_SOCKET_IFNAME==ens10f0np0 matches no interface" in msg and "host0" in msg
+    assert "no socket interface found" in msg
+
+    # "=" is exact: "host" alone matches nothing; without "=" it is a prefix and matches host0
+    assert node.run(*base, "--socket-ifname", "=host")[1]["socket_ifname"]["status"] == "fail"
+    assert node.run(*base, "--socket-ifname", "host")[1]["socket_ifname"]["status"] == "pass"
+
+    # present but down
+    rc, res, _ = node.run(*base, "--socket-ifname", "=eth10")
+    assert rc == 1 and res["socket_ifname"]["message"] == "NCCL_SOCKET_IFNAME==eth10: eth10 not up (eth10 down)"
+
+    # comma list: one usable interface is enough, the missing name is a warning
+    rc, res, _ = node.run(*base, "--socket-ifname", "=host0,ib9")
+    assert rc == 0 and res["socket_ifname"]["status"] == "warn" and "ib9" in res["socket_ifname"]["message"]
+
+    # "^" excludes: everything but host0 and eth* leaves only lo (unknown + IFF_UP counts as up)
+    rc, res, _ = node.run(*base, "--socket-ifname", "^host0,eth")
+    assert rc == 0 and res["socket_ifname"]["found"]["matching"] == {"lo": "unknown"}
+    rc, res, _ = node.run(*base, "--socket-ifname", "^host,eth,lo")
+    assert rc == 1 and "matches no interface" in res["socket_ifname"]["message"]
+
+    # from /etc/nccl.conf (what nccl_tuning renders), and not set at all: skipped
+    (node.root / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\nNCCL_SOCKET_IFNAME==eth10\n")
+    rc, res, _ = node.run(*base)
+    assert res["socket_ifname"]["status"] == "fail" and res["socket_ifname"]["found"]["source"].endswith("nccl.conf")
+    (node.root / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\n")
+    rc, res, _ = node.run(*base)
+    assert rc == 0 and res["socket_ifname"]["status"] == "skip"
+
+
 def test_xid79(node: Node) -> None:
     node.set_spec(faults={"xid": [{"gpu": 2, "code": 79}, {"gpu": 0, "code": 13}]})
     node.persistence_on()
@@ -294,7 +351,8 @@ def test_real_h200_outputs(tmp_path: Path, d: Path, count: int, expect: dict[str
     res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
     assert p.returncode == 0, p.stdout + p.stderr
     assert statuses(res) == {"gpu": "pass", "driver": "pass", "persistence": "pass", "ecc": "pass", "xid": "pass",
-                             "ib": "skip", "gpudirect": "skip", "allreduce": "skip", "summary": "pass", **expect}
+                             "ib": "skip", "socket_ifname": "skip", "gpudirect": "skip", "allreduce": "skip",
+                             "summary": "pass", **expect}
     assert res["gpu"]["found"] == {"count": count, "names": ["NVIDIA H200"], "memory_mib": ["143771"]}
 
 
@@ -348,6 +406,7 @@ def test_health_argv_from_inventory() -> None:
     assert "--driver 580.95.05-1" in joined and "--fabricmanager required" in joined
     assert "--ib-hca =mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1" in joined
     assert "--busbw-min 460" in joined and "--kmsg" not in joined  # not a simulated host
+    assert "--socket-ifname =ens10f0np0" in joined  # bootstrap_interface, exact, as nccl.conf.j2 renders it
     cmd = remote_command(argv, sudo=True, program="print(1)\n")
     assert cmd.startswith("sudo -n python3 - --gpu-count 8 ") and "'NVIDIA H100 80GB HBM3'" in cmd
     p = subprocess.run(["bash", "-c", remote_command(["--x", "a b"], sudo=False,

@@ -15,6 +15,8 @@ Checks (each prints one JSON object per line, `--format text` for a table):
   xid            no critical XIDs in the kernel log (/dev/kmsg read non-blocking, --kmsg FILE, or journalctl -k)
   nvlink         every NVLink of every GPU active (multi-GPU nodes)
   ib             every HCA port named by NCCL_IB_HCA: State ACTIVE, phys LinkUp, rate == expected (sysfs)
+  socket_ifname  an interface NCCL_SOCKET_IFNAME selects exists and is up (NCCL's bootstrap: without one it fails
+                 with "Bootstrap : no socket interface found")
   gpudirect      nvidia-peermem loaded, or DMA-BUF usable (open kernel modules on kernel >= 5.12)
   allreduce      single-node all-reduce bus bandwidth (nccl-tests all_reduce_perf, else torch.distributed/NCCL)
 
@@ -41,7 +43,8 @@ VERSION = "1.0"
 # XIDs that take a GPU out of service (NVIDIA's XID catalog; the list public health suites gate on).
 CRITICAL_XIDS = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
 
-CHECKS = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "gpudirect", "allreduce")
+CHECKS = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname", "gpudirect",
+          "allreduce")
 
 QUERY_FIELDS = "index,name,memory.total,driver_version,persistence_mode,pci.bus_id"
 ECC_FIELDS = "index,ecc.mode.current,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,remapped_rows.failure"
@@ -577,6 +580,89 @@ def check_ib(ctx):
     return result("ib", "pass", "%d ports ACTIVE at >= %s Gb/s" % (len(ports_found), a.ib_rate or "any"), exp, found)
 
 
+def _socket_ifname_setting(a):
+    if a.socket_ifname is not None:
+        return a.socket_ifname, "--socket-ifname"
+    if os.environ.get("NCCL_SOCKET_IFNAME"):
+        return os.environ["NCCL_SOCKET_IFNAME"], "NCCL_SOCKET_IFNAME (environment)"
+    conf = read_nccl_conf(a.nccl_conf)
+    if conf.get("NCCL_SOCKET_IFNAME"):
+        return conf["NCCL_SOCKET_IFNAME"], a.nccl_conf
+    return "", None
+
+
+def parse_socket_ifname(value):
+    """NCCL_SOCKET_IFNAME -> (exact, exclude, [names]). NCCL's rules: names are prefixes ("eth" matches eth0, eth1);
+    a leading "=" makes them exact; a leading "^" excludes (may be combined: "^=docker0")."""
+    v = (value or "").strip()
+    exclude = exact = False
+    if v.startswith("^"):
+        exclude, v = True, v[1:]
+    if v.startswith("="):
+        exact, v = True, v[1:]
+    return exact, exclude, [t.strip() for t in v.split(",") if t.strip()]
+
+
+def select_interfaces(value, present):
+    """The interfaces of `present` (names) that NCCL_SOCKET_IFNAME=`value` lets NCCL use, in `present`'s order,
+    and the listed names that match nothing (include lists only)."""
+    exact, exclude, names = parse_socket_ifname(value)
+
+    def hit(iface, n):
+        return iface == n if exact else iface.startswith(n)
+
+    if exclude:
+        return [i for i in present if not any(hit(i, n) for n in names)], []
+    chosen = [i for i in present if any(hit(i, n) for n in names)]
+    unmatched = [n for n in names if not any(hit(i, n) for i in present)]
+    return chosen, unmatched
+
+
+def interface_up(net_dir, iface):
+    """(up, state): operstate "up", or "unknown" with IFF_UP set (loopback, some virtual devices report unknown)."""
+    state = _read(os.path.join(net_dir, iface, "operstate")) or "missing"
+    flags = _read(os.path.join(net_dir, iface, "flags"))
+    try:
+        admin_up = bool(int(flags, 16) & 0x1) if flags else False
+    except ValueError:
+        admin_up = False
+    return state == "up" or (state == "unknown" and admin_up), state
+
+
+def check_socket_ifname(ctx):
+    a = ctx.args
+    setting, source = _socket_ifname_setting(a)
+    if not setting:
+        return result("socket_ifname", "skip", "NCCL_SOCKET_IFNAME not set (no --socket-ifname, environment or %s): "
+                      "NCCL picks an interface itself" % a.nccl_conf)
+    net_dir = a.net_dir
+    try:
+        present = sorted(os.listdir(net_dir))
+    except OSError as exc:
+        return result("socket_ifname", "fail", "cannot list network interfaces in %s: %s" % (net_dir, exc))
+    chosen, unmatched = select_interfaces(setting, present)
+    states = {}
+    up = []
+    for i in chosen:
+        ok, state = interface_up(net_dir, i)
+        states[i] = state
+        if ok:
+            up.append(i)
+    exp = {"socket_ifname": setting, "state": "up"}
+    found = {"source": source, "interfaces": present, "matching": states}
+    if not chosen:
+        return result("socket_ifname", "fail", "NCCL_SOCKET_IFNAME=%s matches no interface on this node (has: %s): "
+                      "NCCL bootstrap would fail with \"Bootstrap : no socket interface found\""
+                      % (setting, ", ".join(present) or "none"), exp, found)
+    if not up:
+        return result("socket_ifname", "fail", "NCCL_SOCKET_IFNAME=%s: %s not up (%s)" % (
+            setting, ", ".join(chosen), ", ".join("%s %s" % (i, states[i]) for i in chosen)), exp, found)
+    if unmatched:
+        return result("socket_ifname", "warn", "NCCL_SOCKET_IFNAME=%s: %s up; no interface matches %s"
+                      % (setting, ", ".join(up), ", ".join(unmatched)), exp, found)
+    return result("socket_ifname", "pass", "NCCL_SOCKET_IFNAME=%s: %s up" % (setting, ", ".join(up)), exp, found)
+
+
 def check_gpudirect(ctx):
     a = ctx.args
     root = a.sysfs_root
@@ -803,7 +889,8 @@ def check_allreduce(ctx):
 
 CHECK_FUNCS = {
     "gpu": check_gpu, "driver": check_driver, "persistence": check_persistence, "fabricmanager": check_fabricmanager,
-    "ecc": check_ecc, "xid": check_xid, "nvlink": check_nvlink, "ib": check_ib, "gpudirect": check_gpudirect,
+    "ecc": check_ecc, "xid": check_xid, "nvlink": check_nvlink, "ib": check_ib, "socket_ifname": check_socket_ifname,
+    "gpudirect": check_gpudirect,
     "allreduce": check_allreduce,
 }
 
@@ -825,6 +912,9 @@ def build_parser():
     p.add_argument("--ib-hca", help="NCCL_IB_HCA value to check (default: environment, then --nccl-conf)")
     p.add_argument("--nccl-conf", default="/etc/nccl.conf")
     p.add_argument("--ib-rate", type=float, default=400.0, help="expected IB port rate in Gb/s (default 400)")
+    p.add_argument("--socket-ifname", help="NCCL_SOCKET_IFNAME value to check (default: environment, then --nccl-conf)")
+    p.add_argument("--net-dir", default="/sys/class/net",
+                   help="where the node's network interfaces are listed (default /sys/class/net)")
     p.add_argument("--sysfs-root", default="/", help="root under which sys/class/infiniband, proc/ and dev/ are read")
     p.add_argument("--allreduce", choices=("auto", "required", "off"), default="auto",
                    help="auto: run when nccl-tests or torch+CUDA is present, skip otherwise")
