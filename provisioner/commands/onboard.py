@@ -20,15 +20,18 @@ err = Console(stderr=True, highlight=False)
 HELP = """Bring new GPU nodes into service, one gate after the other:
 
 1. preflight: the node's real hardware matches the inventory (a host that does not is not provisioned);
-2. provisioning run of the playbooks (default playbooks/site.yml) on the remaining hosts, one host at a time
-   (--serial 1 through provisioner.runner / ansible-runner);
+2. provisioning run of the playbooks (default playbooks/site.yml) on the remaining hosts WITHOUT the vLLM launch
+   (--skip-tags vllm), one host at a time by default (--serial, through provisioner.runner / ansible-runner);
 3. health gate (roles/node_health/files/node_health.py);
 4. a host that passed everything is marked in service: /etc/provisioner/in-service on the host (JSON: when, what
    passed) and an IN SERVICE line in the report. A host that failed anywhere has that file removed, is left out of
    its vLLM cluster's launch (the vLLM launch starts only on hosts with the mark) and is reported with the failing
-   checks.
+   checks;
+5. vLLM launch: the same playbook with --tags vllm on the clusters of the hosts now in service (every member of
+   those clusters: a cluster launches whole, and only when all its members carry the mark). Skipped with
+   --skip-run or --skip-launch.
 
-Exit codes: 0 every host in service, 1 any host left out, 2 usage."""
+Exit codes: 0 every host in service (and its cluster launched), 1 any host left out or a launch failed, 2 usage."""
 
 IN_SERVICE = "/etc/provisioner/in-service"
 
@@ -42,10 +45,17 @@ class Outcome:
     clusters: list[str] = field(default_factory=list)
     marked: bool | None = None  # the in-service file was written/removed on the host
     passed: list[str] = field(default_factory=list)  # the gates a host in service went through
+    launch: str | None = None  # vLLM launch after the mark: ok, failed, or None (not run: no cluster / skipped)
+    launch_problems: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         if self.in_service:
-            return f"{self.host}: IN SERVICE ({', '.join(self.passed)} passed; {IN_SERVICE} written)"
+            text = f"{self.host}: IN SERVICE ({', '.join(self.passed)} passed; {IN_SERVICE} written)"
+            if self.launch == "ok":
+                text += f"; vLLM launched: {', '.join(self.clusters)}"
+            elif self.launch == "failed":
+                text += f"; vLLM launch FAILED: {'; '.join(self.launch_problems) or 'failed'}"
+            return text
         why = "; ".join(self.problems) or "failed"
         cl = f"; left out of the launch of {', '.join(self.clusters)}" if self.clusters else ""
         return f"{self.host}: LEFT OUT at {self.stage}: {why}{cl}"
@@ -80,6 +90,18 @@ def _mark(fleet: Any, results: dict[str, Outcome], timeout: float, passed: list[
             o.problems.append(f"could not write {IN_SERVICE}: {r.error or r.stderr.strip()[:200]}")
 
 
+def launch_targets(fleet: Any, in_service: list[str]) -> list[str]:
+    """Hosts of the vLLM launch after onboarding: every member of each cluster that has an onboarded host in
+    service (a cluster launches whole; the vllm_launch role refuses it when a member has no mark). Pure."""
+    out: list[str] = []
+    for h in in_service:
+        for c in fleet.cluster_of(h):
+            for m in fleet.clusters[c].members:
+                if m not in out:
+                    out.append(m)
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("onboard", help=HELP)
     def onboard_cmd(
@@ -87,6 +109,9 @@ def register(app: typer.Typer) -> None:
         hosts: list[str] = typer.Argument(..., help="Hosts to onboard (inventory names)."),
         playbook: Optional[Path] = typer.Option(None, "--playbook", help="Provisioning playbook (default site.yml)."),
         skip_run: bool = typer.Option(False, "--skip-run", help="Only preflight + health + mark (already provisioned)."),
+        skip_launch: bool = typer.Option(False, "--skip-launch",
+                                         help="Do not run the vLLM launch (--tags vllm) after the mark."),
+        serial: str = typer.Option("1", "--serial", help="Hosts per batch in the provisioning run (N or N%)."),
         fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
         report: Optional[Path] = typer.Option(None, "--report", help="Also write the JSON report here."),
         timeout: float = typer.Option(900.0, "--timeout", help="Seconds per host for preflight/health."),
@@ -97,6 +122,10 @@ def register(app: typer.Typer) -> None:
 
         if fmt not in ("text", "json"):
             raise UsageError(f"--format must be text or json, got {fmt!r}")
+        if _runner_available():
+            from provisioner.runner import validate_serial
+
+            validate_serial(serial)
         if playbook is not None and not playbook.is_file():
             raise UsageError("playbook not found", path=str(playbook))
         fleet = load_fleet(inventory)
@@ -126,9 +155,9 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("provisioner.runner is not available: use --skip-run on provisioned hosts")
             from provisioner.runner import make_progress, run_playbook
 
-            say(f"onboard: provisioning {', '.join(alive)} (serial 1)")
-            result = run_playbook(inventory, command="onboard", playbook=playbook, limit=",".join(alive), serial="1",
-                                  extravars={"node_health_mark_in_service": True},
+            say(f"onboard: provisioning {', '.join(alive)} (serial {serial}; the vLLM launch comes after the mark)")
+            result = run_playbook(inventory, command="onboard", playbook=playbook, limit=",".join(alive),
+                                  serial=serial, skip_tags="vllm", extravars={"node_health_mark_in_service": True},
                                   progress=make_progress("none" if fmt == "json" else "auto"))
             run_dir = result.run_dir
             for h in alive:
@@ -156,8 +185,33 @@ def register(app: typer.Typer) -> None:
         for o in out.values():
             o.passed = stages
 
-        doc = {"ok": all(o.in_service for o in out.values()), "seconds": round(time.monotonic() - t0, 2),
-               "run_dir": run_dir, "hosts": {h: asdict(o) for h, o in out.items()},
+        # 5. vLLM launch for the clusters of the hosts now in service (after the mark: the launch checks it)
+        launch_dir = None
+        launch_hosts = launch_targets(fleet, [h for h in hosts if out[h].in_service])
+        if launch_hosts and not (skip_run or skip_launch):
+            from provisioner.runner import make_progress, run_playbook
+
+            say(f"onboard: vLLM launch on {', '.join(launch_hosts)}")
+            lr = run_playbook(inventory, command="onboard-launch", playbook=playbook, limit=",".join(launch_hosts),
+                              tags="vllm", progress=make_progress("none" if fmt == "json" else "auto"))
+            launch_dir = lr.run_dir
+            for h in hosts:
+                o = out[h]
+                if not (o.in_service and o.clusters):
+                    continue
+                members = {m for c in o.clusters for m in fleet.clusters[c].members}
+                fails = [f"{f.host}: {f.task}: {f.message[:300]}" for f in lr.failures if f.host in members]
+                bad = [m for m in members
+                       if (hr := lr.hosts.get(m)) is not None and hr.state in ("failed", "unreachable", "not_run")]
+                if lr.error or fails or bad:
+                    o.launch = "failed"
+                    o.launch_problems = fails or [lr.error or f"{', '.join(sorted(bad))} not launched"]
+                elif o.host in lr.hosts and lr.hosts[o.host].ok > 0:
+                    o.launch = "ok"
+                # else: the playbook has no vllm-tagged task for the host (e.g. --playbook health.yml): not run
+
+        doc = {"ok": all(o.in_service and o.launch != "failed" for o in out.values()), "seconds": round(time.monotonic() - t0, 2),
+               "run_dir": run_dir, "launch_run_dir": launch_dir, "hosts": {h: asdict(o) for h, o in out.items()},
                "clusters_affected": sorted({c for o in out.values() if not o.in_service for c in o.clusters})}
         if fmt == "json":
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")

@@ -356,3 +356,81 @@ def test_group_run_kills_orphaned_rank_processes_when_vllm_dies(tmp_path: Path) 
     assert p.wait(timeout=15) == 75
     time.sleep(0.3)
     assert not _alive(rank)
+
+
+# ------------------------------------------------------------------ the in-service gate (roles/vllm_launch)
+def _gate():
+    import importlib.util
+
+    path = PROJECT_ROOT / "roles/vllm_launch/filter_plugins/provisioner_vllm_gate.py"
+    spec = importlib.util.spec_from_file_location("provisioner_vllm_gate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+MARK = "/etc/provisioner/in-service"
+
+
+def _stat(host: str, exists: bool | None = True, **extra: object) -> dict:
+    r: dict = {"item": host, "changed": False, **extra}
+    if exists is not None:
+        r["stat"] = {"exists": exists, "isreg": True} if exists else {"exists": False}
+    return r
+
+
+def test_gate_holds_a_cluster_back_when_one_member_lacks_the_mark() -> None:
+    g = _gate()
+    pp = {"cluster": "vllm_pp", "members": ["node01", "node02"], "head": "node01"}
+    single = {"cluster": "vllm_single", "members": ["node03"], "head": "node03"}
+    marks = {"results": [_stat("node01"), _stat("node02", False), _stat("node03")]}
+    v = g.provisioner_vllm_gate(marks, pp, MARK, "inv/hosts.ini")
+    assert v["held"] and v["cluster"] == "vllm_pp" and list(v["missing"]) == ["node02"]
+    msg = v["message"]
+    assert msg.startswith("vLLM cluster vllm_pp is not launched")
+    assert f"node02 (no {MARK})" in msg and "provision onboard inv/hosts.ini node02" in msg
+    assert "vllm_launch_require_in_service: false" in msg and "node01, node02" in msg
+    assert v["summary"] == f"vLLM cluster vllm_pp held back, not in service: node02 (no {MARK})"
+    # the other cluster goes on
+    assert g.provisioner_vllm_gate(marks, single, MARK)["held"] is False
+    # not in a cluster: nothing to gate
+    assert g.provisioner_vllm_gate(marks, None, MARK)["held"] is False
+
+
+def test_gate_counts_unreadable_and_unread_members_as_not_in_service() -> None:
+    g = _gate()
+    pp = {"cluster": "vllm_pp", "members": ["node01", "node02", "node04"]}
+    marks = {"results": [_stat("node01", None, unreachable=True, msg="ssh: connect timed out"),
+                         _stat("node02", None, failed=True, msg="Permission denied")]}
+    v = g.provisioner_vllm_gate(marks, pp, MARK)
+    assert v["held"] and set(v["missing"]) == {"node01", "node02", "node04"}
+    assert "unreachable: ssh: connect timed out" in v["missing"]["node01"]
+    assert "Permission denied" in v["missing"]["node02"] and v["missing"]["node04"] == f"{MARK} was not read"
+    # a directory where the mark should be is not a mark
+    d = {"results": [{"item": "node01", "stat": {"exists": True, "isreg": False}}]}
+    assert g.provisioner_vllm_gate(d, {"cluster": "c", "members": ["node01"]}, MARK)["held"]
+    # no loop ran (registered as skipped): every member unread
+    assert g.provisioner_vllm_gate({"skipped": True, "results": []}, pp, MARK)["held"]
+
+
+def test_gate_reads_every_member_of_gated_clusters_only() -> None:
+    g = _gate()
+    hv = {
+        "node01": {"vllm_facts": {"cluster": "vllm_pp", "members": ["node01", "node02"]}, "vllm_launch_gated": True},
+        "node03": {"vllm_facts": {"cluster": "vllm_single", "members": ["node03"]}, "vllm_launch_gated": "False"},
+        "lb01": {"vllm_facts": None, "vllm_launch_gated": False},
+    }
+    # node02 is outside the play (--limit node01) and still read: the cluster launches with all its members
+    assert g.provisioner_vllm_gate_hosts(hv, ["node01", "node03", "lb01"]) == ["node01", "node02"]
+    assert g.provisioner_vllm_gate_hosts(hv, ["lb01"]) == []
+
+
+def test_gate_is_on_by_default_and_documented() -> None:
+    d = yaml.safe_load((PROJECT_ROOT / "roles/vllm_launch/defaults/main.yml").read_text())
+    assert d["vllm_launch_require_in_service"] is True and d["vllm_launch_in_service_file"] == MARK
+    from provisioner.probes.health import IN_SERVICE
+
+    assert IN_SERVICE == MARK  # what onboard writes is what the launch reads
+    specs = yaml.safe_load((PROJECT_ROOT / "roles/vllm_launch/meta/argument_specs.yml").read_text())
+    opts = specs["argument_specs"]["main"]["options"]
+    assert opts["vllm_launch_require_in_service"]["default"] is True
