@@ -11,93 +11,132 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import tempfile
-from pathlib import Path
-from typing import Any
+
+# Start-up cost: nvidia-smi is called by every probe, and a real one answers in milliseconds. So the paths the query
+# forms read are plain strings (os.path); pathlib and tempfile are imported only by the functions that return a Path
+# or write files (the daemons and `-pm`). Annotations stay strings (`typing` is never imported).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+
+def _path(p: str) -> Path:
+    from pathlib import Path
+
+    return Path(p)
 
 
 class NoDriver(Exception):
     """The driver cannot be reached: no hardware spec or no kernel module installed."""
 
 
+def _read(path: str | os.PathLike[str]) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def _spec_dir() -> str:
+    return os.environ.get("HWSIM_DIR", "/var/lib/hwsim")
+
+
+def _run_root() -> str:
+    return os.environ.get("HWSIM_RUN_DIR", "/run")
+
+
 def spec_dir() -> Path:
-    return Path(os.environ.get("HWSIM_DIR", "/var/lib/hwsim"))
+    return _path(_spec_dir())
 
 
 def run_root() -> Path:
-    return Path(os.environ.get("HWSIM_RUN_DIR", "/run"))
+    return _path(_run_root())
+
+
+def _module_marker() -> str:
+    env = os.environ.get("HWSIM_MODULE_MARKER")
+    if env:
+        return env
+    return os.path.join("/usr/lib/modules", os.uname().release, "updates", "dkms", "nvidia.ko")
 
 
 def module_marker() -> Path:
     """The file nvidia-kernel-open-580 installs where DKMS would put the built module."""
-    env = os.environ.get("HWSIM_MODULE_MARKER")
-    if env:
-        return Path(env)
-    return Path("/usr/lib/modules") / platform.release() / "updates" / "dkms" / "nvidia.ko"
+    return _path(_module_marker())
 
 
 def load_spec(*, need_module: bool = True) -> dict[str, Any]:
-    path = spec_dir() / "spec.json"
+    path = os.path.join(_spec_dir(), "spec.json")
     try:
-        spec = json.loads(path.read_text())
+        spec = json.loads(_read(path))
     except (OSError, ValueError) as exc:
         raise NoDriver(f"no hardware spec at {path}: {exc}") from exc
-    if need_module and not module_marker().exists():
-        raise NoDriver(f"no NVIDIA kernel module installed ({module_marker()} missing)")
+    if need_module and not os.path.exists(_module_marker()):
+        raise NoDriver(f"no NVIDIA kernel module installed ({_module_marker()} missing)")
     return spec
 
 
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def atomic_write(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
+    import tempfile
+
+    path = os.fspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
         raise
 
 
-def pid_alive(pidfile: Path, name: str) -> int | None:
+def pid_alive(pidfile: str | os.PathLike[str], name: str) -> int | None:
     """The pid in `pidfile` if that process is alive and its command line names `name`."""
     try:
-        pid = int(pidfile.read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        pid = int(_read(pidfile).split()[0])
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, ValueError, IndexError):
         return None
     return pid if name in cmdline else None
 
 
 # --- persistence mode -------------------------------------------------------------------------------------------
+def _persistenced_dir() -> str:
+    return os.path.join(_run_root(), "nvidia-persistenced")
+
+
 def persistenced_dir() -> Path:
-    return run_root() / "nvidia-persistenced"
+    return _path(_persistenced_dir())
 
 
 def persistenced_pidfile() -> Path:
-    return persistenced_dir() / "nvidia-persistenced.pid"
+    return _path(os.path.join(_persistenced_dir(), "nvidia-persistenced.pid"))
 
 
 def persistenced_running() -> tuple[bool, bool]:
     """(daemon alive, daemon keeps persistence mode on)."""
-    if pid_alive(persistenced_pidfile(), "nvidia-persistenced") is None:
+    if pid_alive(os.path.join(_persistenced_dir(), "nvidia-persistenced.pid"), "nvidia-persistenced") is None:
         return False, False
     try:
-        mode = (persistenced_dir() / "hwsim-persistence-mode").read_text().strip() == "1"
+        mode = _read(os.path.join(_persistenced_dir(), "hwsim-persistence-mode")).strip() == "1"
     except OSError:
         mode = False
     return True, mode
 
 
-def _legacy_file() -> Path:
-    return run_root() / "nvidia-hwsim" / "persistence.json"
+def _legacy_file() -> str:
+    return os.path.join(_run_root(), "nvidia-hwsim", "persistence.json")
 
 
 def legacy_persistence() -> dict[str, bool]:
     try:
-        data = json.loads(_legacy_file().read_text())
+        data = json.loads(_read(_legacy_file()))
         return {str(k): bool(v) for k, v in data.items()}
     except (OSError, ValueError, AttributeError):
         return {}
@@ -120,15 +159,19 @@ def persistence_enabled(spec: dict[str, Any], gpu: dict[str, Any]) -> bool:
 
 
 # --- fabric manager ---------------------------------------------------------------------------------------------
+def _fabricmanager_pidfile() -> str:
+    return os.path.join(_run_root(), "nvidia-fabricmanager", "nv-fabricmanager.pid")
+
+
 def fabricmanager_pidfile() -> Path:
-    return run_root() / "nvidia-fabricmanager" / "nv-fabricmanager.pid"
+    return _path(_fabricmanager_pidfile())
 
 
 def fabric_state(spec: dict[str, Any], gpu: dict[str, Any]) -> tuple[str, str]:
     """(State, Status) as `nvidia-smi -q` prints them under Fabric. NVSwitch systems only (>= 2 GPUs)."""
     if len(spec.get("gpus", [])) < 2:
         return "N/A", "N/A"
-    if pid_alive(fabricmanager_pidfile(), "nv-fabricmanager") is not None:
+    if pid_alive(_fabricmanager_pidfile(), "nv-fabricmanager") is not None:
         if not any(link["active"] for link in gpu.get("nvlinks", [])):
             return "Completed", "Unexpected Error"  # registered, but no trained link to the NVSwitches
         return "Completed", "Success"
