@@ -317,6 +317,38 @@ def parse_nccl_ib_hca(value: str) -> tuple[bool, bool, list[tuple[str, int | Non
     return exact, exclude, items
 
 
+def parse_socket_ifname(value: str | None) -> tuple[bool, bool, list[str]]:
+    """NCCL_SOCKET_IFNAME -> (exact, exclude, [names]). NCCL's rules: names are prefixes (`eth` matches eth0, eth1)
+    unless the list starts with `=` (exact); a leading `^` excludes; both combine as `^=docker0`."""
+    v = (value or "").strip()
+    exclude = exact = False
+    if v.startswith("^"):
+        exclude, v = True, v[1:]
+    if v.startswith("="):
+        exact, v = True, v[1:]
+    return exact, exclude, [t.strip() for t in v.split(",") if t.strip()]
+
+
+def select_interfaces(value: str, present: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(interfaces of `present` that NCCL_SOCKET_IFNAME=`value` lets NCCL use, in `present`'s order; the listed
+    names that match no interface: include lists only). No chosen interface = NCCL bootstrap fails ("Bootstrap :
+    no socket interface found"): NCCL does not fall back to another interface."""
+    exact, exclude, names = parse_socket_ifname(value)
+
+    def hit(iface: str, name: str) -> bool:
+        return iface == name if exact else iface.startswith(name)
+
+    if exclude:
+        return [i for i in present if not any(hit(i, n) for n in names)], []
+    chosen = [i for i in present if any(hit(i, n) for n in names)]
+    return chosen, [n for n in names if not any(hit(i, n) for i in present)]
+
+
+def parse_net_ifaces(text: str) -> list[str]:
+    """The probe's `net` section (one /sys/class/net entry a line) -> sorted interface names."""
+    return sorted({line.strip() for line in text.splitlines() if line.strip() and "/" not in line})
+
+
 # ------------------------------------------------------------------------------------------ NVLink, kernel log
 def parse_nvlink_status(text: str) -> dict[int, dict[int, str]]:
     """`nvidia-smi nvlink --status` -> {gpu: {link: '26.562 GB/s' | 'inactive'}}. Empty on a single PCIe/VM GPU."""
@@ -467,6 +499,7 @@ class NodeFacts:
     kernel: str | None = None
     disk: DfEntry | None = None
     disk_path: str | None = None
+    net_ifaces: list[str] | None = None  # /sys/class/net entries; None when the probe did not list them
 
 
 def _numa_dump(text: str, pattern: str) -> dict[str, int | None]:
@@ -510,4 +543,6 @@ def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
     if "df" in s:
         entries = parse_df(s["df"].text)
         f.disk = entries[0] if entries else None
+    if "net" in s:
+        f.net_ifaces = parse_net_ifaces(s["net"].text)
     return f

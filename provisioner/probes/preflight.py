@@ -5,8 +5,9 @@
 
 Checks (stable names, used in reports and tests): `unreachable`, `gpu_count`, `gpu_model`, `ib_hca` (every HCA of
 `ib_hcas` present), `ib_state` (port ACTIVE and LinkUp), `ib_rate` (rate == expected), `numa_affinity` (every GPU has
-an expected HCA on its NUMA node; with a topology matrix, the nearest NIC of each GPU is one of `ib_hcas`), `os`,
-`kernel`, `disk`.
+an expected HCA on its NUMA node; with a topology matrix, the nearest NIC of each GPU is one of `ib_hcas`),
+`socket_ifname` (the interface(s) NCCL_SOCKET_IFNAME in the host's rendered /etc/nccl.conf selects exist: NCCL does not
+fall back, its bootstrap dies with "no socket interface found"), `os`, `kernel`, `disk`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from provisioner.model import Fleet, Host
 from provisioner.probes import parsers
@@ -32,26 +33,29 @@ DEFAULT_MODEL_DIR = "/opt/models"
 IB_SYSFS_DIRS = ("/var/lib/hwsim/sys/class/infiniband", "/sys/class/infiniband")
 
 # ONE shell snippet per host (POSIX sh). Each part is framed by `@@pv@@ begin NAME` / `@@pv@@ end NAME RC` so a
-# failing tool never hides the others; files are printed as PATH<TAB>CONTENT. The two nvidia-smi calls run side by
-# side (each costs the driver a GPU walk; together they are most of the probe's time on the node).
+# failing tool never hides the others; files are printed as PATH<TAB>FIRST LINE. The two nvidia-smi calls run side by
+# side (each costs the driver a GPU walk; together they are most of the probe's time on the node). Everything else
+# uses shell builtins (`read`, `printf`, globs, parameter expansion): no process per file, so the snippet costs the
+# node a handful of forks (mktemp, 2x nvidia-smi, df, cat, rm) whatever the number of HCAs, PCI devices or NICs.
 PROBE_SCRIPT = r"""
 export LC_ALL=C PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/nvidia/bin"
 b() { echo "@@pv@@ begin $1"; }
 e() { echo "@@pv@@ end $1 $2"; }
-dump() { for f in "$@"; do [ -r "$f" ] && printf '%s\t%s\n' "$f" "$(head -c 200 "$f" | tr '\n' ' ' | sed 's/ *$//')"; done; return 0; }
-T=$(mktemp -d 2>/dev/null) || T=/tmp/pv-probe.$$
-mkdir -p "$T"; (nvidia-smi topo -m >"$T/topo" 2>&1; echo $? >"$T/rc") &
+dump() { for f in "$@"; do [ -r "$f" ] || continue; l=; { read -r l <"$f"; } 2>/dev/null; printf '%s\t%s\n' "$f" "$l"; done; return 0; }
+T=$(mktemp -d 2>/dev/null) || { T=/tmp/pv-probe.$$; mkdir -p "$T"; }
+(nvidia-smi topo -m >"$T/topo" 2>&1; echo $? >"$T/rc") &
 b query-gpu; nvidia-smi --query-gpu=index,name,memory.total,driver_version,persistence_mode,pci.bus_id --format=csv,noheader,nounits 2>&1; e query-gpu $?
-b pci-gpus; for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; c=$(cat "$d/class"); case $c in 0x0302*|0x0300*) printf '%s\t%s %s\n' "$d" "$(cat "$d/device")" "$c";; esac; done; e pci-gpus 0
-IB=; for d in __IB_DIRS__; do if [ -d "$d" ] && [ -n "$(ls "$d" 2>/dev/null)" ]; then IB=$d; break; fi; done
+b pci-gpus; for d in /sys/bus/pci/devices/*; do v=; { read -r v <"$d/vendor"; } 2>/dev/null; [ "$v" = 0x10de ] || continue; c=; dv=; { read -r c <"$d/class"; read -r dv <"$d/device"; } 2>/dev/null; case $c in 0x0302*|0x0300*) printf '%s\t%s %s\n' "$d" "$dv" "$c";; esac; done; e pci-gpus 0
+IB=; for d in __IB_DIRS__; do set -- "$d"/*; if [ -e "$1" ]; then IB=$d; break; fi; done
 b ib-sysfs; if [ -n "$IB" ]; then dump "$IB"/*/ports/*/state "$IB"/*/ports/*/phys_state "$IB"/*/ports/*/rate "$IB"/*/ports/*/link_layer; fi; e ib-sysfs $?
 b hca-numa; if [ -n "$IB" ]; then dump "$IB"/*/device/numa_node; fi; e hca-numa $?
 b gpu-numa; dump /sys/bus/pci/drivers/nvidia/*/numa_node; e gpu-numa $?
-b os-release; cat /etc/os-release 2>&1; e os-release $?
-b kernel; uname -r; e kernel $?
-D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do D=$(dirname "$D"); done
+b net; for i in /sys/class/net/*; do [ -e "$i" ] && echo "${i##*/}"; done; e net 0
+b os-release; if [ -r /etc/os-release ]; then while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done </etc/os-release; else echo "/etc/os-release: not readable"; false; fi; e os-release $?
+b kernel; k=; { read -r k </proc/sys/kernel/osrelease; } 2>/dev/null; if [ -n "$k" ]; then echo "$k"; else uname -r; fi; e kernel $?
+D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do case $D in */*) D=${D%/*}; D=${D:-/};; *) D=.;; esac; done
 b df; df -P -B1 "$D" 2>&1; e df $?
-wait; b topo; cat "$T/topo"; e topo "$(cat "$T/rc" 2>/dev/null || echo 1)"; rm -rf "$T"
+wait; b topo; cat "$T/topo"; rc=1; { read -r rc <"$T/rc"; } 2>/dev/null; e topo "$rc"; rm -rf "$T"
 """
 
 
@@ -157,6 +161,39 @@ def min_free_bytes(fleet: Fleet, host: Host) -> int:
     return int(need)
 
 
+def nccl_socket_ifname(host: Host) -> tuple[str, str] | None:
+    """(value, inventory variable) of NCCL_SOCKET_IFNAME in the /etc/nccl.conf templates/nccl.conf.j2 renders for
+    `host`; None when the file sets none. The template writes `bootstrap_interface` as an exact match (`=host0`)
+    unless it starts with `=` or `^`; `nccl_extra` lines follow, and NCCL keeps the first occurrence of a key, so an
+    NCCL_SOCKET_IFNAME in `nccl_extra` counts only without `bootstrap_interface`."""
+    raw = host.get("bootstrap_interface")
+    ifname = str(raw) if raw else ""  # the template's `default('', true) | string`
+    if ifname:
+        return (ifname if ifname[0] in "=^" else "=" + ifname), "bootstrap_interface"
+    extra = host.get("nccl_extra")
+    if isinstance(extra, Mapping) and extra.get("NCCL_SOCKET_IFNAME") not in (None, ""):
+        return str(extra["NCCL_SOCKET_IFNAME"]), "nccl_extra.NCCL_SOCKET_IFNAME"
+    return None
+
+
+def _socket_ifname(host: Host, facts: NodeFacts) -> list[Mismatch]:
+    """The interfaces NCCL_SOCKET_IFNAME selects exist on the node (/sys/class/net)."""
+    want = nccl_socket_ifname(host)
+    if want is None or facts.net_ifaces is None:
+        return []
+    setting, var = want
+    present = facts.net_ifaces
+    chosen, unmatched = parsers.select_interfaces(setting, present)
+    has = f"interfaces: {', '.join(present) or 'none'}"
+    expected = f"NCCL_SOCKET_IFNAME={setting} ({var}) to match an interface"
+    if not chosen:
+        return [Mismatch("socket_ifname", expected, f"no such interface ({has})")]
+    if unmatched:
+        return [Mismatch("socket_ifname", f"every interface NCCL_SOCKET_IFNAME={setting} ({var}) names",
+                         f"no {', '.join(unmatched)} (NCCL uses {', '.join(chosen)}; {has})", "warning")]
+    return []
+
+
 def _os_ok(os_release: dict[str, str], host: Host) -> tuple[bool, str]:
     want = host.get("preflight_os")
     found = f"{os_release.get('ID', '?')} {os_release.get('VERSION_ID', '?')}"
@@ -219,8 +256,9 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
             if port.rate_gbps is not None and port.rate_gbps != rate:
                 sev = "error" if port.rate_gbps < rate else "warning"
                 out.append(Mismatch("ib_rate", f"{key} {rate:g} Gb/s", f"{port.rate_gbps:g} Gb/s", sev))
-    # NUMA affinity
+    # NUMA affinity, NCCL bootstrap interface
     out.extend(_numa(host, facts))
+    out.extend(_socket_ifname(host, facts))
     # OS / kernel / disk
     if facts.os_release:
         ok, want = _os_ok(facts.os_release, host)
@@ -290,6 +328,7 @@ def summarize(facts: NodeFacts) -> dict[str, Any]:
         "kernel": facts.kernel,
         "disk_free_bytes": facts.disk.avail if facts.disk else None,
         "disk_mount": facts.disk.mount if facts.disk else None,
+        "net_ifaces": facts.net_ifaces,
     }
 
 
