@@ -2,7 +2,8 @@
 
 Session fixture `vllm_rack`: brings up (or reuses) rack PROVISIONER_VLLM_RACK (default `vllm`, 3 nodes,
 `--with-vllm`, one GPU per node: tests/vllm/rack-spec.yaml), makes its inventory CPU-vLLM ready (`vllm_image.apply_testbed_inventory`), runs
-`provision run INVENTORY` while polling each cluster head's /health from the controller, and records the time
+`provision onboard INVENTORY node01 node02 node03 --serial 3` (preflight, site.yml without the vLLM launch, health gate,
+in-service mark, then the vLLM launch that requires the mark) while polling each cluster head's /health from the controller, and records the time
 from the run's start to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
 PROVISIONER_TESTBED_TEARDOWN=1 removes the rack at the end when this session created it.
 """
@@ -61,8 +62,11 @@ def vllm_rack() -> Iterator[VllmRack]:
     if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") == "1":  # developer loop on an already provisioned rack
         vr.run_rc, vr.run_output = 0, "skipped (PROVISIONER_VLLM_SKIP_RUN=1)"
     else:
-        p = subprocess.run([PROVISION, "run", str(inv), "--skip-preflight"], capture_output=True, text=True,
-                           timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
+        # the real onboarding path: preflight, site.yml without the vLLM launch (all hosts in one batch), the
+        # health gate, the in-service mark, then the vLLM launch (the launch starts only on marked clusters)
+        gpu_hosts = [n for n in h.names if fleet.hosts[n].is_gpu_node]
+        p = subprocess.run([PROVISION, "onboard", str(inv), *gpu_hosts, "--serial", str(len(gpu_hosts))],
+                           capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
         vr.run_rc, vr.run_output = p.returncode, p.stdout + p.stderr
     vr.run_s = round(time.monotonic() - t0, 1)
     # the run waits for /health itself; give the poller a last look
