@@ -1,25 +1,25 @@
 """`provision`: the command line. Commands only wire stages together and map outcomes to exit codes.
 
 Each command lives in `provisioner/commands/<name>.py` and exposes `register(app)`.
+
+Start-up: typer, rich and the command modules are imported only when needed. A command listed in FAST_COMMANDS
+(its module exposes FAST_OPTIONS and run()) runs without them when its arguments are plain (one positional, known
+options with valid values); anything else — --help, an unknown option, a bad value — goes through typer, which
+stays the one source of help texts and usage errors.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-
-import typer
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from provisioner.errors import Exit, UsageError
 
-app = typer.Typer(
-    name="provision",
-    help="Provision NVIDIA GPU racks for vLLM with Ansible. Exit codes: 0 ok, 1 failed/invalid, 2 usage, 3 drift.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+if TYPE_CHECKING:
+    import typer
+
+HELP = "Provision NVIDIA GPU racks for vLLM with Ansible. Exit codes: 0 ok, 1 failed/invalid, 2 usage, 3 drift."
 
 # Command modules, in the order `provision --help` lists them.
 COMMANDS = (
@@ -35,21 +35,85 @@ COMMANDS = (
     "testbed",
 )
 
-err = Console(stderr=True, soft_wrap=True)
+#: Commands with a fast path (no typer/rich import): their module has FAST_OPTIONS {option: (param, type)}, run().
+FAST_COMMANDS = ("preflight",)
+
+_app: Any = None
 
 
-def _register_all() -> None:
-    for name in COMMANDS:
+def build_app() -> typer.Typer:
+    """The typer app with every command module that exists registered (built once)."""
+    global _app
+    if _app is None:
+        import typer
+
+        _app = typer.Typer(name="provision", help=HELP, no_args_is_help=True, add_completion=False,
+                           pretty_exceptions_enable=False)
+        for name in COMMANDS:
+            try:
+                mod = importlib.import_module(f"provisioner.commands.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name == f"provisioner.commands.{name}":
+                    continue  # command not built yet
+                raise
+            mod.register(_app)
+    return _app
+
+
+def __getattr__(name: str) -> Any:  # `provisioner.cli.app` stays available (built on first use)
+    if name == "app":
+        return build_app()
+    raise AttributeError(name)
+
+
+def parse_plain(argv: list[str], options: dict[str, tuple[str, type]]) -> tuple[str, dict[str, Any]] | None:
+    """(positional, {param: value}) when `argv` is one positional plus known options (`--opt VALUE`, `--opt=VALUE`,
+    `-o VALUE`) with values of the right type; None for anything else (typer then parses and reports it)."""
+    positional: list[str] = []
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if not a.startswith("-") or a == "-":
+            positional.append(a)
+            i += 1
+            continue
+        opt, eq, val = a.partition("=") if a.startswith("--") else (a, "", "")
+        if opt not in options:
+            return None
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            val = argv[i + 1]
+            i += 1
+        i += 1
+        param, kind = options[opt]
         try:
-            mod = importlib.import_module(f"provisioner.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"provisioner.commands.{name}":
-                continue  # command not built yet
-            raise
-        mod.register(app)
+            values[param] = kind(val)
+        except ValueError:
+            return None
+    if len(positional) != 1:
+        return None
+    return positional[0], values
 
 
-_register_all()
+def _fast(command: str, argv: list[str]) -> int | None:
+    """Run `command` without typer when its arguments are plain; None when typer must handle them."""
+    from pathlib import Path
+
+    mod = importlib.import_module(f"provisioner.commands.{command}")
+    parsed = parse_plain(argv, mod.FAST_OPTIONS)
+    if parsed is None:
+        return None
+    positional, values = parsed
+    try:
+        return int(mod.run(Path(positional), **values))
+    except UsageError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.USAGE)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
 
 
 def _click_exceptions() -> tuple[type[BaseException], ...]:
@@ -64,6 +128,16 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 
 
 def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] in FAST_COMMANDS:
+        rc = _fast(argv[0], argv[1:])
+        if rc is not None:
+            sys.exit(rc)
+    import typer
+    from rich.console import Console
+
+    err = Console(stderr=True, soft_wrap=True)
+    app = build_app()
     try:
         # standalone_mode=False: a command's `raise typer.Exit(code)` comes back as the return value
         rc = app(standalone_mode=False)

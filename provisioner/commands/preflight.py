@@ -6,18 +6,28 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
-
-import typer
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, Optional
 
 from provisioner.errors import Exit, UsageError
 
-err = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    import typer
+
+# Start-up matters here (a preflight is seconds; importing typer/rich/pydantic alone was ~0.3 s of it): this module
+# imports no CLI framework at import time. `provision preflight ...` with well-formed options runs through
+# `provisioner.cli`'s fast path (FAST_OPTIONS + run()); --help and anything unusual goes through typer (register()).
+
+#: option -> (parameter, type), the same options typer declares in register(); cli.py's fast path parses with it.
+FAST_OPTIONS: dict[str, tuple[str, type]] = {
+    "--limit": ("limit", str), "-l": ("limit", str), "--format": ("fmt", str), "-f": ("fmt", str),
+    "--timeout": ("timeout", float), "--forks": ("forks", int),
+}
+DEFAULTS: dict[str, Any] = {"limit": None, "fmt": "text", "timeout": 30.0, "forks": 64}
 
 HELP = """Probe the GPU nodes of INVENTORY over SSH (paramiko, parallel, one command per host) and compare what they
 really have with the inventory: GPU count and model, the HCAs of `ib_hcas` present, ACTIVE/LinkUp at the expected
-rate (`ib_rate_gbps`, default 400), GPU-NIC NUMA affinity, OS and kernel, free disk for models.
+rate (`ib_rate_gbps`, default 400), GPU-NIC NUMA affinity, the network interface NCCL_SOCKET_IFNAME names
+(`bootstrap_interface`, as /etc/nccl.conf renders it), OS and kernel, free disk for models.
 
 Host keys are checked against known_hosts (the inventory's UserKnownHostsFile included); unknown keys are refused.
 Exit codes: 0 every host matches, 1 a mismatch or an unreachable host, 2 usage."""
@@ -83,23 +93,32 @@ def render_json(reports: dict[str, Any], seconds: float) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+def run(inventory: Path, limit: Optional[str] = None, fmt: str = "text", timeout: float = 30.0,
+        forks: int = 64) -> int:
+    """`provision preflight`: probe, print the report, return the exit code (0 all match, 1 otherwise)."""
+    from provisioner.probes.preflight import probe
+
+    fleet, hosts = load_targets(inventory, limit, fmt, timeout, forks)
+    t0 = time.monotonic()
+    reports = probe(fleet, hosts, timeout=timeout, forks=forks)
+    seconds = time.monotonic() - t0
+    sys.stdout.write(render_json(reports, seconds) if fmt == "json" else render_text(reports, seconds))
+    return int(Exit.OK if all(r.ok for r in reports.values()) else Exit.FAIL)
+
+
 def register(app: typer.Typer) -> None:
+    import typer
+
     @app.command("preflight", help=HELP)
     def preflight_cmd(
         inventory: Path = typer.Argument(..., help="Inventory file or directory."),
-        limit: Optional[str] = typer.Option(None, "--limit", "-l", help="Hosts/groups/globs, Ansible style."),
-        fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
-        timeout: float = typer.Option(30.0, "--timeout", help="Seconds per host (connect + probe)."),
-        forks: int = typer.Option(64, "--forks", help="Hosts probed at once."),
+        limit: Optional[str] = typer.Option(DEFAULTS["limit"], "--limit", "-l",
+                                            help="Hosts/groups/globs, Ansible style."),
+        fmt: str = typer.Option(DEFAULTS["fmt"], "--format", "-f", help="text or json."),
+        timeout: float = typer.Option(DEFAULTS["timeout"], "--timeout", help="Seconds per host (connect + probe)."),
+        forks: int = typer.Option(DEFAULTS["forks"], "--forks", help="Hosts probed at once (at most one per host)."),
     ) -> None:
-        from provisioner.probes.preflight import probe
-
-        fleet, hosts = load_targets(inventory, limit, fmt, timeout, forks)
-        t0 = time.monotonic()
-        reports = probe(fleet, hosts, timeout=timeout, forks=forks)
-        seconds = time.monotonic() - t0
-        sys.stdout.write(render_json(reports, seconds) if fmt == "json" else render_text(reports, seconds))
-        raise SystemExit(int(Exit.OK if all(r.ok for r in reports.values()) else Exit.FAIL))
+        raise SystemExit(run(inventory, limit, fmt, timeout, forks))
 
 
 def load_targets(inventory: Path, limit: str | None, fmt: str, timeout: float, forks: int) -> tuple[Any, list[Any]]:

@@ -12,14 +12,15 @@ Ansible does with host key checking on. Only an explicit `-o StrictHostKeyChecki
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from provisioner.model import Host
 
@@ -137,25 +138,112 @@ def _default_user() -> str:
         return "root"
 
 
-def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT) -> ExecResult:
-    """Connect, run `command` once, collect stdout/stderr/exit status; every failure becomes `error`, never raised."""
-    import paramiko
+def _import_paramiko() -> Any:
+    """paramiko, without the `invoke` package: paramiko.config imports it (only for `Match exec` in ssh_config files,
+    which these probes never read), and that import alone costs ~0.17 s of start-up when invoke is installed."""
+    if "invoke" in sys.modules:
+        import paramiko
 
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    res = ExecResult(host=t.name, ok=False)
-    client = paramiko.SSHClient()
+        return paramiko
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError: paramiko copes
     try:
-        # all known_hosts files go into the read-only "system" set: nothing is ever written back
-        for f in ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts", *t.known_hosts):
+        import paramiko
+    finally:
+        del sys.modules["invoke"]
+    return paramiko
+
+
+class KnownHosts:
+    """known_hosts files parsed ONCE per fan-out and shared read-only by every connection (paramiko's SSHClient would
+    re-read and re-parse every file for every host: O(hosts x lines) for a fleet)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parsed: dict[tuple[str, ...], Any] = {}
+
+    def get(self, files: tuple[str, ...]) -> Any:
+        paramiko = _import_paramiko()
+        with self._lock:
+            hk = self._parsed.get(files)
+            if hk is None:
+                hk = paramiko.HostKeys()
+                for f in files:
+                    p = os.path.expanduser(f)
+                    if os.path.isfile(p):
+                        try:
+                            hk.load(p)
+                        except (OSError, paramiko.SSHException):
+                            pass
+                self._parsed[files] = hk
+            return hk
+
+
+def _known_files(t: SshTarget) -> tuple[str, ...]:
+    return ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts", *t.known_hosts)
+
+
+def _client(t: SshTarget, known: KnownHosts | None) -> Any:
+    """An SSHClient whose read-only ("system") host keys are every known_hosts file of `t`; unknown keys refused."""
+    paramiko = _import_paramiko()
+    client = paramiko.SSHClient()
+    shared = known.get(_known_files(t)) if known is not None else None
+    if shared is not None and isinstance(getattr(client, "_system_host_keys", None), paramiko.HostKeys):
+        client._system_host_keys = shared  # read only: SSHClient never writes system host keys
+    else:  # another paramiko layout: load them the documented way (per connection)
+        for f in _known_files(t):
             p = os.path.expanduser(f)
             if os.path.isfile(p):
                 try:
                     client.load_system_host_keys(p)
                 except (OSError, paramiko.SSHException):
                     pass
-        client.set_missing_host_key_policy(
-            paramiko.RejectPolicy() if t.strict_host_keys else paramiko.AutoAddPolicy())
+    client.set_missing_host_key_policy(paramiko.RejectPolicy() if t.strict_host_keys else paramiko.AutoAddPolicy())
+    return client
+
+
+def _collect(chan: Any, deadline: float, res: ExecResult) -> tuple[bytes, bytes]:
+    """Read stdout and stderr until the command has exited and its streams are closed (or the deadline passes).
+    Waits on the channel's file descriptor, which paramiko makes readable when either stream has data or reaches
+    EOF, and on its status event for the exit status: no polling."""
+    out, err = bytearray(), bytearray()
+    fd = chan.fileno()
+
+    def drain() -> None:
+        while chan.recv_ready():
+            out.extend(chan.recv(65536))
+        while chan.recv_stderr_ready():
+            err.extend(chan.recv_stderr(65536))
+
+    while True:
+        drain()
+        eof = chan.eof_received or chan.closed
+        if eof and chan.exit_status_ready():
+            drain()
+            res.rc = chan.recv_exit_status()
+            res.ok = True
+            return bytes(out), bytes(err)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            res.error = "timed out"
+            chan.close()
+            return bytes(out), bytes(err)
+        if eof:  # streams done, exit status still on its way
+            chan.status_event.wait(min(left, 1.0))
+        else:
+            select.select([fd], [], [], min(left, 1.0))
+
+
+def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
+            known: KnownHosts | None = None) -> ExecResult:
+    """Connect, run `command` once, collect stdout/stderr/exit status; every failure becomes `error`, never raised."""
+    paramiko = _import_paramiko()
+
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    res = ExecResult(host=t.name, ok=False)
+    client = None
+    try:
+        client = _client(t, known)
         keys = [k for k in t.key_files if os.path.isfile(k)]
         ct = min(t.connect_timeout or timeout, timeout)
         client.connect(t.address, port=t.port, username=t.user or _default_user(),
@@ -164,32 +252,10 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT) -> Exe
         transport = client.get_transport()
         assert transport is not None
         chan = transport.open_session(timeout=max(1.0, deadline - time.monotonic()))
-        chan.settimeout(0.5)
         chan.exec_command(command)
-        out, err = bytearray(), bytearray()
-        while True:
-            if time.monotonic() > deadline:
-                res.error = f"timed out after {timeout:g}s (command still running)"
-                chan.close()
-                break
-            got = False
-            if chan.recv_ready():
-                out += chan.recv(65536)
-                got = True
-            if chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-                got = True
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                res.rc = chan.recv_exit_status()
-                # drain what arrived between the checks
-                while chan.recv_ready():
-                    out += chan.recv(65536)
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-                res.ok = True
-                break
-            if not got:
-                time.sleep(0.01)
+        out, err = _collect(chan, deadline, res)
+        if res.error:
+            res.error = f"timed out after {timeout:g}s (command still running)"
         res.stdout = out.decode("utf-8", "replace")
         res.stderr = err.decode("utf-8", "replace")
     except paramiko.BadHostKeyException as exc:
@@ -209,12 +275,19 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT) -> Exe
     except Exception as exc:  # never let one host take the fan-out down
         res.error = f"{type(exc).__name__}: {exc}"
     finally:
-        try:
-            client.close()
-        except Exception:
-            pass
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
         res.seconds = round(time.monotonic() - t0, 3)
     return res
+
+
+def workers(n_targets: int, forks: int) -> int:
+    """Threads for a fan-out: the hosts' work is waited on, not computed, but each connection's key exchange and
+    packet handling is Python under one GIL, so more threads than hosts (or than `forks`) only adds switching."""
+    return max(1, min(forks, n_targets))
 
 
 def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], str], *,
@@ -224,10 +297,11 @@ def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], 
     targets = list(targets)
     out: dict[str, ExecResult] = {}
     lock = threading.Lock()
+    known = KnownHosts()
 
     def one(t: SshTarget) -> None:
         cmd = command(t) if callable(command) else command
-        r = run_one(t, cmd, timeout=timeout)
+        r = run_one(t, cmd, timeout=timeout, known=known)
         with lock:
             out[t.name] = r
             if on_result:
@@ -235,6 +309,7 @@ def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], 
 
     if not targets:
         return out
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets))), thread_name_prefix="ssh") as pool:
+    _import_paramiko()  # once, before the threads: module imports take the import lock anyway
+    with ThreadPoolExecutor(max_workers=workers(len(targets), forks), thread_name_prefix="ssh") as pool:
         list(pool.map(one, targets))
     return {t.name: out[t.name] for t in targets}
