@@ -9,7 +9,7 @@
 - Check mode (`drift`) adds `--check --diff`; each changed result becomes a `DriftItem` (handlers excluded: they only
   follow a drifted resource).
 - The project's `ansible.cfg` is used explicitly (`ANSIBLE_CONFIG`), and the two settings ansible-runner would override
-  silently are put back: host key checking stays on, and the fact cache stays ours (`.cache/facts`), not per run.
+  silently are put back: host key checking stays on, and the fact cache stays ours (`.cache/facts.d/<inventory>`), not per run.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ FILE_ACTIONS = {
     "unarchive", "known_hosts", "authorized_key", "archive",
 }
 PACKAGE_ACTIONS = {"apt", "package", "dpkg_selections", "pip", "dnf", "dnf5", "yum", "apt_key", "apt_repository",
-                   "deb822_repository", "rpm_key", "yum_repository"}
+                   "deb822_repository", "rpm_key", "yum_repository", "provisioner_apt"}
 SERVICE_ACTIONS = {"systemd", "systemd_service", "service", "sysvinit"}
 
 
@@ -272,6 +272,19 @@ def target_hosts(inventory: str | os.PathLike[str], limit: str | None) -> list[s
         raise UsageError(f"cannot select hosts: {str(exc).strip().splitlines()[0]}", path=str(inventory)) from None
 
 
+def fact_cache_dir(inventory: Path) -> Path:
+    """The jsonfile fact cache of one inventory: `.cache/facts.d/<inventory dir name>-<hash of its path>`.
+
+    Ansible keys cached facts by inventory hostname only; two inventories that both name a host `node01` (two racks,
+    two sites) must not read each other's facts."""
+    import hashlib
+
+    inv = inventory.resolve()
+    digest = hashlib.sha256(str(inv).encode()).hexdigest()[:12]
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{inv.parent.name}-{inv.stem}")[:60]
+    return PROJECT_ROOT / ".cache" / "facts.d" / f"{label}-{digest}"
+
+
 def size_forks(n_hosts: int) -> int:
     cap = int(os.environ.get("PROVISION_MAX_FORKS", MAX_FORKS))
     return max(1, min(n_hosts, cap))
@@ -377,6 +390,10 @@ def resources_of(action: str, res: dict[str, Any], task: str) -> list[tuple[str,
     if res.get("censored"):
         return [(kind, task)]
     label = _item_label(res)
+    # Our own modules (playbooks/library/provisioner_apt.py) name what drifted: [[kind, name], ...]
+    own = res.get("resources")
+    if action.startswith("provisioner_") and isinstance(own, list) and own:
+        return [(str(k), str(r)) for k, r in own]
     if kind == "file":
         r = res.get("dest") or res.get("path") or _diff_path(res) or label or task
         return [(kind, str(r))]
@@ -613,7 +630,7 @@ def run_playbook(
         "ANSIBLE_HOST_KEY_CHECKING": os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "True"),
         "ANSIBLE_FORCE_COLOR": "False",
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": os.environ.get("ANSIBLE_CACHE_PLUGIN_CONNECTION",
-                                                          str(PROJECT_ROOT / ".cache" / "facts")),
+                                                          str(fact_cache_dir(inv))),
         # the ansible-playbook of the Python running us (a venv's bin/ need not be on PATH)
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "ANSIBLE_NOCOLOR": "True",

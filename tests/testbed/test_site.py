@@ -1,8 +1,8 @@
 """The host roles end to end on the simulated rack (real Debian 12 systemd hosts over SSH, the signed stand-in NVIDIA
 apt repository, Debian's mirror through the rack's proxy).
 
-The GPU stack and fabric playbooks (`playbooks/gpu_stack.yml`, `playbooks/fabric.yml`: the host-role part of
-site.yml) run with ansible-playbook against the rack's own inventory; pytest-testinfra then checks over SSH (host key
+The host-role part of site.yml (`playbooks/node.yml`: the GPU stack and fabric roles in one play) runs with
+ansible-playbook against the rack's own inventory; pytest-testinfra then checks over SSH (host key
 checking on): every package at its pinned version and held, /etc/nccl.conf byte for byte, persistenced and Fabric
 Manager enabled and active, memlock limits, the nftables table present and scoped to the cluster's members (with a
 real connection test); the second run reports changed=0; a Fabric Manager/driver mismatch injected on one node fails
@@ -32,12 +32,10 @@ from provisioner import PROJECT_ROOT
 pytestmark = pytest.mark.testbed
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
-# The host-role part of site.yml as ONE playbook (ansible-playbook stops after the first of several playbooks
-# given on its command line that has a failed host; imports keep the healthy hosts going, as in site.yml).
+# The host-role part of site.yml, imported as site.yml does.
 HOST_ROLES = (
     "---\n"
-    f"- name: GPU stack\n  ansible.builtin.import_playbook: {PROJECT_ROOT / 'playbooks/gpu_stack.yml'}\n"
-    f"- name: Fabric, NCCL tuning and cluster firewall\n  ansible.builtin.import_playbook: {PROJECT_ROOT / 'playbooks/fabric.yml'}\n"
+    f"- name: GPU node\n  ansible.builtin.import_playbook: {PROJECT_ROOT / 'playbooks/node.yml'}\n"
 )
 RACK = os.environ.get("PROVISIONER_ROLES_RACK", "roles")
 NODES = 3
@@ -276,5 +274,7 @@ def test_fabric_manager_mismatch_fails_only_that_node(rig: Any, first_run: Any) 
             assert stats[other]["failed"] == 0 and stats[other]["unreachable"] == 0, stats
     flat = " ".join(out.split())
     assert f"Fabric Manager/driver version mismatch on {bad}: nvidia-fabricmanager 580.95.05-1 but the driver reports 580.82.07" in flat, out[-4000:]
-    # the healthy nodes went on to the fabric play; the failed one did not
-    assert re.search(rf"^ok: \[{rig.names[0]}\]", out.split("PLAY [Fabric, NCCL tuning and cluster firewall]")[1], re.M)
+    # the healthy nodes went on to the fabric roles (same play); the failed one did not
+    after = out.split("TASK [nccl_tuning : Render /etc/nccl.conf]")[1].split("TASK [")[0]
+    assert re.search(rf"^ok: \[{rig.names[0]}\]", after, re.M), after
+    assert f"[{bad}]" not in after, after

@@ -300,7 +300,7 @@ def test_playbooks_honour_the_serial_contract() -> None:
     from provisioner import PLAYBOOKS
 
     missing = []
-    for pb in [PLAYBOOKS / "gpu_stack.yml", PLAYBOOKS / "fabric.yml"]:
+    for pb in [PLAYBOOKS / "node.yml", PLAYBOOKS / "gpu_stack.yml", PLAYBOOKS / "fabric.yml"]:
         for play in yaml.safe_load(pb.read_text()) or []:
             if not isinstance(play, dict) or "hosts" not in play or play["hosts"] in ("localhost", "127.0.0.1"):
                 continue
