@@ -223,3 +223,26 @@ def test_onboard_marks_passing_hosts_and_leaves_out_failing(rig: Any) -> None:
         assert f"{n3}: LEFT OUT at preflight: gpu_count: expected 8, found 7" in text
     finally:
         clear_all(rig)
+
+
+def test_missing_bootstrap_interface_fails_socket_ifname(rig: Any, tmp_path: Path) -> None:
+    """NCCL_SOCKET_IFNAME (= the inventory's bootstrap_interface) names an interface the node does not have: NCCL's
+    bootstrap would fail ("no socket interface found"); the health gate says so for that host only."""
+    import shutil
+
+    clear_all(rig)
+    n1, n2 = rig.names[:2]
+    inv_dir = tmp_path / "inv"
+    shutil.copytree(Path(rig.inventory).parent, inv_dir)
+    (inv_dir / "host_vars").mkdir(exist_ok=True)
+    (inv_dir / "host_vars" / f"{n1}.yml").write_text("---\nbootstrap_interface: ens99f0np0\n")
+    inv = inv_dir / Path(rig.inventory).name
+    rc, hd, out = provision("health", str(inv), "--limit", f"{n1},{n2}", "--format", "json")
+    assert rc == 1, out
+    f1 = health_failed(hd, n1)
+    assert list(f1) == ["socket_ifname"], f1
+    assert "NCCL_SOCKET_IFNAME==ens99f0np0 matches no interface" in f1["socket_ifname"]
+    assert "host0" in f1["socket_ifname"] and "no socket interface found" in f1["socket_ifname"]
+    assert health_failed(hd, n2) == {} and hd["hosts"][n2]["ok"]
+    st = {c["check"]: c for c in hd["hosts"][n2]["checks"]}["socket_ifname"]
+    assert st["status"] == "pass" and st["message"] == "NCCL_SOCKET_IFNAME==host0: host0 up"
