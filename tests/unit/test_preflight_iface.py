@@ -1,0 +1,228 @@
+"""Preflight's NCCL bootstrap interface check (`socket_ifname`): NCCL's NCCL_SOCKET_IFNAME rules, the value the
+rendered /etc/nccl.conf carries, the comparison, the probe snippet's `net` section run by a real /bin/sh, and the
+CLI's fast path (plain arguments without typer; everything else through typer)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.model import Fleet, Host, freeze
+from provisioner.probes import parsers as p
+from provisioner.probes import preflight as pf
+
+
+def _host(**vars: Any) -> Host:
+    base = {"gpu_model": "H100-SXM5-80GB", "gpu_count": 8, "fabric": "infiniband", "ib_hcas": ["mlx5_0"]}
+    return Host("node01", "10.0.0.11", ("gpu_nodes",), freeze({**base, **vars}))
+
+
+def _fleet(host: Host) -> Fleet:
+    return Fleet(source=Path("inv.ini"), hosts=freeze({host.name: host}), clusters=freeze({}))
+
+
+def _facts(ifaces: list[str] | None) -> p.NodeFacts:
+    port = p.IbPort("mlx5_0", 1, "ACTIVE", "LinkUp", 400.0, "InfiniBand")
+    return p.NodeFacts(gpus=[p.GpuInfo(i, "NVIDIA H100 80GB HBM3", 81559, "580.95.05", "Enabled") for i in range(8)],
+                       ib_ports={"mlx5_0": {1: port}}, os_release={"ID": "debian", "VERSION_ID": "12"},
+                       kernel="6.1.0", disk=p.DfEntry("/dev/sda1", 10**12, 0, 10**12, "/"), net_ifaces=ifaces)
+
+
+def _iface_mismatches(host: Host, ifaces: list[str] | None) -> list[pf.Mismatch]:
+    return [m for m in pf.compare(_fleet(host), host, _facts(ifaces)) if m.check == "socket_ifname"]
+
+
+# --- NCCL's rules -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("=eth0", (True, False, ["eth0"])),
+    ("eth", (False, False, ["eth"])),
+    ("^docker,lo", (False, True, ["docker", "lo"])),
+    ("^=docker0", (True, True, ["docker0"])),
+    ("=ens1f0, ens1f1 ,", (True, False, ["ens1f0", "ens1f1"])),
+    ("", (False, False, [])),
+])
+def test_parse_socket_ifname(value: str, parsed: tuple[bool, bool, list[str]]) -> None:
+    assert p.parse_socket_ifname(value) == parsed
+
+
+@pytest.mark.parametrize(("value", "chosen", "unmatched"), [
+    ("=eth0", ["eth0"], []),
+    ("=eth", [], ["eth"]),  # exact: a prefix of a name is not a match
+    ("eth", ["eth0", "eth10"], []),  # prefix: eth matches eth0 and eth10
+    ("=eth0,ib0", ["eth0"], ["ib0"]),
+    ("^docker", ["eth0", "eth10", "lo"], []),
+    ("^=docker0,eth0,eth10,lo", ["docker1"], []),
+    ("^eth,docker,lo", [], []),  # everything excluded
+])
+def test_select_interfaces(value: str, chosen: list[str], unmatched: list[str]) -> None:
+    present = ["docker0", "docker1", "eth0", "eth10", "lo"]
+    assert p.select_interfaces(value, present) == (chosen, unmatched)
+
+
+def test_parse_net_section() -> None:
+    assert p.parse_net_ifaces("lo\nhost0\n\n") == ["host0", "lo"]
+    facts = p.parse_probe("@@pv@@ begin net\neth0\nlo\n@@pv@@ end net 0\n")
+    assert facts.net_ifaces == ["eth0", "lo"]
+    assert p.parse_probe("@@pv@@ begin kernel\n6.1\n@@pv@@ end kernel 0\n").net_ifaces is None  # not probed
+
+
+# --- the value /etc/nccl.conf carries -------------------------------------------------------------------------------
+def _rendered_socket_ifname(host: Host) -> str | None:
+    """NCCL_SOCKET_IFNAME as NCCL reads the really rendered /etc/nccl.conf (first occurrence of a key wins)."""
+    from provisioner import render
+
+    v = render.role_defaults()
+    v.update(host.vars)
+    v["inventory_hostname"] = host.name
+    conf = render.render_template("nccl.conf.j2", v)
+    for line in conf.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "NCCL_SOCKET_IFNAME":
+            return value
+    return None
+
+
+@pytest.mark.parametrize("vars", [
+    {"bootstrap_interface": "host0"},
+    {"bootstrap_interface": "=ens1f0"},
+    {"bootstrap_interface": "^docker"},
+    {"bootstrap_interface": ""},
+    {},
+    {"nccl_extra": {"NCCL_SOCKET_IFNAME": "eth"}},
+    {"bootstrap_interface": "bond0", "nccl_extra": {"NCCL_SOCKET_IFNAME": "eth"}},
+])
+def test_setting_is_what_the_rendered_nccl_conf_says(vars: dict[str, Any]) -> None:
+    host = _host(**vars)
+    want = pf.nccl_socket_ifname(host)
+    assert (want[0] if want else None) == _rendered_socket_ifname(host)
+
+
+def test_setting_names_the_inventory_variable() -> None:
+    assert pf.nccl_socket_ifname(_host(bootstrap_interface="eth9")) == ("=eth9", "bootstrap_interface")
+    assert pf.nccl_socket_ifname(_host(nccl_extra={"NCCL_SOCKET_IFNAME": "^lo"})) == (
+        "^lo", "nccl_extra.NCCL_SOCKET_IFNAME")
+    assert pf.nccl_socket_ifname(_host()) is None
+
+
+# --- the check ------------------------------------------------------------------------------------------------------
+def test_missing_interface_is_an_error_with_expected_and_found() -> None:
+    ms = _iface_mismatches(_host(bootstrap_interface="eth9"), ["eth0", "lo"])
+    assert [(m.severity, m.line()) for m in ms] == [
+        ("error", "socket_ifname: expected NCCL_SOCKET_IFNAME==eth9 (bootstrap_interface) to match an interface, "
+                  "found no such interface (interfaces: eth0, lo)")]
+    report = pf.HostReport("node01", reachable=True, mismatches=ms)
+    assert not report.ok and "eth9" in report.message
+
+
+def test_present_interface_passes() -> None:
+    assert _iface_mismatches(_host(bootstrap_interface="host0"), ["host0", "lo"]) == []
+    assert _iface_mismatches(_host(bootstrap_interface="^docker"), ["docker0", "eth0"]) == []
+
+
+def test_every_interface_excluded_is_an_error() -> None:
+    ms = _iface_mismatches(_host(bootstrap_interface="^eth"), ["eth0", "eth1"])
+    assert [m.severity for m in ms] == ["error"]
+
+
+def test_list_with_one_missing_name_warns() -> None:
+    ms = _iface_mismatches(_host(bootstrap_interface="=eth0,eth9"), ["eth0", "lo"])
+    assert [(m.severity, m.found) for m in ms] == [("warning", "no eth9 (NCCL uses eth0; interfaces: eth0, lo)")]
+    assert pf.HostReport("node01", reachable=True, mismatches=ms).ok
+
+
+def test_no_setting_or_no_listing_checks_nothing() -> None:
+    assert _iface_mismatches(_host(), ["eth0"]) == []
+    assert _iface_mismatches(_host(bootstrap_interface="eth9"), None) == []
+
+
+# --- the probe snippet, run by a real /bin/sh against a fake node ---------------------------------------------------
+def _fake_node(root: Path) -> dict[str, str]:
+    for name in ("lo", "eth0", "ib0"):
+        (root / "sys/class/net" / name).mkdir(parents=True)
+    port = root / "sys/class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    for f, v in {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "400 Gb/sec (4X NDR)",
+                 "link_layer": "InfiniBand"}.items():
+        (port / f).write_text(v + "\n")
+    (root / "sys/class/infiniband/mlx5_0/device").mkdir()
+    (root / "sys/class/infiniband/mlx5_0/device/numa_node").write_text("0\n")
+    gpu = root / "sys/bus/pci/devices/0000:18:00.0"
+    gpu.mkdir(parents=True)
+    for f, v in {"vendor": "0x10de", "class": "0x030200", "device": "0x2330"}.items():
+        (gpu / f).write_text(v + "\n")
+    nic = root / "sys/bus/pci/devices/0000:19:00.0"
+    nic.mkdir(parents=True)
+    (nic / "vendor").write_text("0x15b3\n")
+    (root / "etc").mkdir()
+    (root / "etc/os-release").write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"')
+    (root / "proc/sys/kernel").mkdir(parents=True)
+    (root / "proc/sys/kernel/osrelease").write_text("6.1.0-test\n")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$1" in topo) printf "\\tGPU0\\tNIC0\\nGPU0\\t X \\tPIX\\n\\nNIC Legend:\\n\\n'
+                   '  NIC0: mlx5_0\\n";; *) echo "0, NVIDIA H100 80GB HBM3, 81559, 580.95.05, Enabled, '
+                   '00000000:18:00.0";; esac\n')
+    smi.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_probe_snippet_lists_interfaces_with_shell_builtins(tmp_path: Path) -> None:
+    env = _fake_node(tmp_path)
+    script = pf.probe_script(str(tmp_path / "opt/models/none"))
+    script = re.sub(r"(?<![\w/])/(sys|proc|etc)/", lambda m: f"{tmp_path}/{m.group(1)}/", script)  # onto the fake
+    r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    facts = p.parse_probe(r.stdout, disk_path=str(tmp_path / "opt/models/none"))
+    assert facts.net_ifaces == ["eth0", "ib0", "lo"]
+    assert [g.name for g in facts.gpus] == ["NVIDIA H100 80GB HBM3"]
+    assert facts.pci_gpus == [("0000:18:00.0", "0x2330")]
+    assert facts.ib_ports["mlx5_0"][1].active and facts.ib_ports["mlx5_0"][1].rate_gbps == 400.0
+    assert facts.hca_numa == {"mlx5_0": 0}
+    assert facts.os_release["VERSION_ID"] == "12"  # the last line has no newline: still read
+    assert facts.kernel == "6.1.0-test"
+    assert facts.disk is not None  # df ran on the nearest existing parent
+    assert facts.topology is not None and facts.topology.nic_names == {"NIC0": "mlx5_0"}
+    host = _host(bootstrap_interface="eth9", gpu_count=1)
+    assert [m.check for m in pf.compare(_fleet(host), host, facts) if m.severity == "error"] == ["socket_ifname"]
+    host = _host(bootstrap_interface="eth0", gpu_count=1)
+    assert [m for m in pf.compare(_fleet(host), host, facts) if m.severity == "error"] == []
+
+
+# --- the CLI fast path ----------------------------------------------------------------------------------------------
+def test_fast_path_parses_only_plain_arguments() -> None:
+    from provisioner.cli import parse_plain
+    from provisioner.commands.preflight import FAST_OPTIONS
+
+    assert parse_plain(["inv.ini", "--limit", "node01", "-f", "json", "--forks=4", "--timeout", "2.5"],
+                       FAST_OPTIONS) == ("inv.ini", {"limit": "node01", "fmt": "json", "forks": 4, "timeout": 2.5})
+    for argv in (["--help"], ["inv.ini", "--no-such-option"], ["inv.ini", "--forks", "x"], ["inv.ini", "--limit"],
+                 [], ["a.ini", "b.ini"]):
+        assert parse_plain(argv, FAST_OPTIONS) is None, argv
+
+
+def test_fast_path_user_error_is_one_line_exit_2(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "provisioner.cli", "preflight", str(tmp_path / "missing.ini")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr == f"error: {tmp_path / 'missing.ini'}: inventory not found\n"
+    r = subprocess.run([sys.executable, "-m", "provisioner.cli", "preflight", str(tmp_path / "x.ini"), "--forks",
+                        "x"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--forks" in r.stderr and "Traceback" not in r.stderr  # typer's message
+
+
+def test_preflight_fast_path_imports_no_cli_framework(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[gpu_nodes]\nnode01 ansible_host=192.0.2.1 gpu_count=8\n")
+    code = ("import sys; sys.argv = ['provision', 'preflight', sys.argv[1], '--limit', 'nothing']\n"
+            "import provisioner.cli as c\n"
+            "try:\n    c.main()\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print(rc, sorted(m for m in ('typer', 'rich', 'pydantic', 'invoke') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code, str(inv)], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "2 []", r.stdout + r.stderr
+    assert "no GPU nodes match --limit nothing" in r.stderr
