@@ -42,7 +42,8 @@ demo: deps venv
 
 demo-vllm: deps venv
 	$(VENV)/bin/provision testbed up --name demo-vllm --nodes 3 --with-vllm --spec tests/vllm/rack-spec.yaml
-	$(VENV)/bin/provision run inventories/testbed-demo-vllm/hosts.ini
+	# onboard = preflight, run without the vLLM launch, health gate, in-service mark, then the (gated) vLLM launch
+	$(VENV)/bin/provision onboard inventories/testbed-demo-vllm/hosts.ini node01 node02 node03 --serial 3
 
 clean:
 	rm -rf $(VENV) .pytest_cache
