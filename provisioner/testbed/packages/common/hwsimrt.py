@@ -9,12 +9,13 @@ Python 3.11 stdlib only: it runs on the testbed hosts (Debian 12), not in the co
 
 from __future__ import annotations
 
-import json
 import os
 
 # Start-up cost: nvidia-smi is called by every probe, and a real one answers in milliseconds. So the paths the query
-# forms read are plain strings (os.path); pathlib and tempfile are imported only by the functions that return a Path
-# or write files (the daemons and `-pm`). Annotations stay strings (`typing` is never imported).
+# forms read are plain strings (os.path); pathlib, tempfile and json are imported only by the functions that return a
+# Path or write files (the daemons and `-pm`); JSON is read with the json package's own C scanner (`loads`), because
+# importing json imports re and enum (~5 ms, as much as the rest of a query). Annotations stay strings (`typing` is
+# never imported).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,6 +30,35 @@ def _path(p: str) -> Path:
 
 class NoDriver(Exception):
     """The driver cannot be reached: no hardware spec or no kernel module installed."""
+
+
+class _ScanContext:
+    """What json.decoder.JSONDecoder hands the C scanner (json.loads' defaults)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = None  # NaN/Infinity: not in our files (the json fallback accepts them)
+
+
+def loads(text: str) -> Any:
+    """json.loads(text) for a document that is one JSON value (ValueError when it is not one)."""
+    try:
+        from _json import make_scanner
+    except ImportError:  # another Python: the json package
+        import json
+
+        return json.loads(text)
+    body = text.strip(" \t\n\r")
+    try:
+        value, end = make_scanner(_ScanContext())(body, 0)
+    except StopIteration as exc:
+        raise ValueError(f"not JSON at offset {exc.value}") from None
+    if end != len(body):
+        raise ValueError(f"extra data at offset {end}")
+    return value
 
 
 def _read(path: str | os.PathLike[str]) -> str:
@@ -67,7 +97,7 @@ def module_marker() -> Path:
 def load_spec(*, need_module: bool = True) -> dict[str, Any]:
     path = os.path.join(_spec_dir(), "spec.json")
     try:
-        spec = json.loads(_read(path))
+        spec = loads(_read(path))
     except (OSError, ValueError) as exc:
         raise NoDriver(f"no hardware spec at {path}: {exc}") from exc
     if need_module and not os.path.exists(_module_marker()):
@@ -136,13 +166,15 @@ def _legacy_file() -> str:
 
 def legacy_persistence() -> dict[str, bool]:
     try:
-        data = json.loads(_read(_legacy_file()))
+        data = loads(_read(_legacy_file()))
         return {str(k): bool(v) for k, v in data.items()}
     except (OSError, ValueError, AttributeError):
         return {}
 
 
 def set_legacy_persistence(bus_id: str, on: bool) -> None:
+    import json
+
     data = legacy_persistence()
     data[bus_id] = on
     atomic_write(_legacy_file(), json.dumps(data, sort_keys=True) + "\n")
