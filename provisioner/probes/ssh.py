@@ -4,9 +4,11 @@ One connection and ONE exec per host: callers batch everything they want to know
 (`provisioner.probes.preflight.PROBE_SCRIPT`), so a probe costs one round of SSH handshakes, not one per fact.
 
 Host keys: the user's ~/.ssh/known_hosts, /etc/ssh/ssh_known_hosts and every `UserKnownHostsFile` named in the
-inventory's `ansible_ssh_common_args` are loaded; an unknown or changed key is refused (paramiko RejectPolicy), as
-Ansible does with host key checking on. Only an explicit `-o StrictHostKeyChecking=no` in the inventory turns that off
+inventory's `ansible_ssh_common_args` are loaded (parsed once per `run_many`, shared read-only by its connections);
+an unknown or changed key is refused (paramiko RejectPolicy), as Ansible does with host key checking on. Only an explicit `-o StrictHostKeyChecking=no` in the inventory turns that off
 (the key is then accepted for this connection and never saved), mirroring what ssh would do.
+
+Start-up: paramiko is imported on first use and without `invoke` (`_import_paramiko`).
 """
 
 from __future__ import annotations
