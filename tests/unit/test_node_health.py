@@ -444,3 +444,21 @@ def test_health_reports_from_real_output() -> None:
     assert 'provisioner_node_health_check_ok{host="h200b",check="gpu",status="fail"} 0' in prom
     assert 'provisioner_node_health_allreduce_busbw_gbps{host="h200x2"} 347.02' in prom
     assert 'provisioner_node_health_reachable{host="down1"} 0' in prom
+
+
+def test_allreduce_off_runs_no_bandwidth_test(tmp_path: Path) -> None:
+    """`--allreduce off` skips the check without starting nccl-tests (found on the real 2x H200: it used to run)."""
+    env = _replay_smi(tmp_path, REAL2)
+    marker = tmp_path / "all_reduce_perf-ran"
+    tool = tmp_path / "all_reduce_perf"
+    tool.write_text(f"#!/bin/sh\ntouch {marker}\necho '#  Avg bus bandwidth    : 300.0'\n")
+    tool.chmod(0o755)
+    base = [sys.executable, str(PROGRAM), "--gpu-count", "2", "--gpu-name", "NVIDIA H200", "--driver", "580.159.04",
+            "--kmsg", str(REAL2 / "dmesg.txt"), "--sysfs-root", str(tmp_path), "--nccl-conf", str(tmp_path / "none"),
+            "--fabricmanager-bin", str(tmp_path / "no-fm"), "--nccl-tests", str(tool), "--only", "allreduce"]
+    p = subprocess.run([*base, "--allreduce", "off"], env=env, capture_output=True, text=True)
+    res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
+    assert res["allreduce"]["status"] == "skip" and "off" in res["allreduce"]["message"], p.stdout + p.stderr
+    assert not marker.exists()
+    p = subprocess.run([*base, "--allreduce", "required"], env=env, capture_output=True, text=True)
+    assert marker.exists(), p.stdout + p.stderr  # the same command line without `off` does start it

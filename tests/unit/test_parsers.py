@@ -307,3 +307,19 @@ def test_real_probe_output_2xh200() -> None:
                                       (REAL2 / "node_health-final.jsonl").read_text().splitlines())}
     assert res["summary"]["status"] == "pass" and res["fabricmanager"]["status"] == "warn"
     assert res["allreduce"]["found"]["busbw_gbps"] == 347.02
+
+
+def test_real_probe_output_2xh200_v3_lists_interfaces() -> None:
+    """The probe as it is now (builtins only, /sys/class/net included), run under /bin/sh on the real 2x H200
+    machine (tests/fixtures/real/capture3.sh): the interfaces parse, and NCCL's matching of the inventory's
+    ens10f0np0 finds none of them while =eth0 finds eth0 (what node_health.py said there, same capture)."""
+    f = p.parse_probe((REAL2 / "v3-probe-output.txt").read_text(), "/opt/models")
+    assert f.net_ifaces == ["eth0", "ifb0", "ifb1", "lo"]
+    assert [g.index for g in f.gpus] == [0, 1] and f.topology is not None
+    assert p.select_interfaces("=ens10f0np0", f.net_ifaces)[0] == []
+    assert p.select_interfaces("=eth0", f.net_ifaces)[0] == ["eth0"]
+    good = (REAL2 / "v3-node_health-ifname-good.txt").read_text()
+    bad = (REAL2 / "v3-node_health-ifname-missing.txt").read_text()
+    assert "socket_ifname  PASS  NCCL_SOCKET_IFNAME==eth0: eth0 up" in good
+    assert "socket_ifname  FAIL  NCCL_SOCKET_IFNAME==ens10f0np0 matches no interface" in bad
+    assert (REAL2 / "v3-node_health-ifname-missing.txt.rc").read_text().strip() == "1"
