@@ -300,14 +300,20 @@ def parse_file_dump(text: str) -> dict[str, str]:
     return out
 
 
-def parse_nccl_ib_hca(value: str) -> tuple[bool, bool, list[tuple[str, int | None]]]:
-    """NCCL_IB_HCA -> (exact, exclude, [(name, port)]). Names are prefixes unless the list starts with '='."""
+def _nccl_list_flags(value: str | None) -> tuple[bool, bool, str]:
+    """An NCCL interface/HCA list's leading `^` (exclude) and `=` (exact match) -> (exact, exclude, the rest)."""
     v = (value or "").strip()
     exclude = exact = False
     if v.startswith("^"):
         exclude, v = True, v[1:]
     if v.startswith("="):
         exact, v = True, v[1:]
+    return exact, exclude, v
+
+
+def parse_nccl_ib_hca(value: str) -> tuple[bool, bool, list[tuple[str, int | None]]]:
+    """NCCL_IB_HCA -> (exact, exclude, [(name, port)]). Names are prefixes unless the list starts with '='."""
+    exact, exclude, v = _nccl_list_flags(value)
     items: list[tuple[str, int | None]] = []
     for tok in v.split(","):
         tok = tok.strip()
@@ -320,12 +326,7 @@ def parse_nccl_ib_hca(value: str) -> tuple[bool, bool, list[tuple[str, int | Non
 def parse_socket_ifname(value: str | None) -> tuple[bool, bool, list[str]]:
     """NCCL_SOCKET_IFNAME -> (exact, exclude, [names]). NCCL's rules: names are prefixes (`eth` matches eth0, eth1)
     unless the list starts with `=` (exact); a leading `^` excludes; both combine as `^=docker0`."""
-    v = (value or "").strip()
-    exclude = exact = False
-    if v.startswith("^"):
-        exclude, v = True, v[1:]
-    if v.startswith("="):
-        exact, v = True, v[1:]
+    exact, exclude, v = _nccl_list_flags(value)
     return exact, exclude, [t.strip() for t in v.split(",") if t.strip()]
 
 

@@ -505,15 +505,21 @@ def check_nvlink(ctx):
     return result("nvlink", "pass", "%d links active on %d GPUs" % (total, len(links)), "all links active", found)
 
 
-def _ib_hca_setting(a):
-    if a.ib_hca is not None:
-        return a.ib_hca, "--ib-hca"
-    if os.environ.get("NCCL_IB_HCA"):
-        return os.environ["NCCL_IB_HCA"], "NCCL_IB_HCA (environment)"
+def _nccl_setting(a, var, given, flag):
+    """(value, where it came from) of NCCL variable `var`: the command line, then the environment, then --nccl-conf
+    (NCCL's own precedence); ("", None) when unset."""
+    if given is not None:
+        return given, flag
+    if os.environ.get(var):
+        return os.environ[var], "%s (environment)" % var
     conf = read_nccl_conf(a.nccl_conf)
-    if conf.get("NCCL_IB_HCA"):
-        return conf["NCCL_IB_HCA"], a.nccl_conf
+    if conf.get(var):
+        return conf[var], a.nccl_conf
     return "", None
+
+
+def _ib_hca_setting(a):
+    return _nccl_setting(a, "NCCL_IB_HCA", a.ib_hca, "--ib-hca")
 
 
 def _read(path):
@@ -581,14 +587,7 @@ def check_ib(ctx):
 
 
 def _socket_ifname_setting(a):
-    if a.socket_ifname is not None:
-        return a.socket_ifname, "--socket-ifname"
-    if os.environ.get("NCCL_SOCKET_IFNAME"):
-        return os.environ["NCCL_SOCKET_IFNAME"], "NCCL_SOCKET_IFNAME (environment)"
-    conf = read_nccl_conf(a.nccl_conf)
-    if conf.get("NCCL_SOCKET_IFNAME"):
-        return conf["NCCL_SOCKET_IFNAME"], a.nccl_conf
-    return "", None
+    return _nccl_setting(a, "NCCL_SOCKET_IFNAME", a.socket_ifname, "--socket-ifname")
 
 
 def parse_socket_ifname(value):
