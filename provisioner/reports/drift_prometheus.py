@@ -1,8 +1,8 @@
 """Drift in Prometheus text exposition format, for node_exporter's textfile collector.
 
-Series: `provision_drift_resources{host,role}` (0 for every role that ran clean on a host, so series stay stable),
-`provision_drift_last_run_timestamp_seconds`, `provision_host_unreachable{host}`, plus
-`provision_drift_check_failed{host}` and `provision_drift_last_run_duration_seconds`.
+Series: `provisioner_drift_resources{host,role}` (0 for every role that ran clean on a host, so series stay stable),
+`provisioner_drift_last_run_timestamp_seconds`, `provisioner_host_unreachable{host}`, plus
+`provisioner_drift_check_failed{host}` and `provisioner_drift_last_run_duration_seconds`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def _esc(v: str) -> str:
 def render(result: RunResult, *, now: float | None = None) -> str:
     ts = now if now is not None else result.started + result.duration
     out: list[str] = []
-    out.append("# HELP provision_drift_resources Resources that differ from the playbooks (last drift check).")
-    out.append("# TYPE provision_drift_resources gauge")
+    out.append("# HELP provisioner_drift_resources Resources that differ from the playbooks (last drift check).")
+    out.append("# TYPE provisioner_drift_resources gauge")
     for name in sorted(result.hosts):
         h = result.hosts[name]
         if h.unreachable or h.state == "not_run":
@@ -29,20 +29,20 @@ def render(result: RunResult, *, now: float | None = None) -> str:
         if not counts:
             counts["none"] = 0
         for role in sorted(counts):
-            out.append(f'provision_drift_resources{{host="{_esc(name)}",role="{_esc(role)}"}} {counts[role]}')
-    out.append("# HELP provision_host_unreachable 1 when the host could not be reached by the last drift check.")
-    out.append("# TYPE provision_host_unreachable gauge")
+            out.append(f'provisioner_drift_resources{{host="{_esc(name)}",role="{_esc(role)}"}} {counts[role]}')
+    out.append("# HELP provisioner_host_unreachable 1 when the host could not be reached by the last drift check.")
+    out.append("# TYPE provisioner_host_unreachable gauge")
     for name in sorted(result.hosts):
-        out.append(f'provision_host_unreachable{{host="{_esc(name)}"}} {1 if result.hosts[name].unreachable else 0}')
-    out.append("# HELP provision_drift_check_failed 1 when a check task failed on the host (drift incomplete).")
-    out.append("# TYPE provision_drift_check_failed gauge")
+        out.append(f'provisioner_host_unreachable{{host="{_esc(name)}"}} {1 if result.hosts[name].unreachable else 0}')
+    out.append("# HELP provisioner_drift_check_failed 1 when a check task failed on the host (drift incomplete).")
+    out.append("# TYPE provisioner_drift_check_failed gauge")
     for name in sorted(result.hosts):
         h = result.hosts[name]
-        out.append(f'provision_drift_check_failed{{host="{_esc(name)}"}} {1 if h.failed and not h.unreachable else 0}')
-    out.append("# HELP provision_drift_last_run_timestamp_seconds When the last drift check finished (Unix time).")
-    out.append("# TYPE provision_drift_last_run_timestamp_seconds gauge")
-    out.append(f"provision_drift_last_run_timestamp_seconds {ts:.3f}")
-    out.append("# HELP provision_drift_last_run_duration_seconds How long the last drift check ran.")
-    out.append("# TYPE provision_drift_last_run_duration_seconds gauge")
-    out.append(f"provision_drift_last_run_duration_seconds {result.duration:.3f}")
+        out.append(f'provisioner_drift_check_failed{{host="{_esc(name)}"}} {1 if h.failed and not h.unreachable else 0}')
+    out.append("# HELP provisioner_drift_last_run_timestamp_seconds When the last drift check finished (Unix time).")
+    out.append("# TYPE provisioner_drift_last_run_timestamp_seconds gauge")
+    out.append(f"provisioner_drift_last_run_timestamp_seconds {ts:.3f}")
+    out.append("# HELP provisioner_drift_last_run_duration_seconds How long the last drift check ran.")
+    out.append("# TYPE provisioner_drift_last_run_duration_seconds gauge")
+    out.append(f"provisioner_drift_last_run_duration_seconds {result.duration:.3f}")
     return "\n".join(out) + "\n"

@@ -183,7 +183,7 @@ def test_drift_clean_after_run(rig: Rig) -> None:
     assert sorted(data["hosts"]) == ["node01", "node02", "node03", "node04"]
     assert all(h["drift"] == [] and h["state"] == "clean" for h in data["hosts"].values())
     prom = (run_dir / "drift.prom").read_text()
-    assert re.search(r'provision_drift_resources\{host="node02",role="nccl_tuning"\} 0', prom)
+    assert re.search(r'provisioner_drift_resources\{host="node02",role="nccl_tuning"\} 0', prom)
 
 
 def _install_other_version(rig: Rig, host: str, tmp: Path) -> None:
@@ -253,14 +253,14 @@ def test_tamper_reported_exactly_in_all_formats_and_host_unchanged(rig: Rig, tmp
     # Prometheus (the --output file and the run dir's copy are the same)
     prom = out.read_text()
     assert prom == (run_dir / "drift.prom").read_text()
-    series = dict(re.findall(r'^provision_drift_resources\{host="([^"]+",role="[^"]+)"\} (\d+)$', prom, re.M))
+    series = dict(re.findall(r'^provisioner_drift_resources\{host="([^"]+",role="[^"]+)"\} (\d+)$', prom, re.M))
     assert series['node02",role="nccl_tuning'] == "1"
     assert series['node02",role="nvidia_persistenced'] == "1"
     assert series['node02",role="cuda_nccl'] == "1"
     assert series['node02",role="cluster_firewall'] == "1"
     assert all(v == "0" for k, v in series.items() if not k.startswith("node02"))
-    assert "provision_drift_last_run_timestamp_seconds " in prom
-    assert re.findall(r'^provision_host_unreachable\{host="[^"]+"\} (\d)$', prom, re.M) == ["0"] * 4
+    assert "provisioner_drift_last_run_timestamp_seconds " in prom
+    assert re.findall(r'^provisioner_host_unreachable\{host="[^"]+"\} (\d)$', prom, re.M) == ["0"] * 4
     # text
     text = (run_dir / "drift.txt").read_text()
     assert "node02: 4 resources drifted" in text and "drift: 4 resources on 1 host of 4" in text
@@ -291,7 +291,7 @@ def test_unreachable_host_reported_while_others_complete_then_rerun_converges(ri
         "node01": "clean", "node02": "clean", "node03": "clean", "node04": "unreachable"}
     root = ET.fromstring(p.stdout)
     assert root.get("errors") == "1" and root.get("failures") == "0"
-    assert 'provision_host_unreachable{host="node04"} 1' in (run_dir / "drift.prom").read_text()
+    assert 'provisioner_host_unreachable{host="node04"} 1' in (run_dir / "drift.prom").read_text()
 
     # preflight refuses a run with an unreachable host unless told to skip it
     refused = rig.cli("run", rig.inv)

@@ -85,7 +85,7 @@ def test_rules_use_current_vllm_metric_names(rack_a):
     text = (rack_a / "prometheus-rules.yml").read_text()
     for metric in ("vllm:num_requests_waiting", "vllm:e2e_request_latency_seconds_bucket",
                    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-                   "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "provision_drift_resources",
+                   "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "provisioner_drift_resources",
                    "provisioner_node_health_check_ok"):
         assert metric in text, metric
     for gone in ("vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds"):

@@ -156,16 +156,16 @@ def test_drift_prometheus_textfile() -> None:
     r = drift_result()
     text = drift_prometheus.render(r)
     s = parse_exposition(text)
-    res = {(lab["host"], lab["role"]): v for lab, v in s["provision_drift_resources"]}
+    res = {(lab["host"], lab["role"]): v for lab, v in s["provisioner_drift_resources"]}
     assert res[("node01", "nccl_tuning")] == 1
     assert res[("node01", "nvidia_persistenced")] == 2
     assert res[("node01", "nvidia_driver")] == 1
     assert res[("node02", "nccl_tuning")] == 0 and res[("node02", "nvidia_driver")] == 0
     assert not any(h == "node03" for h, _ in res)  # unreachable: not checked, no drift figure
-    unreach = {lab["host"]: v for lab, v in s["provision_host_unreachable"]}
+    unreach = {lab["host"]: v for lab, v in s["provisioner_host_unreachable"]}
     assert unreach == {"node01": 0, "node02": 0, "node03": 1, 'odd\\"name\\\\x': 0}
-    assert s["provision_drift_last_run_timestamp_seconds"] == [({}, r.started + r.duration)]
-    failed = {lab["host"]: v for lab, v in s["provision_drift_check_failed"]}
+    assert s["provisioner_drift_last_run_timestamp_seconds"] == [({}, r.started + r.duration)]
+    failed = {lab["host"]: v for lab, v in s["provisioner_drift_check_failed"]}
     assert failed['odd\\"name\\\\x'] == 1
 
 

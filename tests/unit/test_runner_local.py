@@ -278,7 +278,7 @@ def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
                      envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")})
     assert r.succeeded, r.to_dict()
     service = (units / "provision-drift.service").read_text()
-    assert (f"drift /srv/inv/rack-a.ini --report prometheus --output {textfiles}/provision_drift.prom"
+    assert (f"drift /srv/inv/rack-a.ini --report prometheus --output {textfiles}/provisioner_drift.prom"
             in service)
     assert "SuccessExitStatus=3" in service and "Type=oneshot" in service
     timer = (units / "provision-drift.timer").read_text()
