@@ -245,6 +245,17 @@ def stop(host: HostState, grace: float = 10.0) -> None:
             terminate([q], 2.0)
 
 
+def init_pid(host: HostState) -> int | None:
+    """PID (in our namespace) of the host's init (systemd inside the container): the process `nsenter -t` needs to
+    run a command inside the running host without SSH. None when the host is not running."""
+    p = host.proc
+    if p is None or not p.alive():
+        return None
+    nspawns = [q for q in (Proc.of(c) for c in children(p.pid)) if q is not None]
+    inits = [q for n in nspawns for q in (Proc.of(c) for c in children(n.pid)) if q is not None and q.alive()]
+    return inits[0].pid if inits else None
+
+
 def kill(host: HostState) -> None:
     """Pull the plug (for `down`: the disk is thrown away, so no clean shutdown is needed): SIGKILL the
     container's init, which ends its whole pid namespace at once; nspawn then exits and removes its veth."""

@@ -336,9 +336,7 @@ def test_non_root_gets_a_clear_message(tmp_path: Path) -> None:
                 os.setgroups([])
                 os.setgid(65534)
                 os.setuid(65534)
-            from provisioner import cli
-
-            cli.err.file = sys.stderr
+            # (the CLI creates its stderr console inside main(), after this redirect)
             sys.argv = ["provision", "testbed", "up"]
             main()
             code = 0
