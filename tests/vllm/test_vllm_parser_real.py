@@ -48,7 +48,7 @@ def _validate(inv: Path, py: Path) -> subprocess.CompletedProcess[str]:
 
 def test_validate_with_vllms_own_parser(vllm_rack: VllmRack, tmp_path: Path) -> None:
     if shutil.which("nsenter") is None:
-        pytest.fail("nsenter (util-linux) is missing: .ci/install-deps.sh installs it")
+        pytest.fail("nsenter is missing (Debian/Ubuntu package util-linux, part of every base system)")
     py = _vllm_python(vllm_rack, tmp_path)
     # the wrapper really reaches vLLM (no silent fallback to the controller's interpreter)
     v = subprocess.run([str(py), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True,
