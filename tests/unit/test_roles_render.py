@@ -71,6 +71,11 @@ INVENTORY = textwrap.dedent(
           hosts:
             lb01:
               ansible_host: 10.20.1.5
+        # a rack-row group of one host: must not be taken for deb-ib's cluster (it "contains only hosts of that
+        # cluster" too); the firewall's members are the 2-node pair (TP 8 x PP 2 on 8-GPU nodes)
+        row_a:
+          hosts:
+            deb-ib:
     """
 )
 
