@@ -169,15 +169,21 @@ class KnownHosts:
             hk = self._parsed.get(files)
             if hk is None:
                 hk = paramiko.HostKeys()
-                for f in files:
-                    p = os.path.expanduser(f)
-                    if os.path.isfile(p):
-                        try:
-                            hk.load(p)
-                        except (OSError, paramiko.SSHException):
-                            pass
+                _load_known_files(hk.load, files)
                 self._parsed[files] = hk
             return hk
+
+
+def _load_known_files(load: Callable[[str], Any], files: Iterable[str]) -> None:
+    """`load(path)` for every known_hosts file of `files` that exists; unreadable or malformed files are skipped."""
+    paramiko = _import_paramiko()
+    for f in files:
+        p = os.path.expanduser(f)
+        if os.path.isfile(p):
+            try:
+                load(p)
+            except (OSError, paramiko.SSHException):
+                pass
 
 
 def _known_files(t: SshTarget) -> tuple[str, ...]:
@@ -192,13 +198,7 @@ def _client(t: SshTarget, known: KnownHosts | None) -> Any:
     if shared is not None and isinstance(getattr(client, "_system_host_keys", None), paramiko.HostKeys):
         client._system_host_keys = shared  # read only: SSHClient never writes system host keys
     else:  # another paramiko layout: load them the documented way (per connection)
-        for f in _known_files(t):
-            p = os.path.expanduser(f)
-            if os.path.isfile(p):
-                try:
-                    client.load_system_host_keys(p)
-                except (OSError, paramiko.SSHException):
-                    pass
+        _load_known_files(client.load_system_host_keys, _known_files(t))
     client.set_missing_host_key_policy(paramiko.RejectPolicy() if t.strict_host_keys else paramiko.AutoAddPolicy())
     return client
 

@@ -216,14 +216,20 @@ def parse_kmsg_xids(text):
     return out
 
 
-def parse_nccl_hca(value):
-    """NCCL_IB_HCA -> (exact, exclude, [(name, port|None)])."""
+def _nccl_list_flags(value):
+    """An NCCL interface/HCA list's leading "^" (exclude) and "=" (exact match) -> (exact, exclude, the rest)."""
     v = (value or "").strip()
     exclude = exact = False
     if v.startswith("^"):
         exclude, v = True, v[1:]
     if v.startswith("="):
         exact, v = True, v[1:]
+    return exact, exclude, v
+
+
+def parse_nccl_hca(value):
+    """NCCL_IB_HCA -> (exact, exclude, [(name, port|None)])."""
+    exact, exclude, v = _nccl_list_flags(value)
     items = []
     for tok in v.split(","):
         tok = tok.strip()
@@ -593,12 +599,7 @@ def _socket_ifname_setting(a):
 def parse_socket_ifname(value):
     """NCCL_SOCKET_IFNAME -> (exact, exclude, [names]). NCCL's rules: names are prefixes ("eth" matches eth0, eth1);
     a leading "=" makes them exact; a leading "^" excludes (may be combined: "^=docker0")."""
-    v = (value or "").strip()
-    exclude = exact = False
-    if v.startswith("^"):
-        exclude, v = True, v[1:]
-    if v.startswith("="):
-        exact, v = True, v[1:]
+    exact, exclude, v = _nccl_list_flags(value)
     return exact, exclude, [t.strip() for t in v.split(",") if t.strip()]
 
 
