@@ -283,8 +283,8 @@ def test_group_run_sigterm_stops_the_child_and_exits_clean(tmp_path: Path) -> No
     assert not _alive(child)
 
 
-def test_group_run_head_stops_when_its_engine_dies() -> None:
-    state = {"code": 200}
+def _health_server(state: dict[str, int]) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A stand-in vLLM /health on 127.0.0.1 answering `state["code"]`; (server, its /health URL)."""
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
@@ -296,7 +296,12 @@ def test_group_run_head_stops_when_its_engine_dies() -> None:
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/health"
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/health"
+
+
+def test_group_run_head_stops_when_its_engine_dies() -> None:
+    state = {"code": 200}
+    srv, url = _health_server(state)
     p = _wrapper("--health-url", url, "--interval", "0.2", "--misses", "2", "--", "sleep", "60")
     time.sleep(1.5)
     assert p.poll() is None
@@ -309,18 +314,7 @@ def test_group_run_head_stops_when_its_engine_dies() -> None:
 
 def test_group_run_head_stops_when_a_worker_connection_set_vanishes() -> None:
     """An idle head never notices a dead worker by itself: the wrapper watches the worker's connections."""
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/health"
+    srv, url = _health_server({"code": 200})
     rendezvous = socket.socket()
     rendezvous.bind(("127.0.0.1", 0))
     rendezvous.listen(4)

@@ -17,18 +17,17 @@ import re
 import shutil
 import subprocess
 import sys
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from provisioner import PROJECT_ROOT
 
-VllmRack = Any  # tests/vllm/conftest.py's fixture object (heads, ports, api_key, url(), ssh(), wait_healthy())
+from vllm_e2e import VllmRack, http  # noqa: E402  (tests/vllm's shared helpers)
+
 
 pytestmark = pytest.mark.vllm
 
@@ -38,21 +37,6 @@ MODEL = "tiny-llama"
 STOP_CLUSTER = "vllm_single"  # its head is node03; nginx on node03 keeps running
 HEALTH_BOUND_S = 900  # CPU vLLM start-up on a shared 2-core machine
 BODY = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0}
-
-
-def http(url: str, *, data: dict | None = None, key: str | None = None, timeout: float = 60) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - our own test hosts
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as e:
-        return 0, str(e)
 
 
 @dataclass
