@@ -187,7 +187,9 @@ def write_identity(rack: RackState, host: HostState, authorized_key: str, *, pro
 
 #: Supervises one host's nspawn like systemd-nspawn@.service does: a reboot inside the host makes nspawn exit
 #: with 133, and the host boots again (same disk); SIGTERM powers it off cleanly; any other exit ends the loop.
+#: First it moves itself into the host's own cgroups ($PV_CGROUPS, see `host_cgroups`).
 SUPERVISOR = """\
+for cg in $PV_CGROUPS; do echo $$ > "$cg/cgroup.procs" || exit 97; done
 trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM INT
 while :; do
   "$@" &
@@ -198,6 +200,61 @@ while :; do
   echo "provisioner-testbed: $(date -u +%FT%TZ) host rebooted" >&2
 done
 """
+
+
+#: Parent of every simulated host's own cgroup, below the controller's cgroup in each hierarchy systemd uses.
+CGROUP_PARENT = "provisioner-testbed"
+
+
+def _systemd_hierarchies() -> list[Path]:
+    """Mount points of the cgroup hierarchies systemd manages: the named `systemd` one (v1/hybrid) and cgroup2,
+    each joined with this process's own cgroup in it (from /proc/self/cgroup)."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hid, ctrl, path = line.split(":", 2)
+        own["name=systemd" if ctrl == "name=systemd" else ("" if hid == "0" else ctrl)] = path
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fstype, _src, opts = (right.split() + ["", "", ""])[:3]
+        mnt = Path(left.split()[4])
+        if fstype == "cgroup" and "name=systemd" in opts.split(",") and "name=systemd" in own:
+            out.append(mnt / own["name=systemd"].lstrip("/"))
+        elif fstype == "cgroup2" and "" in own:
+            out.append(mnt / own[""].lstrip("/"))
+    return out
+
+
+def host_cgroups(host: HostState) -> list[Path]:
+    """Create (if missing) and return the host's own cgroup in each systemd hierarchy.
+
+    nspawn with `--keep-unit --register=no` runs the container in the caller's cgroup. Without a cgroup of its own
+    per host, every host's systemd manages the same subtree (`payload/system.slice/...`): one host stopping or
+    restarting a unit removes or kills the cgroup another host's same-named unit is using (219/CGROUP, EIO on kill).
+    A real node owns its whole tree; so does each simulated host with this."""
+    out = []
+    for base in _systemd_hierarchies():
+        cg = base / CGROUP_PARENT / host.machine
+        cg.mkdir(parents=True, exist_ok=True)
+        out.append(cg)
+    return out
+
+
+def remove_cgroups(host: HostState) -> None:
+    """Remove the host's cgroups (deepest first; a cgroup with a live process in it stays)."""
+    for base in _systemd_hierarchies():
+        top = base / CGROUP_PARENT / host.machine
+        if not top.is_dir():
+            continue
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        try:
+            top.rmdir()
+        except OSError:
+            pass
 
 
 def boot(rack: RackState, host: HostState) -> Proc:
@@ -220,8 +277,9 @@ def boot(rack: RackState, host: HostState) -> Proc:
         "--console=read-only",
     ]
     cmd = ["/bin/sh", "-c", SUPERVISOR, f"pvhost-{host.machine}", *nspawn]
+    env = {**os.environ, "PV_CGROUPS": " ".join(str(c) for c in host_cgroups(host))}
     with open(hp.log, "ab") as log:
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env)
     proc = Proc.of(p.pid)
     if proc is None:
         raise RuntimeError(f"{host.name}: systemd-nspawn exited at once (see {hp.log})")
@@ -243,6 +301,7 @@ def stop(host: HostState, grace: float = 10.0) -> None:
     for q in inits:
         if q.alive():
             terminate([q], 2.0)
+    remove_cgroups(host)
 
 
 def init_pid(host: HostState) -> int | None:
@@ -267,6 +326,7 @@ def kill(host: HostState) -> None:
     for q in inits:
         q.signal(signal.SIGKILL)
     terminate([*nspawns, p], 5.0)
+    remove_cgroups(host)
 
 
 def ssh_banner(address: str, timeout: float = 1.0) -> bool:

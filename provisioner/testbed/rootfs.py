@@ -85,8 +85,22 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+#: Programs the rack needs on this machine (Debian packages in .ci/install-deps.sh, `make deps`).
+TOOLS = ("debootstrap", "systemd-nspawn", "tinyproxy", "ip", "unshare", "dpkg-deb", "apt-ftparchive", "gpg",
+         "fakeroot", "ssh", "ssh-keygen")
+
+
+def require_tools() -> None:
+    """Fail with one line naming what is missing, before anything is built (not a traceback halfway)."""
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        raise RuntimeError(f"missing on this machine: {', '.join(missing)} (install them with `make deps`, as root: "
+                           ".ci/install-deps.sh)")
+
+
 def ensure_base(cache: Path | None = None, *, log: Callable[[str], None] | None = None) -> Path:
     """Return the base root, building it first when missing (cold: ~1.5 min from Debian's mirror)."""
+    require_tools()
     cache = cache or cache_dir()
     final = base_path(cache)
     if is_ready(cache):
