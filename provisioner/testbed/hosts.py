@@ -290,6 +290,7 @@ def stop(host: HostState, grace: float = 10.0) -> None:
     """Power the host off (SIGTERM: the supervisor hands it to nspawn = clean shutdown), kill after `grace` s."""
     p = host.proc
     if p is None or not p.alive():
+        remove_cgroups(host)  # a crashed host leaves its (empty) tree
         return
     nspawns = [q for q in (Proc.of(c) for c in children(p.pid)) if q is not None]
     inits = [q for n in nspawns for q in (Proc.of(c) for c in children(n.pid)) if q is not None]
@@ -320,6 +321,7 @@ def kill(host: HostState) -> None:
     container's init, which ends its whole pid namespace at once; nspawn then exits and removes its veth."""
     p = host.proc
     if p is None or not p.alive():
+        remove_cgroups(host)  # a crashed host leaves its (empty) tree
         return
     nspawns = [q for q in (Proc.of(c) for c in children(p.pid)) if q is not None]
     inits = [q for n in nspawns for q in (Proc.of(c) for c in children(n.pid)) if q is not None]
