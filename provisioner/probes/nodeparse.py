@@ -302,6 +302,20 @@ def parse_ib_sysfs(files: dict[str, str]) -> dict[str, dict[int, IbPort]]:
 
 
 # ------------------------------------------------------------------------------------------ NCCL settings
+def parse_nccl_conf(text: str) -> dict[str, str]:
+    """An nccl.conf (`KEY=VALUE` lines) -> {key: value}, as NCCL reads it: split at the first `=`, `#` lines are
+    comments, and the FIRST line of a key wins (NCCL sets each with setenv(..., overwrite=0), so the environment
+    also wins over the file). templates/nccl.conf.j2 can write a key twice (bootstrap_interface, then nccl_extra)."""
+    vals: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        k, _, v = line.partition("=")
+        vals.setdefault(k.strip(), v.strip())
+    return vals
+
+
 def _nccl_list_flags(value: str | None) -> tuple[bool, bool, str]:
     """An NCCL interface/HCA list's leading `^` (exclude) and `=` (exact match) -> (exact, exclude, the rest)."""
     v = (value or "").strip()

@@ -23,6 +23,7 @@ from provisioner.probes.nodeparse import (  # noqa: F401  (re-exported: one copy
     parse_ib_sysfs,
     parse_ibdev2netdev,
     parse_ibstat,
+    parse_nccl_conf,
     parse_nccl_ib_hca,
     parse_nvlink_status,
     parse_query_csv,

@@ -210,6 +210,10 @@ def test_socket_ifname_exists_and_up(node: Node) -> None:
     (node.root / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\nNCCL_SOCKET_IFNAME==eth10\n")
     rc, res, _ = node.run(*base)
     assert res["socket_ifname"]["status"] == "fail" and res["socket_ifname"]["found"]["source"].endswith("nccl.conf")
+    # a key twice (bootstrap_interface, then nccl_extra): NCCL takes the first line, so does the check
+    (node.root / "nccl.conf").write_text("NCCL_SOCKET_IFNAME==host0\nNCCL_SOCKET_IFNAME==eth10\n")
+    rc, res, _ = node.run(*base)
+    assert rc == 0 and res["socket_ifname"]["message"] == "NCCL_SOCKET_IFNAME==host0: host0 up"
     (node.root / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\n")
     rc, res, _ = node.run(*base)
     assert rc == 0 and res["socket_ifname"]["status"] == "skip"
@@ -413,10 +417,11 @@ def test_health_argv_from_inventory() -> None:
     assert "--socket-ifname =ens10f0np0" in joined  # bootstrap_interface, exact, as nccl.conf.j2 renders it
     cmd = remote_command(argv, sudo=True, files={"node_health.py": "print(1)\n"})
     last = cmd.splitlines()[-1]
-    assert last.startswith('sudo -n python3 -B "$d/node_health.py" --gpu-count 8 ') and "'NVIDIA H100 80GB HBM3'" in last
+    assert last.startswith('sudo -n python3 -B "$d/node_health.py" --gpu-count 8 ')
+    assert "'NVIDIA H100 80GB HBM3'" in last
     # the files land side by side in a temporary directory that is gone afterwards; the program's status is kept
-    files = {"helper.py": "X = 'helper'",
-             "main.py": "import os, sys, helper\nprint(sys.argv[1:], helper.X, os.path.dirname(__file__))\nsys.exit(3)\n"}
+    main = "import os, sys, helper\nprint(sys.argv[1:], helper.X, os.path.dirname(__file__))\nsys.exit(3)\n"
+    files = {"helper.py": "X = 'helper'", "main.py": main}
     p = subprocess.run(["bash", "-c", remote_command(["--x", "a b"], sudo=False, files=files)],
                        capture_output=True, text=True)
     args, mod, where = p.stdout.strip().rsplit(" ", 2)

@@ -44,6 +44,7 @@ from nodeparse import (
     CRITICAL_XIDS,
     dig,
     parse_ib_sysfs,
+    parse_nccl_conf,
     parse_nvlink_status,
     parse_query_csv,
     parse_smi_q,
@@ -138,18 +139,8 @@ def _first(text):
 
 # ----------------------------------------------------------------------------------------------------- parsers
 def read_nccl_conf(path):
-    vals = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if not line or line.startswith("#") or "=" not in line:
-                    continue
-                k, _, v = line.partition("=")
-                vals[k.strip()] = v.strip()
-    except OSError:
-        pass
-    return vals
+    """nccl.conf's settings as NCCL takes them (the first line of a key wins); {} when unreadable."""
+    return parse_nccl_conf(_read(path) or "")
 
 
 def strip_pkg_version(v):
