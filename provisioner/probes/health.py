@@ -1,5 +1,7 @@
 """The node health gate from the controller: run roles/node_health/files/node_health.py on hosts (one SSH exec per
-host: the program travels in the command itself, so a host needs only python3), collect its JSON lines, aggregate.
+host: the program and the parser module it imports, nodeparse.py, travel in the command itself and run from a
+temporary directory laid out as the node_health role installs them, so a host needs only python3), collect its JSON
+lines, aggregate.
 
     results = run_health(fleet, hosts)      # {host: HostHealth}
     render_text / render_json / render_prometheus(results)
@@ -24,6 +26,10 @@ from provisioner.model import Fleet, Host
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
 
 PROGRAM = ROLES / "node_health" / "files" / "node_health.py"
+#: The files the program needs side by side (nodeparse.py: a symlink to provisioner/probes/nodeparse.py).
+PROGRAM_FILES = (ROLES / "node_health" / "files" / "nodeparse.py", PROGRAM)
+#: Linux limits one argument to 128 KiB (MAX_ARG_STRLEN) and sshd hands the command to the shell as one (`-c CMD`).
+MAX_COMMAND = 128 * 1024 - 1
 DEFAULT_TIMEOUT = 900.0  # the all-reduce on a full node takes a minute or two; FM/ECC reads are quick
 HEREDOC = "__PROVISIONER_NODE_HEALTH__"
 
@@ -115,12 +121,25 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
     return argv
 
 
-def remote_command(argv: list[str], *, sudo: bool, program: str | None = None) -> str:
-    """`python3 - ARGS <<'EOF' <program> EOF`: one exec carries the program; `sudo -n` for non-root logins."""
-    prog = program if program is not None else PROGRAM.read_text()
-    assert HEREDOC not in prog
-    py = "python3"
-    cmd = f"{'sudo -n ' if sudo else ''}{py} - {' '.join(shlex.quote(a) for a in argv)} <<'{HEREDOC}'\n{prog}\n{HEREDOC}\n"
+def program_files() -> dict[str, str]:
+    """{file name: text} of what the node_health role installs in one directory (the program last)."""
+    return {p.name: p.read_text() for p in PROGRAM_FILES}
+
+
+def remote_command(argv: list[str], *, sudo: bool, files: dict[str, str] | None = None) -> str:
+    """One shell command that writes `files` (default: program_files()) into a fresh temporary directory, runs the
+    last one as `python3 -B DIR/NAME ARGS` (`sudo -n` for non-root logins; -B: no root-owned __pycache__ left
+    behind), removes the directory and exits with the program's status."""
+    files = program_files() if files is None else files
+    main = list(files)[-1]
+    out = ['d=$(mktemp -d) || exit 125', "trap 'rm -rf \"$d\"' EXIT"]
+    for name, text in files.items():
+        assert HEREDOC not in text and shlex.quote(name) == name and "/" not in name, name
+        body = text if text.endswith("\n") else text + "\n"
+        out.append(f"cat > \"$d/{name}\" <<'{HEREDOC}'\n{body}{HEREDOC}")
+    out.append(f"{'sudo -n ' if sudo else ''}python3 -B \"$d/{main}\" {' '.join(shlex.quote(a) for a in argv)}")
+    cmd = "\n".join(out) + "\n"
+    assert len(cmd.encode()) <= MAX_COMMAND, f"node health command is {len(cmd.encode())} bytes: over {MAX_COMMAND}"
     return cmd
 
 
@@ -187,7 +206,7 @@ def parse_output(host: str, r: ExecResult) -> HostHealth:
 def run_health(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_TIMEOUT, forks: int = DEFAULT_FORKS,
                on_result: Callable[[ExecResult], None] | None = None) -> dict[str, HostHealth]:
     names = list(hosts)
-    prog = PROGRAM.read_text()
+    files = program_files()
     cmds: dict[str, str] = {}
     argvs: dict[str, list[str]] = {}
     targets = []
@@ -196,7 +215,7 @@ def run_health(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_T
         t = target_for(host)
         targets.append(t)
         argvs[n] = health_argv(fleet, host)
-        cmds[n] = remote_command(argvs[n], sudo=(t.user or "root") != "root", program=prog)
+        cmds[n] = remote_command(argvs[n], sudo=(t.user or "root") != "root", files=files)
     results = run_many(targets, lambda t: cmds[t.name], timeout=timeout, forks=forks, on_result=on_result)
     out = {}
     for n in names:

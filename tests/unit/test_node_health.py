@@ -210,6 +210,10 @@ def test_socket_ifname_exists_and_up(node: Node) -> None:
     (node.root / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\nNCCL_SOCKET_IFNAME==eth10\n")
     rc, res, _ = node.run(*base)
     assert res["socket_ifname"]["status"] == "fail" and res["socket_ifname"]["found"]["source"].endswith("nccl.conf")
+    # a key twice (bootstrap_interface, then nccl_extra): NCCL takes the first line, so does the check
+    (node.root / "nccl.conf").write_text("NCCL_SOCKET_IFNAME==host0\nNCCL_SOCKET_IFNAME==eth10\n")
+    rc, res, _ = node.run(*base)
+    assert rc == 0 and res["socket_ifname"]["message"] == "NCCL_SOCKET_IFNAME==host0: host0 up"
     (node.root / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\n")
     rc, res, _ = node.run(*base)
     assert rc == 0 and res["socket_ifname"]["status"] == "skip"
@@ -336,6 +340,13 @@ def _replay_smi(tmp_path: Path, d: Path) -> dict[str, str]:
     return dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin")
 
 
+def _real_replay_argv(d: Path, tmp_path: Path, count: int) -> list[str]:
+    """node_health.py's arguments for a replay of the captures in `d` (nothing else of the machine is read)."""
+    return ["--gpu-count", str(count), "--gpu-name", "NVIDIA H200", "--driver", "580.159.04", "--kmsg",
+            str(d / "dmesg.txt"), "--allreduce", "off", "--sysfs-root", str(tmp_path), "--nccl-conf",
+            str(tmp_path / "none"), "--fabricmanager-bin", str(tmp_path / "no-fm")]
+
+
 @pytest.mark.parametrize("d, count, expect", [
     (REAL, 1, {"fabricmanager": "skip", "nvlink": "skip"}),
     # 2x H200 VM: NV18 between the GPUs, fabric Completed/Success, Fabric Manager outside the guest
@@ -343,10 +354,7 @@ def _replay_smi(tmp_path: Path, d: Path) -> dict[str, str]:
 ])
 def test_real_h200_outputs(tmp_path: Path, d: Path, count: int, expect: dict[str, str]) -> None:
     env = _replay_smi(tmp_path, d)
-    p = subprocess.run([sys.executable, str(PROGRAM), "--gpu-count", str(count), "--gpu-name", "NVIDIA H200",
-                        "--driver", "580.159.04", "--kmsg", str(d / "dmesg.txt"), "--allreduce", "off",
-                        "--sysfs-root", str(tmp_path), "--nccl-conf", str(tmp_path / "none"),
-                        "--fabricmanager-bin", str(tmp_path / "no-fm")],
+    p = subprocess.run([sys.executable, str(PROGRAM), *_real_replay_argv(d, tmp_path, count)],
                        env=env, capture_output=True, text=True)
     res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
     assert p.returncode == 0, p.stdout + p.stderr
@@ -407,12 +415,18 @@ def test_health_argv_from_inventory() -> None:
     assert "--ib-hca =mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1" in joined
     assert "--busbw-min 460" in joined and "--kmsg" not in joined  # not a simulated host
     assert "--socket-ifname =ens10f0np0" in joined  # bootstrap_interface, exact, as nccl.conf.j2 renders it
-    cmd = remote_command(argv, sudo=True, program="print(1)\n")
-    assert cmd.startswith("sudo -n python3 - --gpu-count 8 ") and "'NVIDIA H100 80GB HBM3'" in cmd
-    p = subprocess.run(["bash", "-c", remote_command(["--x", "a b"], sudo=False,
-                                                     program="import sys; print(sys.argv[1:])")],
+    cmd = remote_command(argv, sudo=True, files={"node_health.py": "print(1)\n"})
+    last = cmd.splitlines()[-1]
+    assert last.startswith('sudo -n python3 -B "$d/node_health.py" --gpu-count 8 ')
+    assert "'NVIDIA H100 80GB HBM3'" in last
+    # the files land side by side in a temporary directory that is gone afterwards; the program's status is kept
+    main = "import os, sys, helper\nprint(sys.argv[1:], helper.X, os.path.dirname(__file__))\nsys.exit(3)\n"
+    files = {"helper.py": "X = 'helper'", "main.py": main}
+    p = subprocess.run(["bash", "-c", remote_command(["--x", "a b"], sudo=False, files=files)],
                        capture_output=True, text=True)
-    assert p.stdout.strip() == "['--x', 'a b']"
+    args, mod, where = p.stdout.strip().rsplit(" ", 2)
+    assert (p.returncode, args, mod) == (3, "['--x', 'a b']", "helper"), p.stdout + p.stderr
+    assert not Path(where).exists()
 
 
 def test_health_reports_from_real_output() -> None:
@@ -462,3 +476,103 @@ def test_allreduce_off_runs_no_bandwidth_test(tmp_path: Path) -> None:
     assert not marker.exists()
     p = subprocess.run([*base, "--allreduce", "required"], env=env, capture_output=True, text=True)
     assert marker.exists(), p.stdout + p.stderr  # the same command line without `off` does start it
+
+
+# -------------------------------------------------------------------------- one copy of the parsers (nodeparse)
+FILES = PROGRAM.parent
+SHARED = PROJECT_ROOT / "provisioner" / "probes" / "nodeparse.py"
+
+
+def test_role_ships_the_cli_parser_module() -> None:
+    """files/nodeparse.py is the CLI's provisioner/probes/nodeparse.py (a relative symlink, not a second copy), and
+    the role installs it next to node_health.py."""
+    import yaml
+
+    link = FILES / "nodeparse.py"
+    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+    assert link.resolve() == SHARED.resolve()
+    tasks = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "tasks" / "main.yml").read_text())
+    install = next(t for t in tasks if "node_health.py" in (t.get("loop") or []))
+    assert install["loop"] == ["nodeparse.py", "node_health.py"]
+    assert install["ansible.builtin.copy"]["dest"] == "{{ node_health_dir }}/{{ item }}"
+
+
+@pytest.mark.parametrize("python", ["python3", "python3.9"])
+def test_self_contained_without_the_provisioner_package(tmp_path: Path, python: str) -> None:
+    """node_health.py runs from a directory holding only the two files the role installs (symlink resolved), on a
+    python that cannot import `provisioner` (-E -s -S, empty environment, another working directory): the node's
+    python3 (the system one here), and 3.9, the oldest we allow, where installed."""
+    py = shutil.which(python, path="/usr/bin:/bin") if python == "python3" else shutil.which(python)
+    if py:  # the interpreter itself, not a wrapper (a pyenv shim needs the environment cleared below)
+        r = subprocess.run([py, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+        py = r.stdout.strip() if r.returncode == 0 else None
+    if not py:
+        pytest.skip(f"no {python}")
+    inst = tmp_path / "usr-local-lib-provisioner"
+    inst.mkdir()
+    for name in ("nodeparse.py", "node_health.py"):
+        shutil.copyfile(FILES / name, inst / name)  # copyfile follows the symlink, as ansible's copy does
+    assert sorted(x.name for x in inst.iterdir()) == ["node_health.py", "nodeparse.py"]
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    smi_env = _replay_smi(tmp_path, REAL2)
+    env = {"PATH": smi_env["PATH"]}
+    iso = [py, "-E", "-s", "-S"]
+    p = subprocess.run([*iso, "-c", "import provisioner"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert p.returncode != 0 and "ModuleNotFoundError" in p.stderr  # the package is out of reach
+    p = subprocess.run([*iso, str(inst / "node_health.py"), *_real_replay_argv(REAL2, tmp_path, 2)], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=120)
+    res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
+    assert p.returncode == 0 and res["summary"]["status"] == "pass", p.stdout + p.stderr
+    assert res["nvlink"]["message"] == "36 links active on 2 GPUs"
+    (inst / "nodeparse.py").unlink()  # and it does need the module beside it
+    p = subprocess.run([*iso, str(inst / "node_health.py"), "--help"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert p.returncode == 1 and "No module named 'nodeparse'" in p.stderr
+
+
+def test_provision_health_command_ships_both_files(tmp_path: Path) -> None:
+    """The one SSH exec of `provision health` carries node_health.py and nodeparse.py and runs them as the role lays
+    them out (here: run by bash locally, against the replayed 2x H200 outputs)."""
+    from provisioner.probes.health import MAX_COMMAND, remote_command
+
+    env = _replay_smi(tmp_path, REAL2)
+    cmd = remote_command(_real_replay_argv(REAL2, tmp_path, 2), sudo=False)
+    assert len(cmd.encode()) <= MAX_COMMAND
+    assert cmd.count("<<'__PROVISIONER_NODE_HEALTH__'") == 2
+    p = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=120)
+    res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")}
+    assert p.returncode == 0 and res["summary"]["status"] == "pass", p.stdout + p.stderr
+
+
+def _defs(tree: Any) -> set[str]:
+    """Names a module defines anywhere: functions, classes, and module-level assignments."""
+    import ast
+
+    names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    for n in tree.body:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                names |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+    return names
+
+
+def test_parsers_are_defined_once() -> None:
+    """No parser of nodeparse is defined again in node_health.py or in provisioner/probes/parsers.py (both import
+    it); nodeparse imports only the standard library and parses as Python 3.9 (the oldest node python3 we allow)."""
+    import ast
+
+    shared = ast.parse(SHARED.read_text(), feature_version=(3, 9))
+    shared_names = {n.name for n in shared.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    shared_names |= {t.id for n in shared.body if isinstance(n, ast.Assign) for t in n.targets
+                     if isinstance(t, ast.Name)}
+    assert {"parse_smi_q", "parse_query_csv", "parse_nvlink_status", "select_interfaces", "parse_rate"} <= shared_names
+    for path in (PROGRAM, PROJECT_ROOT / "provisioner" / "probes" / "parsers.py"):
+        tree = ast.parse(path.read_text(), feature_version=(3, 9))
+        twice = sorted(_defs(tree) & shared_names)
+        assert not twice, f"{path.name} defines {twice} again: import them from nodeparse"
+    nh = ast.parse(PROGRAM.read_text())
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "nodeparse" for n in nh.body)
+    mods = {a.name.split(".")[0] for n in ast.walk(shared) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(shared) if isinstance(n, ast.ImportFrom) and n.module}
+    assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods - set(sys.stdlib_module_names)
+    assert "sys.path" not in PROGRAM.read_text() and "sys.path" not in SHARED.read_text()

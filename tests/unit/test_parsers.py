@@ -323,3 +323,47 @@ def test_real_probe_output_2xh200_v3_lists_interfaces() -> None:
     assert "socket_ifname  PASS  NCCL_SOCKET_IFNAME==eth0: eth0 up" in good
     assert "socket_ifname  FAIL  NCCL_SOCKET_IFNAME==ens10f0np0 matches no interface" in bad
     assert (REAL2 / "v3-node_health-ifname-missing.txt.rc").read_text().strip() == "1"
+
+
+# ------------------------------------------------------------- behaviours where node_health.py's own copy had drifted
+def test_nccl_conf_first_occurrence_wins() -> None:
+    """NCCL reads nccl.conf with setenv(key, value, 0): the first line of a key wins (node_health.py took the last)."""
+    conf = "# managed\nNCCL_IB_HCA==mlx5_0:1\nNCCL_SOCKET_IFNAME==host0\n\nbroken line\nNCCL_SOCKET_IFNAME=eth\n"
+    assert p.parse_nccl_conf(conf) == {"NCCL_IB_HCA": "=mlx5_0:1", "NCCL_SOCKET_IFNAME": "=host0"}
+    assert p.parse_nccl_conf("") == {}
+
+
+def test_smi_q_ansi_and_bus_id() -> None:
+    """ANSI escapes are stripped; a GPU header is `GPU <domain:bus:dev.fn>` as on the H200 (`00000000:00:06.0`)."""
+    text = ("\x1b[1mGPU 00000000:18:00.0\x1b[0m\n    Product Name   : NVIDIA H200\n"
+            "    Fabric\n        State : Completed\n")
+    (g,) = p.parse_smi_q(text)["gpus"]
+    assert g["_bus_id"] == "00000000:18:00.0" and p.dig(g, "Fabric", "State") == "Completed"
+    assert [x["_bus_id"] for x in p.parse_smi_q(real("smi-q.txt"))["gpus"]] == ["00000000:00:06.0"]
+    assert p.parse_smi_q("GPU 0\n    Product Name : X\n")["gpus"] == []  # not a -q GPU header
+
+
+def test_smi_q_repeated_section_merges() -> None:
+    text = "GPU 00000000:18:00.0\n    Clocks\n        Graphics : 1 MHz\n    Clocks\n        SM : 2 MHz\n"
+    (g,) = p.parse_smi_q(text)["gpus"]
+    assert g["Clocks"] == {"Graphics": "1 MHz", "SM": "2 MHz"}
+
+
+def test_query_csv_and_nvlink_strip_ansi() -> None:
+    assert p.parse_query_csv("\x1b[0m0, NVIDIA H200\n", ["index", "name"]) == [{"index": "0", "name": "NVIDIA H200"}]
+    nvlink = "\x1b[1mGPU 0: NVIDIA H200\x1b[0m\n\t Link 0: 26.562 GB/s\n"
+    assert p.parse_nvlink_status(nvlink) == {0: {0: "26.562 GB/s"}}
+
+
+def test_rate_never_raises() -> None:
+    assert p.parse_rate("400 Gb/sec (4X NDR)") == 400.0 and p.parse_rate("2.5 Gb/sec (1X SDR)") == 2.5
+    assert p.parse_rate("1.2.3") == 1.2 and p.parse_rate(".") is None and p.parse_rate(None) is None
+
+
+def test_select_ib_hcas() -> None:
+    present = ["mlx5_0", "mlx5_1", "mlx5_10", "mlx5_2"]
+    assert p.select_ib_hcas("=mlx5_1:1,mlx5_9:1", present) == ([("mlx5_1", 1)], ["mlx5_9"])
+    assert p.select_ib_hcas("mlx5_1", present) == ([("mlx5_1", None), ("mlx5_10", None)], [])  # a prefix
+    assert p.select_ib_hcas("^mlx5_1", present) == ([("mlx5_0", None), ("mlx5_2", None)], [])
+    assert p.select_ib_hcas("^=mlx5_1", present) == ([("mlx5_0", None), ("mlx5_10", None), ("mlx5_2", None)], [])
+    assert p.select_ib_hcas("", present) == ([], [])

@@ -80,12 +80,7 @@ def _rendered_socket_ifname(host: Host) -> str | None:
     v = render.role_defaults()
     v.update(host.vars)
     v["inventory_hostname"] = host.name
-    conf = render.render_template("nccl.conf.j2", v)
-    for line in conf.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "NCCL_SOCKET_IFNAME":
-            return value
-    return None
+    return p.parse_nccl_conf(render.render_template("nccl.conf.j2", v)).get("NCCL_SOCKET_IFNAME")
 
 
 @pytest.mark.parametrize("vars", [

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """node_health: is this GPU node fit to serve? One JSON result per check; exit 0 healthy, 1 a check failed, 2 usage.
 
-Standalone (Python 3.8+ standard library only), shipped to every GPU node by roles/node_health and runnable by hand:
+Python 3.9+ standard library only, plus nodeparse.py next to this file (the tool-output parsers, shared with the
+provisioner CLI: provisioner/probes/nodeparse.py). roles/node_health installs both in one directory on every GPU node
+(`provision health` ships both too); runnable by hand there:
 
     python3 node_health.py --gpu-count 8 --gpu-name "NVIDIA H100 80GB HBM3" --driver 580.95.05 \
         --ib-hca "=mlx5_0:1,mlx5_1:1" --ib-rate 400 --busbw-min 330
@@ -38,18 +40,26 @@ import sys
 import tempfile
 import time
 
-VERSION = "1.0"
+from nodeparse import (
+    CRITICAL_XIDS,
+    dig,
+    parse_ib_sysfs,
+    parse_nccl_conf,
+    parse_nvlink_status,
+    parse_query_csv,
+    parse_smi_q,
+    parse_xids,
+    select_ib_hcas,
+    select_interfaces,
+)
 
-# XIDs that take a GPU out of service (NVIDIA's XID catalog; the list public health suites gate on).
-CRITICAL_XIDS = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
+VERSION = "1.0"
 
 CHECKS = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname", "gpudirect",
           "allreduce")
 
 QUERY_FIELDS = "index,name,memory.total,driver_version,persistence_mode,pci.bus_id"
 ECC_FIELDS = "index,ecc.mode.current,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,remapped_rows.failure"
-
-_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, (.*))?")
 
 
 # ----------------------------------------------------------------------------------------------------- results
@@ -109,7 +119,7 @@ class Ctx:
         return g
 
     def smi_q(self):
-        """`nvidia-smi -q` parsed into nested dicts (one per GPU under 'GPUs'), or None."""
+        """`nvidia-smi -q` parsed into nested dicts (one per GPU under 'gpus'), or None."""
         if "smi_q" not in self._cache:
             rc, out, _ = self.smi("-q")
             self._cache["smi_q"] = parse_smi_q(out) if rc == 0 else None
@@ -128,137 +138,9 @@ def _first(text):
 
 
 # ----------------------------------------------------------------------------------------------------- parsers
-def parse_query_csv(text, fields):
-    """nvidia-smi --query-gpu ... --format=csv,noheader,nounits -> list of dicts (values stripped)."""
-    rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        vals = [v.strip() for v in line.split(",")]
-        if len(vals) != len(fields):
-            # a name with a comma would shift columns: rejoin the surplus into the 'name' column
-            if "name" in fields and len(vals) > len(fields):
-                i = fields.index("name")
-                extra = len(vals) - len(fields)
-                vals = vals[:i] + [", ".join(vals[i:i + extra + 1])] + vals[i + extra + 1:]
-            else:
-                continue
-        rows.append(dict(zip(fields, vals)))
-    return rows
-
-
-def parse_smi_q(text):
-    """`nvidia-smi -q` -> {'header': {...}, 'GPUs': [{section: {...}|value}]} keeping nesting by indentation."""
-    root = {"header": {}, "GPUs": []}
-    stack = []  # (indent, dict)
-    cur_top = root["header"]
-    for raw in text.splitlines():
-        if not raw.strip() or raw.strip().startswith("==="):
-            continue
-        m = re.match(r"^GPU ([0-9A-Fa-f:.]+)\s*$", raw)
-        if m:
-            cur_top = {"_bus_id": m.group(1)}
-            root["GPUs"].append(cur_top)
-            stack = [(0, cur_top)]
-            continue
-        indent = len(raw) - len(raw.lstrip(" "))
-        line = raw.strip()
-        if ":" in line:
-            k, _, v = line.partition(":")
-            k, v = k.strip(), v.strip()
-        else:
-            k, v = line, ""
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        parent = stack[-1][1] if stack else cur_top
-        if v == "":
-            child = {}
-            parent[k] = child
-            stack.append((indent, child))
-        else:
-            if k not in parent:
-                parent[k] = v
-    return root
-
-
-def dig(d, *path):
-    for p in path:
-        if not isinstance(d, dict) or p not in d:
-            return None
-        d = d[p]
-    return d
-
-
-def parse_nvlink_status(text):
-    """`nvidia-smi nvlink --status` -> {gpu_index: {link: 'speed GB/s' | 'inactive'}}."""
-    gpus = {}
-    cur = None
-    for line in text.splitlines():
-        m = re.match(r"^GPU (\d+):", line)
-        if m:
-            cur = int(m.group(1))
-            gpus[cur] = {}
-            continue
-        m = re.match(r"^\s+Link (\d+):\s*(.*)$", line)
-        if m and cur is not None:
-            val = m.group(2).strip()
-            gpus[cur][int(m.group(1))] = "inactive" if "inactive" in val.lower() else val
-    return gpus
-
-
-def parse_kmsg_xids(text):
-    """Kernel log text (kmsg records 'pri,seq,ts,flags;msg', dmesg or journalctl lines) -> [(bus, xid, detail)]."""
-    out = []
-    for line in text.splitlines():
-        m = _XID_RE.search(line)
-        if m:
-            out.append((m.group(1), int(m.group(2)), (m.group(3) or "").strip()))
-    return out
-
-
-def _nccl_list_flags(value):
-    """An NCCL interface/HCA list's leading "^" (exclude) and "=" (exact match) -> (exact, exclude, the rest)."""
-    v = (value or "").strip()
-    exclude = exact = False
-    if v.startswith("^"):
-        exclude, v = True, v[1:]
-    if v.startswith("="):
-        exact, v = True, v[1:]
-    return exact, exclude, v
-
-
-def parse_nccl_hca(value):
-    """NCCL_IB_HCA -> (exact, exclude, [(name, port|None)])."""
-    exact, exclude, v = _nccl_list_flags(value)
-    items = []
-    for tok in v.split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        name, _, port = tok.partition(":")
-        items.append((name, int(port) if port.isdigit() else None))
-    return exact, exclude, items
-
-
 def read_nccl_conf(path):
-    vals = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if not line or line.startswith("#") or "=" not in line:
-                    continue
-                k, _, v = line.partition("=")
-                vals[k.strip()] = v.strip()
-    except OSError:
-        pass
-    return vals
-
-
-def parse_rate(text):
-    """sysfs rate '400 Gb/sec (4X NDR)' -> 400.0"""
-    m = re.match(r"\s*([0-9.]+)", text or "")
-    return float(m.group(1)) if m else None
+    """nccl.conf's settings as NCCL takes them (the first line of a key wins); {} when unreadable."""
+    return parse_nccl_conf(_read(path) or "")
 
 
 def strip_pkg_version(v):
@@ -322,7 +204,7 @@ def _fm_version(ctx):
 
 def _nvswitch_present(ctx, q):
     """True on NVSwitch (HGX) systems: a fabric state other than N/A, or an nvswitch device node."""
-    for g in (q or {}).get("GPUs", []):
+    for g in (q or {}).get("gpus", []):
         st = dig(g, "Fabric", "State")
         if st and st.upper() != "N/A":
             return True
@@ -352,7 +234,7 @@ def check_fabricmanager(ctx):
     exp = {"version": drivers[0] if drivers else None, "service": "active"}
     fabric_problem = None
     if nvswitch:
-        qgpus = (q or {}).get("GPUs", [])
+        qgpus = (q or {}).get("gpus", [])
         states = sorted({str(dig(g, "Fabric", "State")) for g in qgpus})
         statuses = sorted({str(dig(g, "Fabric", "Status")) for g in qgpus})
         found["fabric_state"], found["fabric_status"] = states, statuses
@@ -406,9 +288,9 @@ def check_ecc(ctx):
                 problems.append("GPU %s: row remap failed (RMA)" % idx)
     else:
         q = ctx.smi_q()
-        if not q or not q.get("GPUs"):
+        if not q or not q.get("gpus"):
             return result("ecc", "fail", "cannot read ECC state: %s" % _first(err or out))
-        for i, g in enumerate(q["GPUs"]):
+        for i, g in enumerate(q["gpus"]):
             unc = dig(g, "ECC Errors", "Volatile", "DRAM Uncorrectable") or dig(g, "ECC Errors", "Volatile",
                                                                                "Double Bit", "Total")
             pend = dig(g, "Remapped Rows", "Pending")
@@ -475,11 +357,11 @@ def check_xid(ctx):
                 errors.append("dmesg: %s" % _first(err))
     if text is None:
         return result("xid", "fail", "cannot read the kernel log (%s)" % "; ".join(errors))
-    xids = parse_kmsg_xids(text)
-    crit = [x for x in xids if x[1] in CRITICAL_XIDS]
-    found = {"source": source, "xids": [{"pci": b, "xid": x, "detail": d[:160]} for b, x, d in xids[-20:]]}
+    xids = parse_xids(text)
+    crit = [x for x in xids if x.code in CRITICAL_XIDS]
+    found = {"source": source, "xids": [{"pci": x.pci, "xid": x.code, "detail": x.detail[:160]} for x in xids[-20:]]}
     if crit:
-        summary = sorted({"%d on %s" % (x, b) for b, x, _ in crit})
+        summary = sorted({"%d on %s" % (x.code, x.pci) for x in crit})
         return result("xid", "fail", "critical XID %s in the kernel log" % ", ".join(summary), "no critical XID",
                       found)
     msg = "no critical XID (%d other XIDs)" % len(xids) if xids else "no XID in the kernel log"
@@ -541,23 +423,13 @@ def check_ib(ctx):
     setting, source = _ib_hca_setting(a)
     if not setting:
         return result("ib", "skip", "NCCL_IB_HCA not set (no --ib-hca, environment or %s)" % a.nccl_conf)
-    exact, exclude, items = parse_nccl_hca(setting)
     ibdir = os.path.join(a.sysfs_root, "sys/class/infiniband")
     try:
         present = sorted(os.listdir(ibdir))
     except OSError:
         present = []
-    wanted = []  # (hca, port|None)
-    problems = []
-    if exclude:
-        names = [p for p in present if not any((p == n) if exact else p.startswith(n) for n, _ in items)]
-        wanted = [(p, None) for p in names]
-    else:
-        for name, port in items:
-            match = [p for p in present if (p == name if exact else p.startswith(name))]
-            if not match:
-                problems.append("%s: no such HCA" % name)
-            wanted.extend((m, port) for m in match)
+    wanted, unmatched = select_ib_hcas(setting, present)  # [(hca, port|None)]
+    problems = ["%s: no such HCA" % name for name in unmatched]
     ports_found = {}
     for hca, port in wanted:
         pdir = os.path.join(ibdir, hca, "ports")
@@ -567,22 +439,19 @@ def check_ib(ctx):
             ports = []
         for p in sorted(ports if port is None else [port]):
             base = os.path.join(pdir, str(p))
-            state = _read(os.path.join(base, "state"))
-            phys = _read(os.path.join(base, "phys_state"))
-            rate_s = _read(os.path.join(base, "rate"))
-            rate = parse_rate(rate_s)
+            raw = {n: _read(os.path.join(base, n)) for n in ("state", "phys_state", "rate", "link_layer")}
             key = "%s:%d" % (hca, p)
-            ports_found[key] = {"state": state, "phys_state": phys, "rate": rate_s,
-                                "link_layer": _read(os.path.join(base, "link_layer"))}
-            if state is None:
+            ports_found[key] = raw
+            if raw["state"] is None:
                 problems.append("%s: port missing" % key)
                 continue
-            if "ACTIVE" not in state.upper():
-                problems.append("%s: state %s" % (key, state.split(":")[-1].strip()))
-            if phys is not None and "LINKUP" not in phys.upper().replace(" ", ""):
-                problems.append("%s: phys_state %s" % (key, phys.split(":")[-1].strip()))
-            if a.ib_rate and rate is not None and rate < a.ib_rate and "ACTIVE" in state.upper():
-                problems.append("%s: rate %g Gb/s, expected %g" % (key, rate, a.ib_rate))
+            ib = parse_ib_sysfs({os.path.join(base, n): v for n, v in raw.items() if v is not None})[hca][p]
+            if not ib.active:
+                problems.append("%s: state %s" % (key, ib.state))
+            if ib.phys_state is not None and not ib.link_up:
+                problems.append("%s: phys_state %s" % (key, ib.phys_state))
+            if a.ib_rate and ib.rate_gbps is not None and ib.rate_gbps < a.ib_rate and ib.active:
+                problems.append("%s: rate %g Gb/s, expected %g" % (key, ib.rate_gbps, a.ib_rate))
     exp = {"hcas": setting, "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": a.ib_rate}
     found = {"source": source, "ports": ports_found}
     if problems:
@@ -594,28 +463,6 @@ def check_ib(ctx):
 
 def _socket_ifname_setting(a):
     return _nccl_setting(a, "NCCL_SOCKET_IFNAME", a.socket_ifname, "--socket-ifname")
-
-
-def parse_socket_ifname(value):
-    """NCCL_SOCKET_IFNAME -> (exact, exclude, [names]). NCCL's rules: names are prefixes ("eth" matches eth0, eth1);
-    a leading "=" makes them exact; a leading "^" excludes (may be combined: "^=docker0")."""
-    exact, exclude, v = _nccl_list_flags(value)
-    return exact, exclude, [t.strip() for t in v.split(",") if t.strip()]
-
-
-def select_interfaces(value, present):
-    """The interfaces of `present` (names) that NCCL_SOCKET_IFNAME=`value` lets NCCL use, in `present`'s order,
-    and the listed names that match nothing (include lists only)."""
-    exact, exclude, names = parse_socket_ifname(value)
-
-    def hit(iface, n):
-        return iface == n if exact else iface.startswith(n)
-
-    if exclude:
-        return [i for i in present if not any(hit(i, n) for n in names)], []
-    chosen = [i for i in present if any(hit(i, n) for n in names)]
-    unmatched = [n for n in names if not any(hit(i, n) for i in present)]
-    return chosen, unmatched
 
 
 def interface_up(net_dir, iface):

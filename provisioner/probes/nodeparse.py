@@ -1,0 +1,427 @@
+"""What GPU-node tools print, parsed: `nvidia-smi` (-q, --query-gpu CSV, topo -m, nvlink --status), InfiniBand
+(ibstat, ibdev2netdev, sysfs), NCCL's list variables (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) and nccl.conf, kernel-log XIDs.
+
+The one copy of these parsers, used by both sides:
+- the CLI (provisioner.probes.parsers re-exports them; preflight parses its probe output with them);
+- roles/node_health/files/node_health.py, the health program that runs on the nodes: the node_health role installs
+  this file next to it (roles/node_health/files/nodeparse.py is a symlink to this one) and `provision health` ships
+  both in its one SSH exec, so node_health.py does `import nodeparse` from its own directory.
+
+Hence the rules for this file: Python standard library only, no import from the rest of `provisioner`, syntax that
+runs on the node's python3 (>= 3.9; Debian 12 has 3.11; annotations stay strings through `from __future__ import
+annotations`), pure functions and dataclasses (no I/O: callers read files and run commands).
+
+Tested on real captured outputs (tests/fixtures/real*/, from H200 machines; tests/fixtures/public/, the documented
+public formats). Every parser accepts the text as the tool printed it (ANSI escapes included: `nvidia-smi topo -m`
+underlines its header even when piped) and never raises on odd input: unknown lines are skipped, missing values
+become None.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+#: XIDs that take a GPU out of service (the list public health suites gate on; ../shared/reference).
+CRITICAL_XIDS = frozenset({48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120})
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+# ------------------------------------------------------------------------------------------ nvidia-smi --query-gpu
+QUERY_GPU_FIELDS = ("index", "name", "memory.total", "driver_version", "persistence_mode", "pci.bus_id")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_mib: int | None
+    driver_version: str | None
+    persistence_mode: str | None
+    pci_bus_id: str | None = None
+
+
+def parse_query_csv(text: str, fields: tuple[str, ...] | list[str]) -> list[dict[str, str]]:
+    """`--query-gpu=F1,F2 --format=csv,noheader,nounits` -> one dict per line. A header line (`--format=csv`) is
+    skipped; a product name containing ', ' is rejoined."""
+    fields = list(fields)
+    rows: list[dict[str, str]] = []
+    for line in strip_ansi(text).splitlines():
+        if not line.strip():
+            continue
+        vals = [v.strip() for v in line.split(",")]
+        if vals and vals[0] == fields[0]:  # header
+            continue
+        if len(vals) > len(fields) and "name" in fields:
+            i, extra = fields.index("name"), len(vals) - len(fields)
+            vals = vals[:i] + [", ".join(vals[i : i + extra + 1])] + vals[i + extra + 1 :]
+        if len(vals) != len(fields):
+            continue
+        rows.append(dict(zip(fields, vals)))
+    return rows
+
+
+def _int_or_none(v: str | None) -> int | None:
+    if v is None:
+        return None
+    m = re.match(r"\s*(\d+)", v)
+    return int(m.group(1)) if m else None
+
+
+def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_GPU_FIELDS) -> list[GpuInfo]:
+    """nvidia-smi --query-gpu=index,name,memory.total,driver_version,persistence_mode[,pci.bus_id] (csv,noheader,
+    nounits) -> GpuInfo per GPU. Works with or without `nounits` (`143771 MiB`)."""
+    out = []
+    for r in parse_query_csv(text, fields):
+        idx = _int_or_none(r.get("index"))
+        if idx is None:
+            continue
+        out.append(GpuInfo(index=idx, name=r.get("name", ""), memory_mib=_int_or_none(r.get("memory.total")),
+                           driver_version=r.get("driver_version"), persistence_mode=r.get("persistence_mode"),
+                           pci_bus_id=r.get("pci.bus_id")))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ nvidia-smi -q
+def parse_smi_q(text: str) -> dict[str, Any]:
+    """`nvidia-smi -q` -> {"header": {...}, "gpus": [nested dict per GPU, "_bus_id" set]} (nesting by indent)."""
+    root: dict[str, Any] = {"header": {}, "gpus": []}
+    cur_top: dict[str, Any] = root["header"]
+    stack: list[tuple[int, dict[str, Any]]] = []
+    for raw in strip_ansi(text).splitlines():
+        if not raw.strip() or raw.strip().startswith("==="):
+            continue
+        m = re.match(r"^GPU ([0-9A-Fa-f]+:[0-9A-Fa-f:.]+)\s*$", raw)
+        if m:
+            cur_top = {"_bus_id": m.group(1)}
+            root["gpus"].append(cur_top)
+            stack = [(0, cur_top)]
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        line = raw.strip()
+        k, sep, v = line.partition(":")
+        k, v = k.strip(), v.strip() if sep else ""
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else cur_top
+        if v == "":
+            child: dict[str, Any] = {}
+            parent.setdefault(k, child)
+            stack.append((indent, parent[k] if isinstance(parent[k], dict) else child))
+        elif k not in parent:
+            parent[k] = v
+    return root
+
+
+def dig(d: Any, *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+# ------------------------------------------------------------------------------------------ nvidia-smi topo -m
+@dataclass(frozen=True)
+class Topology:
+    columns: tuple[str, ...]  # GPU0.. NIC0.. (matrix columns)
+    matrix: dict[tuple[str, str], str]  # (row, column) -> X / NV18 / PIX / PXB / PHB / NODE / SYS
+    cpu_affinity: dict[str, str]  # GPUn -> "0-55,112-167"
+    numa_affinity: dict[str, int | None]  # GPUn -> NUMA node (None when N/A)
+    nic_names: dict[str, str]  # NIC0 -> mlx5_0
+
+    @property
+    def gpus(self) -> list[str]:
+        return [c for c in self.columns if c.startswith("GPU")]
+
+    @property
+    def nics(self) -> list[str]:
+        return [c for c in self.columns if c.startswith("NIC")]
+
+    def link(self, a: str, b: str) -> str | None:
+        return self.matrix.get((a, b))
+
+    def nearest_nic(self, gpu: str) -> tuple[str | None, str | None]:
+        """(hca name, link) of the NIC with the closest connection to `gpu` (PIX < PXB < PHB < NODE < SYS)."""
+        order = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4}
+        best: tuple[int, str, str] | None = None
+        for nic in self.nics:
+            cell = self.matrix.get((gpu, nic))
+            if cell is None or cell not in order:
+                continue
+            if best is None or order[cell] < best[0]:
+                best = (order[cell], nic, cell)
+        if best is None:
+            return None, None
+        return self.nic_names.get(best[1], best[1]), best[2]
+
+
+_AFFINITY_HEADERS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+def parse_topo_m(text: str) -> Topology:
+    """`nvidia-smi topo -m`: tab-separated matrix, then a legend and `NIC Legend:` lines (`  NIC0: mlx5_0`).
+
+    Rows of GPUs carry affinity cells after the matrix; the driver prints an empty cell between `NUMA Affinity` and
+    `GPU NUMA ID` (seen on H200, driver 580), so affinity cells are taken in order with empty ones dropped."""
+    lines = strip_ansi(text).splitlines()
+    columns: list[str] = []
+    extra_headers: list[str] = []
+    matrix: dict[tuple[str, str], str] = {}
+    cpu: dict[str, str] = {}
+    numa: dict[str, int | None] = {}
+    nic_names: dict[str, str] = {}
+    in_matrix = False
+    for line in lines:
+        if not line.strip():
+            in_matrix = False if columns else in_matrix
+            continue
+        m = re.match(r"^\s*(NIC\d+)\s*:\s*(\S+)", line)
+        if m:
+            nic_names[m.group(1)] = m.group(2)
+            continue
+        cells = line.split("\t")
+        if not columns and line.startswith("\t") or (not columns and cells[0].strip() == "" and len(cells) > 1):
+            hdr = [c.strip() for c in cells[1:] if c.strip()]
+            columns = [c for c in hdr if re.match(r"^(GPU|NIC|mlx)\S*$", c) and c not in _AFFINITY_HEADERS]
+            extra_headers = [c for c in hdr if c in _AFFINITY_HEADERS]
+            in_matrix = True
+            continue
+        if in_matrix and columns:
+            row = cells[0].strip()
+            if not row:
+                continue
+            vals = [c.strip() for c in cells[1:]]
+            for col, val in zip(columns, vals[: len(columns)]):
+                matrix[(row, col)] = val
+            rest = [v for v in vals[len(columns) :] if v]
+            aff = dict(zip(extra_headers, rest))
+            if "CPU Affinity" in aff:
+                cpu[row] = aff["CPU Affinity"]
+            if "NUMA Affinity" in aff:
+                numa[row] = _int_or_none(aff["NUMA Affinity"]) if aff["NUMA Affinity"] != "N/A" else None
+    return Topology(tuple(columns), matrix, cpu, numa, nic_names)
+
+
+# ------------------------------------------------------------------------------------------ InfiniBand
+@dataclass(frozen=True)
+class IbPort:
+    hca: str
+    port: int
+    state: str | None  # ACTIVE, DOWN, INIT, ARMED
+    phys_state: str | None  # LinkUp, Disabled, Polling
+    rate_gbps: float | None
+    link_layer: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return (self.state or "").upper() == "ACTIVE"
+
+    @property
+    def link_up(self) -> bool:
+        return (self.phys_state or "").replace(" ", "").lower() == "linkup"
+
+
+def _state_word(v: str | None) -> str | None:
+    """'4: ACTIVE' -> 'ACTIVE'; '5: LinkUp' -> 'LinkUp'; 'Active' -> 'ACTIVE' for port states."""
+    if v is None:
+        return None
+    w = v.split(":", 1)[1].strip() if ":" in v else v.strip()
+    return w or None
+
+
+def parse_rate(v: str | None) -> float | None:
+    """'400 Gb/sec (4X NDR)' or '400' -> 400.0"""
+    m = re.match(r"\s*([0-9]+(?:\.[0-9]+)?)", v or "")
+    return float(m.group(1)) if m else None
+
+
+def parse_ibstat(text: str) -> dict[str, dict[int, IbPort]]:
+    """`ibstat`: blocks `CA 'mlx5_0'` with indented `Port 1:` / `State:` / `Physical state:` / `Rate:`."""
+    out: dict[str, dict[int, IbPort]] = {}
+    ca: str | None = None
+    port: int | None = None
+    vals: dict[str, str] = {}
+
+    def flush() -> None:
+        if ca is not None and port is not None:
+            out.setdefault(ca, {})[port] = IbPort(
+                hca=ca, port=port, state=(vals.get("State") or "").upper() or None,
+                phys_state=vals.get("Physical state"), rate_gbps=parse_rate(vals.get("Rate")),
+                link_layer=vals.get("Link layer"))
+
+    for line in strip_ansi(text).splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            flush()
+            ca, port, vals = m.group(1), None, {}
+            out.setdefault(ca, {})
+            continue
+        m = re.match(r"^\s+Port (\d+):\s*$", line)
+        if m:
+            flush()
+            port, vals = int(m.group(1)), {}
+            continue
+        if port is not None and ":" in line:
+            k, _, v = line.strip().partition(":")
+            vals[k.strip()] = v.strip()
+    flush()
+    return out
+
+
+def parse_ibdev2netdev(text: str) -> dict[str, dict[str, Any]]:
+    """`mlx5_0 port 1 ==> ibp24s0 (Up)` -> {"mlx5_0": {"port": 1, "netdev": "ibp24s0", "up": True}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)", line)
+        if m:
+            out[m.group(1)] = {"port": int(m.group(2)), "netdev": m.group(3), "up": m.group(4).lower() == "up"}
+    return out
+
+
+def parse_ib_sysfs(files: dict[str, str]) -> dict[str, dict[int, IbPort]]:
+    """sysfs files keyed by path (`.../infiniband/<hca>/ports/<p>/{state,phys_state,rate,link_layer}`) -> ports."""
+    acc: dict[tuple[str, int], dict[str, str]] = {}
+    for path, content in files.items():
+        m = re.search(r"infiniband/([^/]+)/ports/(\d+)/(state|phys_state|rate|link_layer)$", path)
+        if m:
+            acc.setdefault((m.group(1), int(m.group(2))), {})[m.group(3)] = content.strip()
+    out: dict[str, dict[int, IbPort]] = {}
+    for (hca, port), v in sorted(acc.items()):
+        out.setdefault(hca, {})[port] = IbPort(
+            hca=hca, port=port, state=(_state_word(v.get("state")) or "").upper() or None,
+            phys_state=_state_word(v.get("phys_state")), rate_gbps=parse_rate(v.get("rate")),
+            link_layer=v.get("link_layer"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ NCCL settings
+def parse_nccl_conf(text: str) -> dict[str, str]:
+    """An nccl.conf (`KEY=VALUE` lines) -> {key: value}, as NCCL reads it: split at the first `=`, `#` lines are
+    comments, and the FIRST line of a key wins (NCCL sets each with setenv(..., overwrite=0), so the environment
+    also wins over the file). templates/nccl.conf.j2 can write a key twice (bootstrap_interface, then nccl_extra)."""
+    vals: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        k, _, v = line.partition("=")
+        vals.setdefault(k.strip(), v.strip())
+    return vals
+
+
+def _nccl_list_flags(value: str | None) -> tuple[bool, bool, str]:
+    """An NCCL interface/HCA list's leading `^` (exclude) and `=` (exact match) -> (exact, exclude, the rest)."""
+    v = (value or "").strip()
+    exclude = exact = False
+    if v.startswith("^"):
+        exclude, v = True, v[1:]
+    if v.startswith("="):
+        exact, v = True, v[1:]
+    return exact, exclude, v
+
+
+def _nccl_hit(name: str, listed: str, exact: bool) -> bool:
+    """Does the node's interface/HCA `name` match the list entry `listed`? (exact with `=`, else a prefix)"""
+    return name == listed if exact else name.startswith(listed)
+
+
+def parse_nccl_ib_hca(value: str) -> tuple[bool, bool, list[tuple[str, int | None]]]:
+    """NCCL_IB_HCA -> (exact, exclude, [(name, port)]). Names are prefixes unless the list starts with '='."""
+    exact, exclude, v = _nccl_list_flags(value)
+    items: list[tuple[str, int | None]] = []
+    for tok in v.split(","):
+        tok = tok.strip()
+        if tok:
+            name, _, port = tok.partition(":")
+            items.append((name, int(port) if port.isdigit() else None))
+    return exact, exclude, items
+
+
+def parse_socket_ifname(value: str | None) -> tuple[bool, bool, list[str]]:
+    """NCCL_SOCKET_IFNAME -> (exact, exclude, [names]). NCCL's rules: names are prefixes (`eth` matches eth0, eth1)
+    unless the list starts with `=` (exact); a leading `^` excludes; both combine as `^=docker0`."""
+    exact, exclude, v = _nccl_list_flags(value)
+    return exact, exclude, [t.strip() for t in v.split(",") if t.strip()]
+
+
+def select_interfaces(value: str, present: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(interfaces of `present` that NCCL_SOCKET_IFNAME=`value` lets NCCL use, in `present`'s order; the listed
+    names that match no interface: include lists only). No chosen interface = NCCL bootstrap fails ("Bootstrap :
+    no socket interface found"): NCCL does not fall back to another interface."""
+    exact, exclude, names = parse_socket_ifname(value)
+
+    def hit(iface: str, name: str) -> bool:
+        return _nccl_hit(iface, name, exact)
+
+    if exclude:
+        return [i for i in present if not any(hit(i, n) for n in names)], []
+    chosen = [i for i in present if any(hit(i, n) for n in names)]
+    return chosen, [n for n in names if not any(hit(i, n) for i in present)]
+
+
+def select_ib_hcas(value: str,
+                   present: list[str] | tuple[str, ...]) -> tuple[list[tuple[str, int | None]], list[str]]:
+    """([(hca, port, None: every port)] of `present` that NCCL_IB_HCA=`value` selects, in the list's order; the
+    listed names that match no HCA: include lists only). The rules of NCCL_SOCKET_IFNAME: prefixes (`mlx5_1` also
+    matches mlx5_10..) unless the list starts with `=`; `^` excludes whole HCAs (listed ports are not looked at)."""
+    exact, exclude, items = parse_nccl_ib_hca(value)
+
+    def hit(hca: str, name: str) -> bool:
+        return _nccl_hit(hca, name, exact)
+
+    if exclude:
+        return [(h, None) for h in present if not any(hit(h, n) for n, _ in items)], []
+    chosen: list[tuple[str, int | None]] = []
+    unmatched: list[str] = []
+    for name, port in items:
+        match = [h for h in present if hit(h, name)]
+        if not match:
+            unmatched.append(name)
+        chosen.extend((h, port) for h in match)
+    return chosen, unmatched
+
+
+# ------------------------------------------------------------------------------------------ NVLink, kernel log
+def parse_nvlink_status(text: str) -> dict[int, dict[int, str]]:
+    """`nvidia-smi nvlink --status` -> {gpu: {link: '26.562 GB/s' | 'inactive'}}. Empty on a single PCIe/VM GPU."""
+    gpus: dict[int, dict[int, str]] = {}
+    cur: int | None = None
+    for line in strip_ansi(text).splitlines():
+        m = re.match(r"^GPU (\d+):", line)
+        if m:
+            cur = int(m.group(1))
+            gpus[cur] = {}
+            continue
+        m = re.match(r"^\s+Link (\d+):\s*(.*)$", line)
+        if m and cur is not None:
+            val = m.group(2).strip()
+            gpus[cur][int(m.group(1))] = "inactive" if "inactive" in val.lower() else val
+    return gpus
+
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, (.*))?")
+
+
+@dataclass(frozen=True)
+class Xid:
+    pci: str
+    code: int
+    detail: str
+
+    @property
+    def critical(self) -> bool:
+        return self.code in CRITICAL_XIDS
+
+
+def parse_xids(text: str) -> list[Xid]:
+    """XIDs in kernel log text: /dev/kmsg records (`6,123,456,-;NVRM: Xid ...`), dmesg or journalctl -k lines."""
+    return [Xid(m.group(1), int(m.group(2)), (m.group(3) or "").strip()) for m in map(_XID.search, text.splitlines())
+            if m]
+
