@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from provisioner import ROLES
+from provisioner.paths import ROLES, data_file
 from provisioner.model import Fleet, Host
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
 
@@ -29,10 +29,11 @@ HEREDOC = "__PROVISIONER_NODE_HEALTH__"
 
 
 def _role_default(role: str, key: str) -> Any:
+    path = data_file(ROLES / role / "defaults" / "main.yml")
     try:
         import yaml
 
-        data = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {}
+        data = yaml.safe_load(path.read_text()) or {}
         return data.get(key)
     except Exception:
         return None
@@ -117,7 +118,7 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
 
 def remote_command(argv: list[str], *, sudo: bool, program: str | None = None) -> str:
     """`python3 - ARGS <<'EOF' <program> EOF`: one exec carries the program; `sudo -n` for non-root logins."""
-    prog = program if program is not None else PROGRAM.read_text()
+    prog = program if program is not None else data_file(PROGRAM).read_text()
     assert HEREDOC not in prog
     py = "python3"
     cmd = f"{'sudo -n ' if sudo else ''}{py} - {' '.join(shlex.quote(a) for a in argv)} <<'{HEREDOC}'\n{prog}\n{HEREDOC}\n"
@@ -187,7 +188,7 @@ def parse_output(host: str, r: ExecResult) -> HostHealth:
 def run_health(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_TIMEOUT, forks: int = DEFAULT_FORKS,
                on_result: Callable[[ExecResult], None] | None = None) -> dict[str, HostHealth]:
     names = list(hosts)
-    prog = PROGRAM.read_text()
+    prog = data_file(PROGRAM).read_text()
     cmds: dict[str, str] = {}
     argvs: dict[str, list[str]] = {}
     targets = []
