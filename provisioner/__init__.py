@@ -1,12 +1,12 @@
 """provisioner: Ansible-based bare-metal provisioning for NVIDIA GPU racks serving vLLM."""
 
-from pathlib import Path
-
 __version__ = "0.1.0"
 
-#: The project root (holds playbooks/, roles/, templates/, inventories/).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PLAYBOOKS = PROJECT_ROOT / "playbooks"
-ROLES = PROJECT_ROOT / "roles"
-TEMPLATES = PROJECT_ROOT / "templates"
-INVENTORIES = PROJECT_ROOT / "inventories"
+# Where the Ansible side lives (the repository root in a checkout, provisioner/_data/ when installed) is decided once,
+# in provisioner/paths.py; these names stay for the code and tests that import them from here.
+from provisioner.paths import DATA_ROOT, INVENTORIES, PLAYBOOKS, ROLES, TEMPLATES  # noqa: E402
+
+#: The directory holding ansible.cfg, playbooks/, roles/, templates/ (the repository root in a checkout).
+PROJECT_ROOT = DATA_ROOT
+
+__all__ = ["DATA_ROOT", "INVENTORIES", "PLAYBOOKS", "PROJECT_ROOT", "ROLES", "TEMPLATES", "__version__"]

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import jinja2
 import yaml
 
-from provisioner import ROLES, TEMPLATES
+from provisioner.paths import ROLES, TEMPLATES, data_file
 from provisioner.errors import UsageError
 from provisioner.model import Cluster, Fleet, Host
 
@@ -33,7 +33,7 @@ _TEMPLATED = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
 
 def role_defaults(role: str) -> dict[str, Any]:
     """A role's `defaults/main.yml` (empty when the role has none)."""
-    path = ROLES / role / "defaults" / "main.yml"
+    path = data_file(ROLES / role) / "defaults" / "main.yml"
     if not path.exists():
         return {}
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -159,6 +159,7 @@ def template_context(
 
 def render_template(name: str, ctx: Mapping[str, Any]) -> str:
     env = _environment()
+    data_file(TEMPLATES / name)
     try:
         return env.get_template(name).render(dict(ctx))
     except jinja2.UndefinedError as exc:

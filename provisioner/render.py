@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from provisioner import ROLES, TEMPLATES
+from provisioner.paths import ROLES, TEMPLATES, data_file
 from provisioner.model import Cluster, Fleet, Host
 
 #: Roles whose defaults feed the templates, in merge order.
@@ -35,9 +35,8 @@ _SAFE_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+\-]+$")
 def role_defaults(roles: tuple[str, ...] = TEMPLATE_ROLES) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for role in roles:
-        p = ROLES / role / "defaults" / "main.yml"
-        if p.is_file():
-            out.update(yaml.safe_load(p.read_text()) or {})
+        p = data_file(ROLES / role / "defaults" / "main.yml")
+        out.update(yaml.safe_load(p.read_text()) or {})
     return out
 
 
@@ -185,6 +184,7 @@ def _env(templates: Path):
 
 
 def render_template(name: str, variables: Mapping[str, Any], templates: Path = TEMPLATES) -> str:
+    data_file(templates / name)
     return _env(templates).get_template(name).render(**variables)
 
 
@@ -193,7 +193,7 @@ def host_files(fleet: Fleet, host: Host | str, *, redact: bool = True, templates
     h = fleet.hosts[host] if isinstance(host, str) else host
     v = host_variables(fleet, h, redact=redact)
     out: list[RenderedFile] = []
-    if h.is_gpu_node and (templates / "nccl.conf.j2").is_file():
+    if h.is_gpu_node:
         out.append(RenderedFile("/etc/nccl.conf", "nccl.conf.j2", render_template("nccl.conf.j2", v, templates),
                                 "0644", "root", "root"))
     facts = v["vllm_facts"]

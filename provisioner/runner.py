@@ -1,6 +1,7 @@
 """Execute playbooks through ansible-runner's Python API and fold the events into a `RunResult`.
 
-- A fresh run directory per execution (`.runs/<UTC timestamp>-<command>/`, printed by the CLI) is ansible-runner's
+- A fresh run directory per execution (`.runs/<UTC timestamp>-<command>/` in a checkout, `runs/` of the per-user state
+  directory when installed: provisioner/paths.py; printed by the CLI) is ansible-runner's
   private data dir, so options ansible-runner writes into `env/` are never reused by a later run; artifacts
   (`artifacts/ansible/`: stdout, job_events, status, rc) stay there, with our `result.json` and `retry` file beside.
 - Counts per host come from the event handler as events arrive (ansible-runner's `runner.stats` re-reads every event
@@ -26,13 +27,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from provisioner import PLAYBOOKS, PROJECT_ROOT
+from provisioner import paths
 from provisioner.errors import UsageError
 from provisioner.results import DriftItem, HostResult, RunResult, TaskFailure
 
-ANSIBLE_CFG = PROJECT_ROOT / "ansible.cfg"
-#: Where run directories go (override: PROVISION_RUNS_DIR).
-DEFAULT_RUNS_DIR = PROJECT_ROOT / ".runs"
+ANSIBLE_CFG = paths.ANSIBLE_CFG
 #: Run directories kept per command; older ones are pruned (override: PROVISION_KEEP_RUNS).
 KEEP_RUNS = 50
 #: Upper bound for forks sized to the inventory (override: PROVISION_MAX_FORKS).
@@ -217,8 +216,13 @@ def _now_stamp() -> str:
 
 def new_run_dir(command: str, runs_dir: str | os.PathLike[str] | None = None) -> Path:
     """A fresh, empty directory `<runs>/<UTC timestamp>-<command>[-n]/`; prunes old ones of the same command."""
-    base = Path(runs_dir or os.environ.get("PROVISION_RUNS_DIR") or DEFAULT_RUNS_DIR)
-    base.mkdir(parents=True, exist_ok=True)
+    # <repo>/.runs in a checkout, the per-user state directory when installed; PROVISION_RUNS_DIR overrides
+    base = Path(runs_dir) if runs_dir else paths.runs_dir()
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the run directory: {exc.strerror} (set PROVISION_STATE_DIR or "
+                         "PROVISION_RUNS_DIR to a writable directory)", path=str(base)) from None
     stamp = _now_stamp()
     for n in range(1, 1000):
         d = base / (f"{stamp}-{command}" if n == 1 else f"{stamp}-{command}-{n}")
@@ -273,7 +277,8 @@ def target_hosts(inventory: str | os.PathLike[str], limit: str | None) -> list[s
 
 
 def fact_cache_dir(inventory: Path) -> Path:
-    """The jsonfile fact cache of one inventory: `.cache/facts.d/<inventory dir name>-<hash of its path>`.
+    """The jsonfile fact cache of one inventory: `.cache/facts.d/<inventory dir name>-<hash of its path>` (in a
+    checkout; `facts.d/` of the per-user state directory when installed: provisioner/paths.py).
 
     Ansible keys cached facts by inventory hostname only; two inventories that both name a host `node01` (two racks,
     two sites) must not read each other's facts."""
@@ -282,7 +287,7 @@ def fact_cache_dir(inventory: Path) -> Path:
     inv = inventory.resolve()
     digest = hashlib.sha256(str(inv).encode()).hexdigest()[:12]
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{inv.parent.name}-{inv.stem}")[:60]
-    return PROJECT_ROOT / ".cache" / "facts.d" / f"{label}-{digest}"
+    return paths.facts_dir() / f"{label}-{digest}"
 
 
 def size_forks(n_hosts: int) -> int:
@@ -589,9 +594,10 @@ def run_playbook(
     inv = Path(inventory)
     if not inv.exists():
         raise UsageError("inventory not found", path=str(inv))
-    pb = Path(playbook) if playbook else PLAYBOOKS / "site.yml"
+    pb = Path(playbook) if playbook else paths.data_file(paths.PLAYBOOKS / "site.yml")
     if not pb.is_file():
         raise UsageError("playbook not found", path=str(pb))
+    paths.data_file(ANSIBLE_CFG)
     limit = resolve_limit(limit)
     targeted = target_hosts(inv, limit)
     if not targeted:
@@ -625,7 +631,7 @@ def run_playbook(
         xv["provision_max_fail_percent"] = max_fail_percent
 
     env = {
-        "ANSIBLE_CONFIG": str(ANSIBLE_CFG) if ANSIBLE_CFG.is_file() else "",
+        "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
         # ansible-runner sets host key checking off unless told; ours stays on (ansible.cfg says so too)
         "ANSIBLE_HOST_KEY_CHECKING": os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "True"),
         "ANSIBLE_FORCE_COLOR": "False",
@@ -653,7 +659,7 @@ def run_playbook(
             private_data_dir=str(run_dir),
             artifact_dir=str(artifacts_root),
             ident=ident,
-            project_dir=str(PROJECT_ROOT),
+            project_dir=str(paths.DATA_ROOT),
             playbook=str(pb.resolve()),
             inventory=str(inv.resolve()),
             limit=limit,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from provisioner import ROLES
+from provisioner.paths import ROLES, data_file
 from provisioner.model import Fleet, Host
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
 
@@ -35,10 +35,11 @@ HEREDOC = "__PROVISIONER_NODE_HEALTH__"
 
 
 def _role_default(role: str, key: str) -> Any:
+    path = data_file(ROLES / role / "defaults" / "main.yml")
     try:
         import yaml
 
-        data = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {}
+        data = yaml.safe_load(path.read_text()) or {}
         return data.get(key)
     except Exception:
         return None
@@ -123,7 +124,7 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
 
 def program_files() -> dict[str, str]:
     """{file name: text} of what the node_health role installs in one directory (the program last)."""
-    return {p.name: p.read_text() for p in PROGRAM_FILES}
+    return {p.name: data_file(p).read_text() for p in PROGRAM_FILES}
 
 
 def remote_command(argv: list[str], *, sudo: bool, files: dict[str, str] | None = None) -> str:

@@ -5,7 +5,8 @@ by the suite's own Python (provisioner.render.vllm_facts over provisioner.vllm_a
     vllm_facts: "{{ inventory_file | provisioner_vllm_facts(inventory_hostname) }}"
 
 The fleet is read from the inventory file with the suite's loader (the same source `provision render` reads).
-The project root is put on sys.path when the `provisioner` package is not importable (AWX-style checkouts).
+The project root (installed: the site-packages holding provisioner/_data/) is put on sys.path when the `provisioner`
+package is not importable (AWX-style checkouts).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[3]
+# The directory holding the `provisioner` package: the repository root (<root>/roles/R/filter_plugins/this.py), or,
+# for an installed wheel, site-packages (<site-packages>/provisioner/_data/roles/R/filter_plugins/this.py).
+_HERE = Path(__file__).resolve()
+_ROOT = _HERE.parents[5] if _HERE.parents[3].name == "_data" else _HERE.parents[3]
 _CACHE: dict[str, Any] = {}
 
 

@@ -1,0 +1,80 @@
+"""Where provisioner finds its Ansible side and where it writes its state: the one place that decides.
+
+Data root (`ansible.cfg`, `playbooks/`, `roles/`, `templates/`):
+- a checkout (running from the repository, or an editable install `pip install -e .`): the repository root, the
+  parent of this package, so edits to roles/ take effect at once;
+- an installed package (a wheel, `pip install .`): `provisioner/_data/` inside the package (hatch_build.py copies
+  the repository's directories there when the wheel is built);
+- `PROVISION_DATA_DIR` overrides both (a directory with the same layout).
+
+State (run directories, the fact cache):
+- a checkout: `<repo>/.runs/` and `<repo>/.cache/facts.d/`, as always (tests read `.runs/` there);
+- installed: `$PROVISION_STATE_DIR`, else `$XDG_STATE_HOME/provisioner`, else `~/.local/state/provisioner`, with
+  `runs/` and `facts.d/` in it (`PROVISION_STATE_DIR` works in a checkout too). `PROVISION_RUNS_DIR` still overrides
+  the runs directory alone.
+
+Only the standard library here: the CLI's fast path imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from provisioner.errors import UsageError
+
+#: The `provisioner` package directory.
+PACKAGE_DIR = Path(__file__).resolve().parent
+#: Where a wheel carries the Ansible side.
+PACKAGED_DATA = PACKAGE_DIR / "_data"
+
+#: True when running from the repository (a checkout or an editable install), False when installed.
+CHECKOUT = not PACKAGED_DATA.is_dir() and (PACKAGE_DIR.parent / "pyproject.toml").is_file()
+
+#: The directory holding ansible.cfg, playbooks/, roles/, templates/.
+DATA_ROOT = Path(os.environ["PROVISION_DATA_DIR"]).resolve() if os.environ.get("PROVISION_DATA_DIR") else (
+    PACKAGE_DIR.parent if CHECKOUT else PACKAGED_DATA)
+ANSIBLE_CFG = DATA_ROOT / "ansible.cfg"
+PLAYBOOKS = DATA_ROOT / "playbooks"
+ROLES = DATA_ROOT / "roles"
+TEMPLATES = DATA_ROOT / "templates"
+
+#: Inventories: the repository's in a checkout; `./inventories` of the working directory when installed (where
+#: `provision testbed up` writes a rack's inventory).
+INVENTORIES = (PACKAGE_DIR.parent if CHECKOUT else Path.cwd()) / "inventories"
+
+
+def state_dir() -> Path:
+    """The writable directory for run directories and the fact cache (see the module docstring)."""
+    if os.environ.get("PROVISION_STATE_DIR"):
+        return Path(os.environ["PROVISION_STATE_DIR"]).expanduser()
+    if CHECKOUT:
+        return PACKAGE_DIR.parent
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+    return base / "provisioner"
+
+
+def runs_dir() -> Path:
+    """The parent of the per-run directories (`PROVISION_RUNS_DIR` overrides)."""
+    if os.environ.get("PROVISION_RUNS_DIR"):
+        return Path(os.environ["PROVISION_RUNS_DIR"])
+    return state_dir() / (".runs" if _in_repo() else "runs")
+
+
+def facts_dir() -> Path:
+    """The parent of the per-inventory fact caches."""
+    return state_dir() / (".cache/facts.d" if _in_repo() else "facts.d")
+
+
+def _in_repo() -> bool:
+    return CHECKOUT and not os.environ.get("PROVISION_STATE_DIR")
+
+
+def data_file(path: Path) -> Path:
+    """`path` (a file or directory under the data root) when it exists; else a UsageError naming it (exit 2)."""
+    if not path.exists():
+        raise UsageError(
+            "provisioner data missing (incomplete installation: reinstall provisioner, or set PROVISION_DATA_DIR to "
+            "a directory holding ansible.cfg, playbooks/, roles/, templates/)", path=str(path))
+    return path
