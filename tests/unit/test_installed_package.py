@@ -111,7 +111,7 @@ def test_state_goes_to_a_per_user_directory(pkg: Installed, site: Path, tmp_path
     (("run", "inventories/rack-a.ini", "--check", "--skip-preflight"), "playbooks/site.yml"),
     (("drift", "inventories/rack-a.ini"), "playbooks/site.yml"),
     (("monitoring", "inventories/rack-a.ini", "--out", "mon"), "roles/monitoring"),
-    (("health", "inventories/rack-a.ini"), None),  # reads the program before any connection
+    (("health", "inventories/rack-a.ini"), None),  # reads the program files (nodeparse.py first) before any connection
 ])
 def test_missing_data_is_one_line_and_exit_2(pkg: Installed, site: Path, tmp_path: Path, args: tuple[str, ...],
                                              missing: str | None) -> None:
@@ -123,4 +123,4 @@ def test_missing_data_is_one_line_and_exit_2(pkg: Installed, site: Path, tmp_pat
     assert "Traceback" not in r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "provisioner data missing" in lines[0], r.stderr
-    assert str(nodata / (missing or "roles/node_health/files/node_health.py")) in lines[0]
+    assert str(nodata / (missing or "roles/node_health/files/nodeparse.py")) in lines[0]
