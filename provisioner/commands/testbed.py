@@ -27,7 +27,8 @@ def _log(msg: str) -> None:
 
 
 def _fail(exc: Exception) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    # one line whatever the terminal's width (a failed wheel download names URL, CA and the fix in one line)
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
     raise typer.Exit(Exit.FAIL)
 
 
