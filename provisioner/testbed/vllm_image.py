@@ -443,54 +443,22 @@ def testbed_cluster_settings(members: int, cache: Path | None = None) -> dict:
     }
 
 
-def apply_testbed_inventory(hosts_ini: Path) -> bool:
-    """Make a generated testbed inventory CPU-vLLM ready (idempotent; True when a file changed).
+def testbed_rack_inventory(clusters: dict[str, list[str]], gpu_counts: dict[str, int], client_network: str,
+                           cache: Path | None = None) -> tuple[dict, dict[str, dict]]:
+    """Everything a rack with the golden layer adds to its generated inventory: (group_vars/all.yml additions,
+    group -> settings merged into its `vllm_cluster`). The testbed's inventory writer calls this for every
+    `--with-vllm` rack (`rack._write_inventory`), so `provision testbed up --with-vllm` alone gives an inventory
+    that `provision onboard` brings up to serving clusters.
 
-    The testbed's inventory writer is the intended place for these values (docs/development.md, "vLLM on the
-    testbed"); this applies them to an inventory written without them, so the vLLM tests and `make demo` work
-    either way. Only touches the generated group_vars files of the rack (header `# Generated`)."""
-    import yaml
+    clusters: group -> member hosts; gpu_counts: host -> simulated GPUs; client_network: the rack's subnet (CIDR),
+    the clients the cluster firewall lets reach the vLLM API (the controller: tests, `provision bench --local`; a
+    balancer on a rack host)."""
+    import ipaddress
 
-    gv = Path(hosts_ini).parent / "group_vars"
-    changed = False
-
-    def rewrite(p: Path, update: Callable[[dict], None]) -> None:
-        nonlocal changed
-        text = p.read_text()
-        header = "".join(ln + "\n" for ln in text.splitlines() if ln.startswith("#"))
-        data = yaml.safe_load(text) or {}
-        before = json.dumps(data, sort_keys=True)
-        update(data)
-        if json.dumps(data, sort_keys=True) != before:
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(header + "---\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
-            os.replace(tmp, p)
-            changed = True
-
-    all_yml = gv / "all.yml"
-    gpu_yml = gv / "gpu_nodes.yml"
-    gpu_count = (yaml.safe_load(gpu_yml.read_text()) or {}).get("gpu_count") if gpu_yml.is_file() else None
     extra = dict(testbed_inventory_vars())
-    if gpu_count is not None and gpu_count != 8:
+    if gpu_counts and all(n != 8 for n in gpu_counts.values()):
         # CPU vLLM racks simulate one GPU per node (tests/vllm/rack-spec.yaml: TP 1): no NVSwitch baseboard, so
         # no Fabric Manager (the simulator has NVSwitches on 8-GPU HGX nodes only)
         extra["gpu_needs_fabric_manager"] = False
-    if all_yml.is_file():
-        from urllib.parse import urlparse
-
-        proxy = (yaml.safe_load(all_yml.read_text()) or {}).get("apt_proxy") or ""
-        controller = urlparse(str(proxy)).hostname
-        if controller:
-            # the cluster firewall opens the vLLM API port to client networks only: the rack's subnet is the client
-            # network (the controller: tests, `provision bench --local`; the balancer on a rack host in front of
-            # both clusters, tests/vllm/test_serving_lb.py)
-            import ipaddress
-
-            extra["vllm_client_networks"] = [str(ipaddress.ip_network(f"{controller}/24", strict=False))]
-        rewrite(all_yml, lambda d: d.update(extra))
-    for p in sorted(gv.glob("*.yml")):
-        data = yaml.safe_load(p.read_text()) or {}
-        if isinstance(data.get("vllm_cluster"), dict):
-            members = int(data["vllm_cluster"].get("pipeline_parallel_size") or 1)
-            rewrite(p, lambda d, m=members: d["vllm_cluster"].update(testbed_cluster_settings(m)))
-    return changed
+    extra["vllm_client_networks"] = [str(ipaddress.ip_network(client_network, strict=False))]
+    return extra, {g: testbed_cluster_settings(len(members), cache) for g, members in clusters.items()}

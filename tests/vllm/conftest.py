@@ -1,7 +1,7 @@
 """A simulated rack with the vLLM golden layer, provisioned once per session with `provision run`.
 
 Session fixture `vllm_rack`: brings up (or reuses) rack PROVISIONER_VLLM_RACK (default `vllm`, 3 nodes,
-`--with-vllm`, one GPU per node: tests/vllm/rack-spec.yaml), makes its inventory CPU-vLLM ready (`vllm_image.apply_testbed_inventory`), runs
+`--with-vllm`, one GPU per node: tests/vllm/rack-spec.yaml) (its inventory is CPU-vLLM ready as `testbed up` writes it), runs
 `provision onboard INVENTORY node01 node02 node03 --serial 3` (preflight, site.yml without the vLLM launch, health gate,
 in-service mark, then the vLLM launch that requires the mark) while polling each cluster head's /health from the controller, and records the time
 from the run's start to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
@@ -40,7 +40,6 @@ def vllm_rack() -> Iterator[VllmRack]:
     existed = rack.RackState.load(name) is not None
     h = rack.ensure(name, NODES, with_vllm=True, spec_file=SPEC, log=lambda m: print(f"testbed: {m}"))
     inv = Path(h.inventory)
-    vllm_image.apply_testbed_inventory(inv)
     fleet = load_fleet(inv)
     heads = {c.name: str(fleet.hosts[c.head].get("vllm_host_ip") or fleet.hosts[c.head].address)
              for c in fleet.clusters.values()}
