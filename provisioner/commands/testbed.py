@@ -23,7 +23,7 @@ NAME_OPT = typer.Option("rack", "--name", "-n", help="Rack name (several racks c
 
 
 def _log(msg: str) -> None:
-    err.print(f"[dim]testbed:[/] {msg}", highlight=False)
+    err.print(f"[dim]testbed:[/] {msg}", highlight=False, soft_wrap=True)  # paths stay whole in logs
 
 
 def _fail(exc: Exception) -> None:
