@@ -8,12 +8,20 @@ proxy variables, index/extra-index/find-links and constraints. So the controller
 TARGET interpreter (Debian 12's CPython 3.11 on x86_64, manylinux up to the base root's glibc), binaries only, and
 the build root only installs them offline (`pip install --no-index --find-links`).
 
+pip's `--python-version` picks wheels by tag and checks `Requires-Python`, but it evaluates dependency MARKERS
+(`numpy<2.4; python_version <= "3.12"`) for the interpreter pip runs on (the controller's 3.12/3.13), so the
+wheelhouse would miss what 3.11 needs (seen: mistral-common's numpy pin; the offline install then fails with
+ResolutionImpossible). So pip runs through `PIP_AS_TARGET`: the controller's own pip, with packaging's marker
+environment set to the target's values (`target_markers`, from the base root's dpkg database); everything else
+(network, config, trust) is untouched.
+
 Pure parts (argument building, target platform tags, effective CA discovery, the one-line error) are unit-tested in
 tests/unit/test_vllm_wheelhouse.py; `fill()` runs pip.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import ssl
@@ -46,13 +54,10 @@ class DownloadError(RuntimeError):
 
 def glibc_version(dpkg_status: str) -> tuple[int, int]:
     """(major, minor) of libc6 in a Debian dpkg status file (Debian 12: 2.36)."""
-    for para in dpkg_status.split("\n\n"):
-        fields = dict(ln.split(": ", 1) for ln in para.splitlines() if ": " in ln and not ln.startswith(" "))
-        if fields.get("Package") == "libc6" and fields.get("Status", "install ok installed").endswith(" installed"):
-            m = re.match(r"(?:\d+:)?(\d+)\.(\d+)", fields.get("Version", ""))
-            if m:
-                return int(m.group(1)), int(m.group(2))
-    raise ValueError("no installed libc6 in the dpkg status")
+    m = re.match(r"(?:\d+:)?(\d+)\.(\d+)", _dpkg_version(dpkg_status, "libc6") or "")
+    if not m:
+        raise ValueError("no installed libc6 in the dpkg status")
+    return int(m.group(1)), int(m.group(2))
 
 
 def platform_tags(glibc: tuple[int, int], arch: str = TARGET_ARCH) -> list[str]:
@@ -70,15 +75,51 @@ def platform_tags(glibc: tuple[int, int], arch: str = TARGET_ARCH) -> list[str]:
     return tags
 
 
+def _dpkg_version(dpkg_status: str, package: str) -> str | None:
+    for para in dpkg_status.split("\n\n"):
+        fields = dict(ln.split(": ", 1) for ln in para.splitlines() if ": " in ln and not ln.startswith(" "))
+        if fields.get("Package") == package and fields.get("Status", "install ok installed").endswith(" installed"):
+            return fields.get("Version")
+    return None
+
+
+def target_markers(dpkg_status: str, python_version: str = TARGET_PYTHON) -> dict[str, str]:
+    """The PEP 508 marker environment of the base root's CPython (platform_release/version: the hosts run the
+    controller's kernel, so pip's own values are right for those)."""
+    deb = _dpkg_version(dpkg_status, f"python{python_version}-minimal") or _dpkg_version(
+        dpkg_status, f"python{python_version}")
+    m = re.match(r"(?:\d+:)?(\d+\.\d+\.\d+)", deb or "")
+    if not m or not m.group(1).startswith(python_version + "."):
+        raise ValueError(f"no installed python{python_version} in the dpkg status")
+    full = m.group(1)
+    return {"python_version": python_version, "python_full_version": full, "implementation_name": "cpython",
+            "implementation_version": full, "platform_python_implementation": "CPython", "os_name": "posix",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": TARGET_ARCH}
+
+
+#: `python -c PIP_AS_TARGET MARKERS_JSON download ...`: the running pip, evaluating dependency markers for the
+#: target interpreter (pip has no option for that; `--python-version` covers tags and Requires-Python only).
+PIP_AS_TARGET = (
+    "import json, sys\n"
+    "from pip._vendor.packaging import markers\n"
+    "_target, _own = json.loads(sys.argv[1]), markers.default_environment\n"
+    "markers.default_environment = lambda: {**_own(), **_target}\n"
+    "from pip._internal.cli.main import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+
 def download_argv(python: str, wheelhouse: Path, packages: Sequence[str], platforms: Sequence[str], *,
-                  python_version: str = TARGET_PYTHON, offline: bool = False,
+                  markers: Mapping[str, str], offline: bool = False,
                   find_links: Sequence[Path] = ()) -> list[str]:
     """`pip download` of binary wheels for the target interpreter into the wheelhouse.
 
     offline: only what the wheelhouse already holds (a complete wheelhouse succeeds without any network).
     Everything else (index, extra indexes, find-links, constraints, CA, proxy) is the controller's pip config."""
+    python_version = markers["python_version"]
     nodot = python_version.replace(".", "")
-    argv = [python, "-m", "pip", "download", "--dest", str(wheelhouse), "--only-binary=:all:",
+    argv = [python, "-c", PIP_AS_TARGET, json.dumps(dict(markers), sort_keys=True),
+            "download", "--dest", str(wheelhouse), "--only-binary=:all:",
             "--python-version", python_version, "--implementation", "cp", "--abi", f"cp{nodot}",
             "--progress-bar", "off", "--retries", str(RETRIES), "--timeout", str(TIMEOUT_S)]
     for p in platforms:
@@ -245,27 +286,30 @@ def fill(wheelhouse: Path, packages: Sequence[str], *, base_root: Path, log_file
     python = python or sys.executable
     wheelhouse.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    platforms = platform_tags(glibc_version((base_root / "var/lib/dpkg/status").read_text(errors="replace")))
+    status = (base_root / "var/lib/dpkg/status").read_text(errors="replace")
+    platforms, markers = platform_tags(glibc_version(status)), target_markers(status)
     env = dict(os.environ)
     env.update({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
 
     def run(argv: list[str], title: str) -> subprocess.CompletedProcess[str]:
         with open(log_file, "a") as fh:
-            fh.write(f"== [{time.strftime('%T')}] {title}\n$ {' '.join(argv)}\n")
+            shown = [a for a in argv if a != PIP_AS_TARGET]  # the marker shim is in wheelhouse.py
+            fh.write(f"== [{time.strftime('%T')}] {title}\n$ {' '.join(shown)}\n")
             fh.flush()
             p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             fh.write(p.stdout)
             fh.write(f"== exit {p.returncode}\n")
         return p
 
-    check = run(download_argv(python, wheelhouse, packages, platforms, offline=True, find_links=find_links),
+    check = run(download_argv(python, wheelhouse, packages, platforms, markers=markers, offline=True,
+                              find_links=find_links),
                 "wheelhouse complete? (offline)")
     if check.returncode == 0:
         return FillResult(False, time.monotonic() - started)
     if log:
         log(f"downloading wheels for {' '.join(packages)} (controller pip, target CPython {TARGET_PYTHON} "
             f"{platforms[0]}) into {wheelhouse}")
-    p = run(download_argv(python, wheelhouse, packages, platforms, find_links=find_links),
+    p = run(download_argv(python, wheelhouse, packages, platforms, markers=markers, find_links=find_links),
             "pip download (controller pip config)")
     if p.returncode != 0:
         config = _pip_config(python, env)

