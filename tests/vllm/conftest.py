@@ -1,10 +1,15 @@
-"""A simulated rack with the vLLM golden layer, provisioned once per session with `provision run`.
+"""A simulated rack with the vLLM golden layer, brought up and onboarded once per session by `make demo-vllm`'s
+own commands.
 
-Session fixture `vllm_rack`: brings up (or reuses) rack PROVISIONER_VLLM_RACK (default `vllm`, 3 nodes,
-`--with-vllm`, one GPU per node: tests/vllm/rack-spec.yaml), makes its inventory CPU-vLLM ready (`vllm_image.apply_testbed_inventory`), runs
-`provision onboard INVENTORY node01 node02 node03 --serial 3` (preflight, site.yml without the vLLM launch, health gate,
-in-service mark, then the vLLM launch that requires the mark) while polling each cluster head's /health from the controller, and records the time
-from the run's start to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
+Session fixture `vllm_rack`: runs the commands of the Makefile's `demo-vllm` target (the README's demo) through
+`.venv/bin/provision`, on rack PROVISIONER_VLLM_RACK (default `vllm`) instead of the Makefile's `demo-vllm`:
+`provision testbed up --name NAME --nodes 3 --with-vllm --spec tests/vllm/rack-spec.yaml` (builds or reuses the
+base root and the golden layer; its inventory writer makes the inventory CPU-vLLM ready, nothing is patched
+afterwards), then `provision onboard inventories/testbed-NAME/hosts.ini node01 node02 node03 --serial 3`
+(preflight, site.yml without the vLLM launch, health gate, in-service mark, then the vLLM launch that requires the
+mark), while polling each cluster head's /health from the controller. It records the time from the onboard's start
+to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
+A broken demo therefore fails the suite (test_demo_vllm.py names it).
 PROVISIONER_TESTBED_TEARDOWN=1 removes the rack at the end when this session created it.
 """
 
@@ -26,7 +31,7 @@ import pytest
 
 from provisioner import PROJECT_ROOT
 
-from vllm_e2e import NODES, PROVISION, RUN_TIMEOUT, SPEC, VllmRack, http  # noqa: E402
+from vllm_e2e import MAKEFILE, RUN_TIMEOUT, VllmRack, demo_commands, http  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -38,14 +43,21 @@ def vllm_rack() -> Iterator[VllmRack]:
 
     name = os.environ.get("PROVISIONER_VLLM_RACK", "vllm")
     existed = rack.RackState.load(name) is not None
-    h = rack.ensure(name, NODES, with_vllm=True, spec_file=SPEC, log=lambda m: print(f"testbed: {m}"))
-    inv = Path(h.inventory)
-    vllm_image.apply_testbed_inventory(inv)
+    up_cmd, onboard_cmd = demo_commands(MAKEFILE.read_text(), name)
+    t_up = time.monotonic()
+    p = subprocess.run(up_cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
+    up_s = round(time.monotonic() - t_up, 1)
+    print(f"testbed up ({up_s} s): {p.stderr.strip()[-3000:]}")
+    if p.returncode != 0:
+        pytest.fail(f"`{' '.join(up_cmd)}` exited {p.returncode}:\n{(p.stdout + p.stderr)[-4000:]}")
+    h = rack.handle(rack.load(name))
+    inv = PROJECT_ROOT / onboard_cmd[2]
+    assert inv == Path(h.inventory), (inv, h.inventory)
     fleet = load_fleet(inv)
     heads = {c.name: str(fleet.hosts[c.head].get("vllm_host_ip") or fleet.hosts[c.head].address)
              for c in fleet.clusters.values()}
     ports = {c.name: int(c.settings.get("port", 8000)) for c in fleet.clusters.values()}
-    vr = VllmRack(h, inv, heads, ports, vllm_image.TESTBED_API_KEY)
+    vr = VllmRack(h, inv, heads, ports, vllm_image.TESTBED_API_KEY, up_s=up_s, commands=[up_cmd])
 
     stop = threading.Event()
     t0 = time.monotonic()
@@ -64,17 +76,16 @@ def vllm_rack() -> Iterator[VllmRack]:
     else:
         # the real onboarding path: preflight, site.yml without the vLLM launch (all hosts in one batch), the
         # health gate, the in-service mark, then the vLLM launch (the launch starts only on marked clusters)
-        gpu_hosts = [n for n in h.names if fleet.hosts[n].is_gpu_node]
-        p = subprocess.run([PROVISION, "onboard", str(inv), *gpu_hosts, "--serial", str(len(gpu_hosts))],
-                           capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
+        p = subprocess.run(onboard_cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
         vr.run_rc, vr.run_output = p.returncode, p.stdout + p.stderr
+        vr.commands.append(onboard_cmd)
     vr.run_s = round(time.monotonic() - t0, 1)
     # the run waits for /health itself; give the poller a last look
     deadline = time.monotonic() + 30
     while len(vr.first_healthy_s) < len(heads) and time.monotonic() < deadline:
         time.sleep(1)
     stop.set()
-    timings = {"rack": name, "reused_rack": existed, "run_rc": vr.run_rc, "run_s": vr.run_s,
+    timings = {"rack": name, "reused_rack": existed, "up_s": up_s, "run_rc": vr.run_rc, "run_s": vr.run_s,
                "first_healthy_s": vr.first_healthy_s}
     print(f"vllm testbed timings: {json.dumps(timings)}")
     runs = PROJECT_ROOT / ".runs"

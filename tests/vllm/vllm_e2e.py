@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -15,6 +16,43 @@ PROVISION = str(Path(sys.executable).parent / "provision")
 SPEC = Path(__file__).with_name("rack-spec.yaml")  # one GPU per simulated node: TP 1 x PP n is valid
 NODES = 3
 RUN_TIMEOUT = 3600
+MAKEFILE = Path(__file__).resolve().parents[2] / "Makefile"
+#: The README's demo: `make demo-vllm`. The session fixture runs exactly its commands (on its own rack name).
+DEMO_TARGET = "demo-vllm"
+
+
+def make_recipe(makefile: str, target: str) -> list[str]:
+    """The command lines of a Makefile target's recipe (tab-indented lines; comment lines dropped)."""
+    lines = makefile.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split(":", 1)[0].strip() == target and ":" in ln
+                 and not ln.startswith("\t") and not ln.startswith("."))
+    out = []
+    for ln in lines[start + 1:]:
+        if not ln.startswith("\t"):
+            break
+        cmd = ln.strip().lstrip("@-").strip()
+        if cmd and not cmd.startswith("#"):
+            out.append(cmd)
+    return out
+
+
+def demo_commands(makefile: str, rack: str, provision: str = PROVISION) -> list[list[str]]:
+    """`make demo-vllm`'s commands as argv lists, on rack `rack` instead of the Makefile's (same flags, same
+    hosts, that rack's inventory)."""
+    argvs = [shlex.split(cmd.replace("$(VENV)/bin/provision", provision))
+             for cmd in make_recipe(makefile, DEMO_TARGET)]
+    demo = next((argv[argv.index("--name") + 1] for argv in argvs if "--name" in argv), None)
+    if demo is None or any(argv[0] != provision for argv in argvs):
+        raise ValueError(f"`make {DEMO_TARGET}` must run only `provision` and name its rack with --name: {argvs}")
+    from provisioner import PROJECT_ROOT
+    from provisioner.testbed.inventory_writer import inventory_dir
+
+    def inv(name: str) -> str:
+        return str((inventory_dir(name) / "hosts.ini").relative_to(PROJECT_ROOT))
+
+    swap = {demo: rack, inv(demo): inv(rack)}
+    return [[swap.get(a, a) if (i and argv[i - 1] == "--name") or a == inv(demo) else a
+             for i, a in enumerate(argv)] for argv in argvs]
 
 
 def http(url: str, *, data: dict | None = None, key: str | None = None, timeout: float = 60) -> tuple[int, str]:
@@ -42,7 +80,9 @@ class VllmRack:
     first_healthy_s: dict[str, float] = field(default_factory=dict)
     run_rc: int = -1
     run_s: float = 0.0
+    up_s: float = 0.0
     run_output: str = ""
+    commands: list[list[str]] = field(default_factory=list)  # what the fixture ran (the demo's CLI calls)
 
     def url(self, cluster: str, path: str) -> str:
         return f"http://{self.heads[cluster]}:{self.ports[cluster]}{path}"
