@@ -32,8 +32,9 @@ test-unit: venv
 	$(VENV)/bin/pytest tests -m "not testbed and not vllm"
 
 lint: venv
-	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks roles
-	$(VENV)/bin/yamllint -s playbooks roles inventories
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks roles galaxy.yml meta \
+		execution-environment.yml requirements.yml
+	$(VENV)/bin/yamllint -s playbooks roles inventories galaxy.yml meta execution-environment.yml requirements.yml
 
 # The plain rack has no vLLM image: the vLLM play is skipped (`make demo-vllm` adds the CPU vLLM golden layer).
 demo: deps venv

@@ -1,9 +1,11 @@
 """Build hook: the wheel carries the Ansible side that `provision` runs.
 
-The repository layout stays as it is (ansible.cfg, playbooks/, roles/, templates/ at the root: the Ansible face of
-the repository). A regular wheel (`pip wheel .`, `pip install .`, `python -m build`) gets a copy of them under
-`provisioner/_data/`, where `provisioner/paths.py` finds them when the package is installed. Symlinks inside them
-(roles/monitoring/filter_plugins/provisioner_fleet.py) are stored as the files they point to.
+The repository layout stays as it is: the root is the Ansible collection provisioner.gpu (galaxy.yml, meta/,
+ansible.cfg, playbooks/, roles/, plugins/, templates/). A regular wheel (`pip wheel .`, `pip install .`,
+`python -m build`) gets a copy of them under `provisioner/_data/`, where `provisioner/paths.py` finds them when the
+package is installed; each run links that directory as the collection (`paths.link_collection`), since the roles call
+the collection's module and filters by FQCN. Symlinks inside them (roles/node_health/files/nodeparse.py) are stored
+as the files they point to; the repository's own link `collections/ansible_collections/provisioner/gpu` is not copied.
 
 An editable install (`pip install -e .`) gets nothing copied: its .pth file points at the repository, and
 `provisioner/paths.py` uses the repository's own directories (so edits to roles/ take effect at once).
@@ -18,7 +20,10 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 #: repository path -> path inside the wheel
 DATA = {
+    "galaxy.yml": "provisioner/_data/galaxy.yml",
+    "meta": "provisioner/_data/meta",
     "ansible.cfg": "provisioner/_data/ansible.cfg",
+    "plugins": "provisioner/_data/plugins",
     "playbooks": "provisioner/_data/playbooks",
     "roles": "provisioner/_data/roles",
     "templates": "provisioner/_data/templates",

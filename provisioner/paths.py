@@ -1,6 +1,7 @@
 """Where provisioner finds its Ansible side and where it writes its state: the one place that decides.
 
-Data root (`ansible.cfg`, `playbooks/`, `roles/`, `templates/`):
+Data root (`ansible.cfg`, `playbooks/`, `roles/`, `templates/`, `plugins/`, `galaxy.yml`, `meta/`: the Ansible collection
+provisioner.gpu):
 - a checkout (running from the repository, or an editable install `pip install -e .`): the repository root, the
   parent of this package, so edits to roles/ take effect at once;
 - an installed package (a wheel, `pip install .`): `provisioner/_data/` inside the package (hatch_build.py copies
@@ -31,13 +32,16 @@ PACKAGED_DATA = PACKAGE_DIR / "_data"
 #: True when running from the repository (a checkout or an editable install), False when installed.
 CHECKOUT = not PACKAGED_DATA.is_dir() and (PACKAGE_DIR.parent / "pyproject.toml").is_file()
 
-#: The directory holding ansible.cfg, playbooks/, roles/, templates/.
+#: The directory holding ansible.cfg, playbooks/, roles/, templates/, plugins/ (the collection provisioner.gpu).
 DATA_ROOT = Path(os.environ["PROVISION_DATA_DIR"]).resolve() if os.environ.get("PROVISION_DATA_DIR") else (
     PACKAGE_DIR.parent if CHECKOUT else PACKAGED_DATA)
 ANSIBLE_CFG = DATA_ROOT / "ansible.cfg"
 PLAYBOOKS = DATA_ROOT / "playbooks"
 ROLES = DATA_ROOT / "roles"
 TEMPLATES = DATA_ROOT / "templates"
+PLUGINS = DATA_ROOT / "plugins"
+#: The Ansible collection the data root is (galaxy.yml): roles and plugins are `provisioner.gpu.NAME`.
+COLLECTION_NAMESPACE, COLLECTION_NAME = "provisioner", "gpu"
 
 #: Inventories: the repository's in a checkout; `./inventories` of the working directory when installed (where
 #: `provision testbed up` writes a rack's inventory).
@@ -71,10 +75,27 @@ def _in_repo() -> bool:
     return CHECKOUT and not os.environ.get("PROVISION_STATE_DIR")
 
 
+def link_collection(parent: Path) -> Path:
+    """Make `parent/collections` an Ansible collections path whose provisioner.gpu is the data root (a symlink
+    `collections/ansible_collections/provisioner/gpu` -> DATA_ROOT), and return it.
+
+    The roles call the collection's module and filters by FQCN; a wheel cannot carry the repository's own link
+    (`<repo>/collections/...`, symlinks become files), so each run links the data root it uses (`provision run`
+    does it in its run directory, ANSIBLE_COLLECTIONS_PATH points there)."""
+    ns = parent / "collections" / "ansible_collections" / COLLECTION_NAMESPACE
+    ns.mkdir(parents=True, exist_ok=True)
+    link = ns / COLLECTION_NAME
+    if not (link.is_symlink() and link.resolve() == DATA_ROOT.resolve()):
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(DATA_ROOT.resolve(), target_is_directory=True)
+    return parent / "collections"
+
+
 def data_file(path: Path) -> Path:
     """`path` (a file or directory under the data root) when it exists; else a UsageError naming it (exit 2)."""
     if not path.exists():
         raise UsageError(
             "provisioner data missing (incomplete installation: reinstall provisioner, or set PROVISION_DATA_DIR to "
-            "a directory holding ansible.cfg, playbooks/, roles/, templates/)", path=str(path))
+            "a directory holding ansible.cfg, playbooks/, roles/, templates/, plugins/)", path=str(path))
     return path

@@ -3,7 +3,7 @@
 The roles render the very same templates with Ansible's template module; this module reproduces that rendering:
 variables are the roles' `defaults/main.yml` with the host's merged inventory vars on top, plus `vllm_facts`, the
 per-host facts (cluster, rank, the exact `vllm serve` command line from `provisioner.vllm_args`) that the `vllm` role
-computes with the same function (`roles/vllm/filter_plugins/provisioner_vllm.py` calls `vllm_facts`). So
+computes with the same function (`plugins/filter/provisioner_vllm.py` calls `vllm_facts`). So
 `provision render` shows byte for byte what a host gets; `tests/unit/test_vllm_units.py` checks it against Ansible's
 own template module.
 

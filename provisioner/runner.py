@@ -11,6 +11,9 @@
   follow a drifted resource).
 - The project's `ansible.cfg` is used explicitly (`ANSIBLE_CONFIG`), and the two settings ansible-runner would override
   silently are put back: host key checking stays on, and the fact cache stays ours (`.cache/facts.d/<inventory>`), not per run.
+- The data root is the Ansible collection provisioner.gpu: the run directory gets `collections/` linking it
+  (`paths.link_collection`), first on ANSIBLE_COLLECTIONS_PATH, so the roles' FQCN module and filters resolve in a
+  checkout and in an installed wheel alike.
 """
 
 from __future__ import annotations
@@ -395,7 +398,7 @@ def resources_of(action: str, res: dict[str, Any], task: str) -> list[tuple[str,
     if res.get("censored"):
         return [(kind, task)]
     label = _item_label(res)
-    # Our own modules (playbooks/library/provisioner_apt.py) name what drifted: [[kind, name], ...]
+    # Our own modules (plugins/modules/provisioner_apt.py) name what drifted: [[kind, name], ...]
     own = res.get("resources")
     if action.startswith("provisioner_") and isinstance(own, list) and own:
         return [(str(k), str(r)) for k, r in own]
@@ -630,8 +633,13 @@ def run_playbook(
     if max_fail_percent is not None:
         xv["provision_max_fail_percent"] = max_fail_percent
 
+    # the roles call provisioner.gpu.* (module, filters): the data root, linked as that collection in the run
+    # directory (a checkout and an installed wheel alike), ahead of the collections the site has installed
+    user_collections = os.environ.get("ANSIBLE_COLLECTIONS_PATH") or os.pathsep.join(
+        [str(Path("~/.ansible/collections").expanduser()), "/usr/share/ansible/collections"])
     env = {
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join([str(paths.link_collection(run_dir)), user_collections]),
         # ansible-runner sets host key checking off unless told; ours stays on (ansible.cfg says so too)
         "ANSIBLE_HOST_KEY_CHECKING": os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "True"),
         "ANSIBLE_FORCE_COLOR": "False",

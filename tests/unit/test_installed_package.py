@@ -50,16 +50,20 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def test_wheel_carries_the_ansible_side(pkg: Installed) -> None:
     names = set(zipfile.ZipFile(pkg.wheel).namelist())
-    tracked = subprocess.run(["git", "ls-files", "ansible.cfg", "playbooks", "roles", "templates"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files", "galaxy.yml", "meta", "ansible.cfg", "playbooks", "roles",
+                              "plugins", "templates"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
     missing = [p for p in tracked if f"provisioner/_data/{p}" not in names]
     assert not missing, f"not in the wheel: {missing}"
     assert "provisioner/catalog/gpus.yaml" in names and "provisioner/testbed/packages" in "".join(names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
-    # a symlink in the repository (monitoring's filter plugin is serving_lb's) is a real file in the install
-    link = pkg.site_packages / "provisioner/_data/roles/monitoring/filter_plugins/provisioner_fleet.py"
+    assert "provisioner/_data/plugins/modules/provisioner_apt.py" in names
+    # the checkout's link to itself as a collection is not carried (each run links the data root instead)
+    assert not [n for n in names if n.startswith("provisioner/_data/collections")]
+    # a symlink in the repository (node_health's nodeparse.py is provisioner/probes') is a real file in the install
+    link = pkg.site_packages / "provisioner/_data/roles/node_health/files/nodeparse.py"
     assert not link.is_symlink()
-    assert link.read_bytes() == (REPO / "roles/serving_lb/filter_plugins/provisioner_fleet.py").read_bytes()
+    assert link.read_bytes() == (REPO / "provisioner/probes/nodeparse.py").read_bytes()
 
 
 def test_fresh_venv_does_not_see_the_checkout(pkg: Installed, site: Path) -> None:
@@ -124,3 +128,36 @@ def test_missing_data_is_one_line_and_exit_2(pkg: Installed, site: Path, tmp_pat
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "provisioner data missing" in lines[0], r.stderr
     assert str(nodata / (missing or "roles/node_health/files/nodeparse.py")) in lines[0]
+
+
+RUN_CODE = """
+import json, sys
+from provisioner.runner import run_playbook
+r = run_playbook(sys.argv[1], playbook=sys.argv[2], runs_dir=sys.argv[3], progress=None)
+print(json.dumps({"rc": r.rc, "failed": [f.message for h in r.hosts.values() for f in h.failures],
+                  "error": r.error, "ok": {n: h.ok for n, h in r.hosts.items()}}))
+"""
+
+
+def test_a_run_finds_the_collection_in_the_installed_data(pkg: Installed, site: Path, tmp_path: Path) -> None:
+    """The roles call provisioner.gpu.* by FQCN: the installed runner links its data root as that collection in the
+    run directory (the repository's own link is not in the wheel), so the module and the filters resolve."""
+    inv = site / "local.ini"
+    inv.write_text(f"node01 ansible_connection=local ansible_python_interpreter={pkg.python}\n")
+    play = site / "fqcn.yml"
+    play.write_text(
+        "- name: The collection from the installed data\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: A filter of the collection\n      ansible.builtin.copy:\n"
+        f"        dest: {tmp_path}/fleet.json\n        mode: '0644'\n"
+        f"        content: \"{{{{ '{site}/inventories/rack-a.ini' | provisioner.gpu.provisioner_fleet_targets | to_json }}}}\"\n"
+        "    - name: The collection's module, check mode\n      provisioner.gpu.provisioner_apt:\n"
+        "        packages: [dpkg]\n      check_mode: true\n")
+    r = subprocess.run([str(pkg.python), "-c", RUN_CODE, "local.ini", "fqcn.yml", str(tmp_path / "runs")], cwd=site,
+                       env=pkg.env(HOME=str(tmp_path / "home")), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["rc"] == 0 and not out["failed"] and out["error"] is None, out
+    fleet = json.loads((tmp_path / "fleet.json").read_text())
+    assert len(fleet["gpu_nodes"]) == 4 and fleet["heads"], fleet
+    link = next((tmp_path / "runs").iterdir()) / "collections/ansible_collections/provisioner/gpu"
+    assert link.is_symlink() and link.resolve() == pkg.site_packages / "provisioner" / "_data"

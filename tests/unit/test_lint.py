@@ -1,4 +1,5 @@
-"""ansible-lint (production profile) and yamllint over playbooks/ and roles/, as CI runs them (`make lint`).
+"""ansible-lint (production profile) and yamllint over playbooks/, roles/ and the collection's metadata (galaxy.yml,
+meta/, the execution environment definition), as CI runs them (`make lint`).
 
 Both run as subprocesses with the project's .ansible-lint / .yamllint; any finding fails the test with the
 tool's own report.
@@ -16,7 +17,7 @@ import pytest
 from provisioner import PROJECT_ROOT
 
 BIN = Path(sys.executable).parent
-TARGETS = ["playbooks", "roles"]
+TARGETS = ["playbooks", "roles", "galaxy.yml", "meta", "execution-environment.yml", "requirements.yml"]
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:

@@ -174,7 +174,7 @@ def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor:
     (role / "defaults/main.yml").write_text(yaml.safe_dump(role_defaults()))
     (role / "tasks/main.yml").write_text(yaml.safe_dump([
         {"name": "facts", "ansible.builtin.set_fact": {
-            "vllm_facts": "{{ inventory_file | provisioner_vllm_facts(inventory_hostname) }}"}},
+            "vllm_facts": "{{ inventory_file | provisioner.gpu.provisioner_vllm_facts(inventory_hostname) }}"}},
         {"name": "dirs", "ansible.builtin.file": {
             "path": f"{out}/{{{{ inventory_hostname }}}}/{{{{ item }}}}", "state": "directory"},
          "loop": ["etc/vllm", "etc/systemd/system"]},
@@ -189,8 +189,8 @@ def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor:
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump([{"hosts": "gpu_nodes", "gather_facts": False, "connection": "local",
                                      "roles": ["render_probe"]}]))
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(tmp_path / "roles"),
-               ANSIBLE_FILTER_PLUGINS=str(ROLES / "vllm/filter_plugins"), ANSIBLE_NOCOLOR="1",
+    # the filter by FQCN: the repository's ansible.cfg makes the checkout the collection provisioner.gpu
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(tmp_path / "roles"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
     p = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv), str(play),
                         "-e", f"ansible_python_interpreter={sys.executable}"],
@@ -356,7 +356,7 @@ def test_group_run_kills_orphaned_rank_processes_when_vllm_dies(tmp_path: Path) 
 def _gate():
     import importlib.util
 
-    path = PROJECT_ROOT / "roles/vllm_launch/filter_plugins/provisioner_vllm_gate.py"
+    path = PROJECT_ROOT / "plugins/filter/provisioner_vllm_gate.py"
     spec = importlib.util.spec_from_file_location("provisioner_vllm_gate", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]

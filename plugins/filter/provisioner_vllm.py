@@ -2,31 +2,21 @@
 by the suite's own Python (provisioner.render.vllm_facts over provisioner.vllm_args.serve_args), so the roles and
 `provision render` cannot drift apart.
 
-    vllm_facts: "{{ inventory_file | provisioner_vllm_facts(inventory_hostname) }}"
+    vllm_facts: "{{ inventory_file | provisioner.gpu.provisioner_vllm_facts(inventory_hostname) }}"
 
 The fleet is read from the inventory file with the suite's loader (the same source `provision render` reads).
-The project root (installed: the site-packages holding provisioner/_data/) is put on sys.path when the `provisioner`
-package is not importable (AWX-style checkouts).
+The `provisioner` package must be installed in the controller's Python (pip; an execution environment installs it).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-# The directory holding the `provisioner` package: the repository root (<root>/roles/R/filter_plugins/this.py), or,
-# for an installed wheel, site-packages (<site-packages>/provisioner/_data/roles/R/filter_plugins/this.py).
-_HERE = Path(__file__).resolve()
-_ROOT = _HERE.parents[5] if _HERE.parents[3].name == "_data" else _HERE.parents[3]
 _CACHE: dict[str, Any] = {}
 
 
 def _import():
-    try:
-        import provisioner.render  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(_ROOT))
     from provisioner import render
     from provisioner.inventory import load_fleet
 

@@ -2,31 +2,21 @@
 own Python (provisioner.monitoring.fleet_targets over the Fleet model), so the roles and the CLI
 (`provision monitoring`, provisioner.monitoring.render_lb_config) cannot disagree on clusters, models or addresses.
 
-    serving_lb_fleet: "{{ inventory_file | provisioner_fleet_targets }}"   (monitoring: monitoring_fleet)
+    serving_lb_fleet: "{{ inventory_file | provisioner.gpu.provisioner_fleet_targets }}"   (monitoring: monitoring_fleet)
 
-The fleet is read from the inventory file with the suite's loader (as roles/vllm's plugin does). The project root
-(installed: the site-packages holding provisioner/_data/) is put on sys.path when the `provisioner` package is not
-importable (AWX-style checkouts).
+The fleet is read from the inventory file with the suite's loader (as provisioner_vllm.py does). The `provisioner`
+package must be installed in the controller's Python (pip; an execution environment installs it).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-# The directory holding the `provisioner` package: the repository root (<root>/roles/R/filter_plugins/this.py), or,
-# for an installed wheel, site-packages (<site-packages>/provisioner/_data/roles/R/filter_plugins/this.py).
-_HERE = Path(__file__).resolve()
-_ROOT = _HERE.parents[5] if _HERE.parents[3].name == "_data" else _HERE.parents[3]
 _CACHE: dict[str, Any] = {}
 
 
 def provisioner_fleet_targets(inventory_file: str) -> Any:
-    try:
-        import provisioner.monitoring  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(_ROOT))
     from provisioner.inventory import load_fleet
     from provisioner.monitoring import fleet_targets
 

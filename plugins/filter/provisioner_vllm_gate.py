@@ -1,8 +1,8 @@
 """The in-service gate of the vLLM launch (docs/vllm.md, "The in-service gate"). Pure functions, no Ansible imports:
 
-    hostvars | provisioner_vllm_gate_hosts(ansible_play_hosts)
+    hostvars | provisioner.gpu.provisioner_vllm_gate_hosts(ansible_play_hosts)
         -> every member (sorted) of each vLLM cluster that has a gated host in the play: the hosts whose mark is read
-    vllm_launch_marks | provisioner_vllm_gate(vllm_facts, path, inventory_file)
+    vllm_launch_marks | provisioner.gpu.provisioner_vllm_gate(vllm_facts, path, inventory_file)
         -> {cluster, members, held, missing: {host: why}, message, summary} for this host's cluster
 
 A cluster (TP x PP across its members) only launches whole, so ONE member without the mark holds the whole cluster

@@ -1,1 +1,0 @@
-../../serving_lb/filter_plugins/provisioner_fleet.py
