@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +11,7 @@ import typer
 from rich.console import Console
 
 from provisioner.errors import Exit, UsageError
+from provisioner.reports.textfile import write_atomic
 
 # Exit codes are raised as SystemExit: cli.main() runs typer with standalone_mode=False, which returns (and there
 # drops) a typer.Exit code.
@@ -26,22 +26,6 @@ differs (file path / package / service, the task and role, the diff for files) a
 checked. Read-only. Reports: text, json, junit (one testcase per host x resource), prometheus (node_exporter
 textfile). Exit codes: 0 no drift, 3 drift found, 1 check could not run or hosts unreachable/failed (takes
 precedence over 3), 2 usage."""
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory + rename (node_exporter never reads a half-written file)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def render(result, fmt: str) -> str:  # type: ignore[no-untyped-def]

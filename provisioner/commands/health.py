@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         forks: int = typer.Option(64, "--forks", help="Hosts checked at once."),
     ) -> None:
         from provisioner.commands.preflight import load_targets
-        from provisioner.probes.health import render_json, render_prometheus, render_text, run_health, write_atomic
+        from provisioner.probes.health import render_json, render_prometheus, render_text, run_health
+        from provisioner.reports.textfile import write_atomic
 
         fleet, hosts = load_targets(inventory, limit, fmt, timeout, forks)
         t0 = time.monotonic()

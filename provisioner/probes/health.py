@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from provisioner.paths import ROLES, data_file
+from provisioner.reports.textfile import escape_label as _esc
 from provisioner.model import Fleet, Host
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
 
@@ -262,10 +263,6 @@ def render_json(results: dict[str, HostHealth], seconds: float | None = None) ->
     return json.dumps(doc, indent=2) + "\n"
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def render_prometheus(results: dict[str, HostHealth], *, now: float | None = None) -> str:
     """node_exporter textfile collector format."""
     ts = time.time() if now is None else now
@@ -297,18 +294,6 @@ def render_prometheus(results: dict[str, HostHealth], *, now: float | None = Non
             "# TYPE provisioner_node_health_last_run_timestamp_seconds gauge",
             f"provisioner_node_health_last_run_timestamp_seconds {ts:.0f}"]
     return "\n".join(out) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------ in service

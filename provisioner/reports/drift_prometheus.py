@@ -7,11 +7,8 @@ Series: `provisioner_drift_resources{host,role}` (0 for every role that ran clea
 
 from __future__ import annotations
 
+from provisioner.reports.textfile import escape_label as _esc
 from provisioner.results import RunResult
-
-
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def render(result: RunResult, *, now: float | None = None) -> str:
