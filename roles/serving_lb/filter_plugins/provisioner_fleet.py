@@ -2,11 +2,12 @@
 own Python (provisioner.monitoring.fleet_targets over the Fleet model), so the roles and the CLI
 (`provision monitoring`, provisioner.monitoring.render_lb_config) cannot disagree on clusters, models or addresses.
 
-    serving_lb_fleet: "{{ inventory_file | provisioner_fleet_targets }}"   (monitoring: monitoring_fleet)
+    serving_lb_fleet: "{{ hostvars | provisioner_fleet_targets }}"   (monitoring: monitoring_fleet)
 
-The fleet is read from the inventory file with the suite's loader (as roles/vllm's plugin does). The project root
-(installed: the site-packages holding provisioner/_data/) is put on sys.path when the `provisioner` package is not
-importable (AWX-style checkouts).
+The fleet is the play's own inventory as Ansible resolved it (`hostvars`, with the `-e` extra vars on top;
+provisioner.inventory.fleet_from_play, as roles/vllm's plugin), never the inventory file read again. The project
+root (installed: the site-packages holding provisioner/_data/) is put on sys.path when the `provisioner` package is
+not importable (AWX-style checkouts).
 """
 
 from __future__ import annotations
@@ -19,21 +20,17 @@ from typing import Any
 # for an installed wheel, site-packages (<site-packages>/provisioner/_data/roles/R/filter_plugins/this.py).
 _HERE = Path(__file__).resolve()
 _ROOT = _HERE.parents[5] if _HERE.parents[3].name == "_data" else _HERE.parents[3]
-_CACHE: dict[str, Any] = {}
 
 
-def provisioner_fleet_targets(inventory_file: str) -> Any:
+def provisioner_fleet_targets(hostvars: Any) -> Any:
     try:
         import provisioner.monitoring  # noqa: F401
     except ImportError:
         sys.path.insert(0, str(_ROOT))
-    from provisioner.inventory import load_fleet
+    from provisioner.inventory import fleet_from_play
     from provisioner.monitoring import fleet_targets
 
-    key = str(Path(inventory_file).resolve())
-    if key not in _CACHE:
-        _CACHE[key] = fleet_targets(load_fleet(key))
-    return _CACHE[key]
+    return fleet_targets(fleet_from_play(hostvars))
 
 
 class FilterModule:
