@@ -20,6 +20,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 DATA = {
     "ansible.cfg": "provisioner/_data/ansible.cfg",
     "playbooks": "provisioner/_data/playbooks",
+    "plugins": "provisioner/_data/plugins",
     "roles": "provisioner/_data/roles",
     "templates": "provisioner/_data/templates",
 }
