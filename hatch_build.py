@@ -25,6 +25,7 @@ DATA = {
     "ansible.cfg": "provisioner/_data/ansible.cfg",
     "plugins": "provisioner/_data/plugins",
     "playbooks": "provisioner/_data/playbooks",
+    "plugins": "provisioner/_data/plugins",
     "roles": "provisioner/_data/roles",
     "templates": "provisioner/_data/templates",
 }

@@ -8,6 +8,11 @@ computed once per distinct set of groups instead of once per host (5,000 hosts i
 of merges), so loading costs about Ansible's own parse. `tests/unit/test_inventory.py` checks the result against
 `VariableManager.get_vars` on the same inventories.
 
+Two entry points, one reader (`_read`): `load_fleet(path)` for the CLI (any source ansible-core accepts: INI/YAML
+file or directory, an executable script, an inventory plugin config), and `fleet_from_play(hostvars)` for the
+plugins inside a play (filters, the validate action plugin): the play's own, already parsed inventory with its extra
+vars on top, so a plugin never opens the inventory again and `-e` reaches what it computes.
+
 Errors (missing file, bad INI line, bad YAML in the inventory or in group_vars/host_vars) become `UsageError`s
 whose message names the file, the line when Ansible or YAML knows it, and the reason.
 """
@@ -107,9 +112,14 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
                 where, reason = _explain_source(loader, p) or (where, reason)
         raise UsageError(f"cannot parse inventory: {reason}", path=where or str(p))
 
+    return _fleet(inv, p, hosts, group_vars, groups)
+
+
+def _fleet(inv: Any, source: Path, hosts: dict[str, Host], group_vars: dict[str, Any],
+           groups: dict[str, tuple[str, ...]]) -> Fleet:
     clusters = _clusters(inv, hosts, group_vars)
     return Fleet(
-        source=p,
+        source=source,
         hosts=freeze(hosts),
         clusters=freeze(clusters),
         group_vars=freeze(group_vars),
@@ -117,8 +127,40 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     )
 
 
-def _read(loader: Any, inv: Any) -> tuple[dict[str, Host], dict[str, Any], dict[str, tuple[str, ...]]]:
-    """Hosts with merged vars (Ansible's precedence), each group's own vars, group -> member host names."""
+# One Fleet per play's inventory (a filter or action plugin may be called many times with the same hostvars):
+# (the InventoryManager, the VariableManager, the host count) -> Fleet. The objects themselves are kept and compared
+# by identity, so a new play run (new objects) never sees an old Fleet; an `add_host` changes the host count.
+_PLAY_CACHE: dict[int, tuple[Any, Any, int, Fleet]] = {}
+
+
+def fleet_from_play(hostvars: Any) -> Fleet:
+    """The `Fleet` of a running play, from its `hostvars` (ansible's HostVars: the play's own InventoryManager,
+    DataLoader and VariableManager), for filter and action plugins.
+
+    The inventory is not read again: whatever source the play was given (INI/YAML file, directory, script, inventory
+    plugin, AWX) is already parsed in `hostvars._inventory`; variables are merged exactly as `load_fleet` does
+    (`_read`), then the play's extra vars (`-e`) are laid on top, as Ansible gives them the highest precedence: over
+    every host's variables, and over each group's own value of a variable the group sets (so `-e vllm_cluster=...`
+    replaces the settings of every cluster, as every member would see it in the play)."""
+    inv = hostvars._inventory
+    vm = hostvars._variable_manager
+    count = len(inv.hosts)
+    hit = _PLAY_CACHE.get(id(inv))
+    if hit is not None and hit[0] is inv and hit[1] is vm and hit[2] == count:
+        return hit[3]
+    _quiet_ansible()
+    hosts, group_vars, groups = _read(hostvars._loader, inv, extra_vars=dict(vm.extra_vars or {}))
+    sources = [s for s in (inv._sources or []) if s]
+    fleet = _fleet(inv, Path(sources[0]) if sources else Path.cwd(), hosts, group_vars, groups)
+    _PLAY_CACHE.clear()  # one play's inventory at a time
+    _PLAY_CACHE[id(inv)] = (inv, vm, count, fleet)
+    return fleet
+
+
+def _read(loader: Any, inv: Any, extra_vars: dict[str, Any] | None = None,
+          ) -> tuple[dict[str, Host], dict[str, Any], dict[str, tuple[str, ...]]]:
+    """Hosts with merged vars (Ansible's precedence), each group's own vars, group -> member host names.
+    `extra_vars` (a play's -e): on top of every host's vars and of the variables each group sets itself."""
     from ansible import constants as C
     from ansible.inventory.helpers import get_group_vars, sort_groups
     from ansible.utils.vars import combine_vars
@@ -159,10 +201,13 @@ def _read(loader: Any, inv: Any) -> tuple[dict[str, Host], dict[str, Any], dict[
         return out
 
     hosts: dict[str, Host] = {}
-    for h in inv.get_hosts():
+    # every host of the inventory: a play's --limit and serial batches (subset/restriction) do not shrink the Fleet
+    for h in inv.get_hosts(ignore_limits=True, ignore_restrictions=True):
         host_groups = sort_groups([g for g in h.get_groups() if g.name != "all"])
         hv = combine_vars(merged_groups(host_groups), h.get_vars())
         hv = combine_vars(hv, plugin_vars([h]))
+        if extra_vars:
+            hv = combine_vars(hv, extra_vars)
         merged = {k: v for k, v in hv.items() if not k.startswith("ansible_") or k in _ANSIBLE_KEEP}
         hosts[h.name] = Host(
             name=h.name,
@@ -175,7 +220,12 @@ def _read(loader: Any, inv: Any) -> tuple[dict[str, Host], dict[str, Any], dict[
     groups: dict[str, tuple[str, ...]] = {}
     for name, g in inv.groups.items():
         own = plugin_vars([g]) if name != "all" else all_plugin
-        group_vars[name] = freeze(combine_vars(g.get_vars(), own))
+        gv = combine_vars(g.get_vars(), own)
+        if extra_vars:
+            over = {k: v for k, v in extra_vars.items() if k in gv}
+            if over:
+                gv = combine_vars(gv, over)
+        group_vars[name] = freeze(gv)
         groups[name] = tuple(x.name for x in g.get_hosts())
     return hosts, group_vars, groups
 

@@ -26,7 +26,7 @@ from provisioner.catalog import CATALOG_DIR
 from provisioner.model import Cluster, Fleet, Host
 
 # Flags vLLM no longer accepts (vLLM 0.32/0.33) -> what to do instead: provisioner/catalog/vllm_flags.yaml (shared
-# with playbooks/validate.yml).
+# with the vLLM flag rules, which playbooks/validate.yml runs too).
 REMOVED_FLAGS: Mapping[str, str] = MappingProxyType(
     yaml.safe_load((CATALOG_DIR / "vllm_flags.yaml").read_text(encoding="utf-8"))["removed"])
 

@@ -2,36 +2,33 @@
 by the suite's own Python (provisioner.render.vllm_facts over provisioner.vllm_args.serve_args), so the roles and
 `provision render` cannot drift apart.
 
-    vllm_facts: "{{ inventory_file | provisioner.gpu.provisioner_vllm_facts(inventory_hostname) }}"
+    vllm_facts: "{{ hostvars | provisioner.gpu.provisioner_vllm_facts(inventory_hostname, {'vllm_venv': vllm_venv, ...}) }}"
 
-The fleet is read from the inventory file with the suite's loader (the same source `provision render` reads).
+Data flows one way (docs/development.md, "Data flow"): the fleet is the play's own inventory as Ansible resolved it
+(`hostvars`: whatever source the play was given, with the `-e` extra vars on top; provisioner.inventory.
+fleet_from_play), never the inventory file read again; the role settings the computation needs (venv, unit paths,
+watch intervals) are passed in by the calling task from its own variables, never re-read from defaults/main.yml.
 The `provisioner` package must be installed in the controller's Python (pip; an execution environment installs it).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-_CACHE: dict[str, Any] = {}
+from typing import Any, Mapping
 
 
 def _import():
     from provisioner import render
-    from provisioner.inventory import load_fleet
+    from provisioner.inventory import fleet_from_play
 
-    return render, load_fleet
+    return render, fleet_from_play
 
 
-def provisioner_vllm_facts(inventory_file: str, host: str) -> Any:
-    """None when `host` is in no vLLM cluster. Variables: role defaults + the host's inventory vars, exactly as
-    `provision render` (extra vars given with -e do not reach this computation: put settings in the inventory)."""
-    render, load_fleet = _import()
-    key = str(Path(inventory_file).resolve())
-    fleet = _CACHE.get(key)
-    if fleet is None:
-        fleet = _CACHE[key] = load_fleet(key)
-    return render.host_variables(fleet, str(host))["vllm_facts"]
+def provisioner_vllm_facts(hostvars: Any, host: str, variables: Mapping[str, Any] | None = None) -> Any:
+    """None when `host` is in no vLLM cluster. `hostvars`: the play's; `variables`: the role settings the facts
+    use (vllm_venv, vllm_libexec_dir, vllm_unit_dir, vllm_ray_port, vllm_watch_misses, vllm_watch_interval,
+    vllm_head_watch_interval, vllm_join_timeout), as the calling task resolved them (-e included)."""
+    render, fleet_from_play = _import()
+    return render.vllm_facts(fleet_from_play(hostvars), str(host), dict(variables or {}))
 
 
 def provisioner_vllm_plan(hostvars: Any, play_hosts: list[str]) -> list[dict[str, Any]]:

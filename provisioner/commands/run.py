@@ -29,27 +29,19 @@ unreachable or not reached, 2 usage."""
 def validate(fleet: Any, targeted: set[str] | None = None) -> tuple[list[Any], list[Any]]:
     """(errors that block, warnings) from provisioner.rules. Errors on hosts outside `targeted` become warnings."""
     try:
-        from provisioner.rules import run_rules
+        from provisioner.rules import run_rules, split_findings
 
         findings = list(run_rules(fleet))
     except ImportError as exc:  # rules package not importable (partial checkout): say so, do not pretend
         err.print(f"[yellow]warning:[/] validation rules unavailable ({exc}); not validated")
         return [], []
-    errors, warnings = [], []
-    for f in findings:
-        sev = getattr(f, "severity", "error")
-        host = getattr(f, "host", None)
-        if sev == "error" and (targeted is None or host is None or host in targeted):
-            errors.append(f)
-        else:
-            warnings.append(f)
-    return errors, warnings
+    return split_findings(findings, targeted)
 
 
 def finding_line(f: Any) -> str:
-    where = "/".join(x for x in (getattr(f, "group", None), getattr(f, "host", None)) if x) or "fleet"
-    var = f" ({f.var})" if getattr(f, "var", None) else ""
-    return f"{getattr(f, 'code', '?')} {where}{var}: {getattr(f, 'message', f)}"
+    """`Finding.line()` (the same line the validate action plugin prints); tolerant of other objects."""
+    line = getattr(f, "line", None)
+    return line() if callable(line) else str(f)
 
 
 def preflight(fleet: Any, targeted: list[str]) -> tuple[bool, list[str]] | None:

@@ -28,6 +28,12 @@ class Finding:
     group: str | None = None
     var: str | None = None
 
+    def line(self) -> str:
+        """One line: code, where (group/host, or fleet), the variable, what to fix (the CLI and the plugin print it)."""
+        where = "/".join(x for x in (self.group, self.host) if x) or "fleet"
+        var = f" ({self.var})" if self.var else ""
+        return f"{self.code} {where}{var}: {self.message}"
+
     def as_dict(self) -> dict[str, str | None]:
         d = asdict(self)
         d.pop("severity")
@@ -108,9 +114,24 @@ def _with_origin(fleet: Fleet, f: Finding) -> Finding:
     return replace(f, message=f"{f.message} (set in {where})") if where else f
 
 
+def split_findings(findings: Iterable[Finding], targeted: Iterable[str] | None = None,
+                   ) -> tuple[list[Finding], list[Finding]]:
+    """(errors that block a run, warnings): an error on a host outside `targeted` (the hosts a run touches; None:
+    all) is only a warning there. `provision run`/`drift` and the validate action plugin decide the same way."""
+    scope = None if targeted is None else set(targeted)
+    errors: list[Finding] = []
+    warnings: list[Finding] = []
+    for f in findings:
+        if f.severity == "error" and (scope is None or f.host is None or f.host in scope):
+            errors.append(f)
+        else:
+            warnings.append(f)
+    return errors, warnings
+
+
 def all_rules() -> dict[str, Rule]:
     _load_all()
     return dict(sorted(RULES.items()))
 
 
-__all__ = ["Finding", "Rule", "RULES", "RuleContext", "build_context", "rule", "run_rules", "all_rules"]
+__all__ = ["Finding", "Rule", "RULES", "RuleContext", "build_context", "rule", "run_rules", "split_findings", "all_rules"]

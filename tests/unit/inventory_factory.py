@@ -103,3 +103,34 @@ TINY_CONFIG = {
     "vocab_size": 1000,
     "max_position_embeddings": 8192,
 }
+
+
+def script_twin(ini: Path, out: Path) -> Path:
+    """An executable `script` inventory (Ansible's JSON protocol: --list with _meta.hostvars) holding the same
+    groups, hosts and inline variables as the INI file `ini` (group_vars/ and host_vars/ next to `out` are read by
+    Ansible's vars plugins for any source, so put the script next to them)."""
+    import json
+    import os
+
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    def plain(v: Any) -> Any:  # ansible's tagged values -> JSON-able plain values
+        return json.loads(json.dumps(v))
+
+    inv = InventoryManager(loader=DataLoader(), sources=[str(ini)])
+    doc: dict[str, Any] = {"_meta": {"hostvars": {h.name: plain(h.get_vars()) for h in inv.hosts.values()}}}
+    for h in doc["_meta"]["hostvars"].values():  # magic variables the INI parser adds
+        for k in ("inventory_file", "inventory_dir", "inventory_hostname", "inventory_hostname_short", "group_names"):
+            h.pop(k, None)
+    for name, g in inv.groups.items():
+        if name == "ungrouped" and not g.hosts:
+            continue
+        doc[name] = {"hosts": [h.name for h in g.hosts], "vars": plain(g.get_vars()),
+                     "children": [c.name for c in g.child_groups]}
+    out.write_text("#!/usr/bin/env python3\n# a dynamic inventory (script protocol), twin of " + ini.name + "\n"
+                   "import json, sys\n"
+                   f"DOC = json.loads({json.dumps(json.dumps(doc, sort_keys=True))})\n"
+                   "print(json.dumps(DOC if '--list' in sys.argv else {}))\n")
+    os.chmod(out, 0o755)
+    return out

@@ -171,3 +171,93 @@ def test_bad_group_vars_yaml_names_the_file_and_line(tmp_path: Path) -> None:
 def test_missing_and_unreadable(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="inventory not found"):
         load_fleet(tmp_path / "nope.ini")
+
+
+# --- fleet_from_play: the same Fleet from a play's own resolved inventory (hostvars), -e on top -------------------
+
+
+def _play_fleet(path: Path, extra: dict[str, Any] | None = None) -> Any:
+    """What a filter/action plugin sees inside a play: ansible's HostVars over the play's own objects."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.hostvars import HostVars
+    from ansible.vars.manager import VariableManager
+
+    from provisioner.inventory import fleet_from_play
+
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[str(path)])
+    vm = VariableManager(loader=loader, inventory=inv)
+    vm._fact_cache = _NoFacts()
+    if extra:
+        vm._extra_vars = extra
+    hv = HostVars(inventory=inv, variable_manager=vm, loader=loader)
+    fleet = fleet_from_play(hv)
+    assert fleet_from_play(hv) is fleet  # cached for the play
+    return fleet, vm, inv
+
+
+_WHERE = {"inventory_file", "inventory_dir"}  # where each host came from: differs between twins by design
+
+
+def _same(a: Any, b: Any) -> None:
+    def hv(f: Any) -> dict[str, Any]:
+        return {n: {k: v for k, v in h.vars.items() if k not in _WHERE} for n, h in f.hosts.items()}
+
+    assert hv(a) == hv(b)
+    assert {n: (dict(c.settings), c.members) for n, c in a.clusters.items()} == \
+        {n: (dict(c.settings), c.members) for n, c in b.clusters.items()}
+    assert {k: dict(v) for k, v in a.group_vars.items()} == {k: dict(v) for k, v in b.group_vars.items()}
+    assert dict(a.groups) == dict(b.groups)
+
+
+def test_play_fleet_equals_load_fleet() -> None:
+    p = INVENTORIES / "rack-a.ini"
+    fleet, _, _ = _play_fleet(p)
+    _same(fleet, load_fleet(p))
+    assert fleet.source == p
+
+
+def test_play_fleet_ignores_limit_and_serial_batches() -> None:
+    """--limit node01 and a serial batch [node01] still see whole clusters (node02 is node01's peer)."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.hostvars import HostVars
+    from ansible.vars.manager import VariableManager
+
+    from provisioner.inventory import fleet_from_play
+
+    p = INVENTORIES / "rack-a.ini"
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[str(p)])
+    inv.subset("node01")
+    inv.restrict_to_hosts([inv.get_host("node01")])
+    fleet = fleet_from_play(HostVars(inventory=inv, variable_manager=VariableManager(loader=loader, inventory=inv),
+                                     loader=loader))
+    _same(fleet, load_fleet(p))
+
+
+def test_play_fleet_puts_extra_vars_on_top_as_ansible_does(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, host_vars={"n1": {"nccl_ib_timeout": 20}})
+    extra = {"nccl_ib_timeout": 19, "vllm_cluster": {"model": "/m", "model_arch": "Qwen2-72B",
+                                                       "tensor_parallel_size": 8, "pipeline_parallel_size": 2,
+                                                       "max_num_seqs": 7}}
+    fleet, vm, ansible_inv = _play_fleet(inv, extra)
+    for h in ansible_inv.get_hosts():  # Ansible's own view of every host: extra vars win
+        v = vm.get_vars(host=h, include_hostvars=False)
+        assert fleet.hosts[h.name].vars["nccl_ib_timeout"] == v["nccl_ib_timeout"] == 19
+        assert fleet.hosts[h.name].vars["vllm_cluster"] == v["vllm_cluster"]
+    assert fleet.clusters["c1"].settings["max_num_seqs"] == 7
+    assert fleet.clusters["c1"].settings["max_model_len"] == 4096  # a default under the -e dict
+    assert set(fleet.clusters) == {"c1"}  # -e does not make every group a cluster
+    assert "nccl_ib_timeout" not in fleet.group_vars["gpu_nodes"]  # nor adds variables to groups
+
+
+def test_script_inventory_loads_like_its_ini_twin(tmp_path: Path) -> None:
+    from inventory_factory import script_twin
+
+    ini = write_inventory(tmp_path, ini=TRICKY_INI, base=False,
+                          group_vars={"c1": {"vllm_cluster": {"model": "/m", "model_arch": "Qwen2-72B"}}})
+    script = script_twin(ini, tmp_path / "dynamic.py")
+    _same(load_fleet(script), load_fleet(ini))
+    _same(_play_fleet(script)[0], load_fleet(ini))

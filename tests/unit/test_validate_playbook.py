@@ -1,5 +1,7 @@
-"""playbooks/validate.yml: the same rules as Ansible asserts. Passes on rack-a, fails on broken inventories with the
-rule code and a message that says what to fix. Runs the real ansible-playbook (no host is contacted)."""
+"""playbooks/validate.yml: the rules of `provision validate`, run by the action plugin
+plugins/action/provisioner_validate.py inside the play. Both entry points, the same inventories, the same findings:
+passes on rack-a, fails on broken inventories with the rule code and a line that says what to fix, for INI and
+for a dynamic (script) inventory alike. Runs the real ansible-playbook and `provision` (no host is contacted)."""
 
 from __future__ import annotations
 
@@ -8,34 +10,48 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from inventory_factory import BASE_INI, DELETE, TINY_CONFIG, cluster, gpu_nodes, write_inventory
+from inventory_factory import BASE_INI, DELETE, TINY_CONFIG, cluster, gpu_nodes, script_twin, write_inventory
 from provisioner import INVENTORIES, PLAYBOOKS, PROJECT_ROOT
-from provisioner.inventory import VLLM_CLUSTER_DEFAULTS
 
 PLAYBOOK = PLAYBOOKS / "validate.yml"
-ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+BIN = Path(sys.executable).parent
+ANSIBLE_PLAYBOOK = str(BIN / "ansible-playbook")
 
 
-def play(inv: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(inv), str(PLAYBOOK)], capture_output=True, text=True,
+def play(inv: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
+    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(inv), str(PLAYBOOK), *args], capture_output=True, text=True,
                           timeout=300, cwd=PROJECT_ROOT, env=env)
 
 
-def test_defaults_match_the_python_loader() -> None:
+def plugin_result(inv: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    """(rc, the action plugin's task result) of one validate.yml run with the escape hatch on: the result as the
+    default callback prints it (YAML, ansible.cfg's callback_result_format) between "FAILED! =>" and "...ignoring"."""
+    p = play(inv, "-e", "validate_ignore_assert_errors=true", *args)
+    out = p.stdout
+    assert "FAILED! =>" in out and "...ignoring" in out, out[-3000:] + p.stderr[-2000:]
+    block = out.split("FAILED! =>", 1)[1].split("...ignoring", 1)[0]
+    return p.returncode, yaml.safe_load(textwrap.dedent(block.strip("\n")))
+
+
+def cli_result(inv: Path) -> tuple[int, dict[str, Any]]:
+    p = subprocess.run([str(BIN / "provision"), "validate", str(inv), "--format", "json", "--vllm-parser", "off"],
+                       capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT)
+    return p.returncode, json.loads(p.stdout)
+
+
+def test_validate_yml_is_one_task_calling_the_action_plugin() -> None:
     doc = yaml.safe_load(PLAYBOOK.read_text())
-    (cluster_play,) = [p for p in doc if p["name"] == "Validate vLLM clusters"]
-    assert cluster_play["vars"]["_vc_defaults"] == VLLM_CLUSTER_DEFAULTS
-
-
-def test_every_play_skips_facts() -> None:
-    assert all(p.get("gather_facts") is False for p in yaml.safe_load(PLAYBOOK.read_text()))
+    assert all(p.get("gather_facts") is False for p in doc)
+    tasks = [t for p in doc for t in p.get("tasks", [])]
+    assert len(tasks) == 1 and "provisioner_validate" in tasks[0] and tasks[0]["run_once"] is True
+    assert "ansible.builtin.assert" not in PLAYBOOK.read_text()  # no Jinja re-implementation of the rules
 
 
 def test_passes_on_rack_a() -> None:
@@ -123,53 +139,76 @@ BROKEN_HOST_VARS = {
     "nccl001": {"nccl_ib_timeout": 40},
     "nccl003": {"nccl_algo": "allreduce:ringg"},
 }
-# (code, host whose task fails, text its message must hold)
+# (code, host or group the finding names) one per broken host/cluster above
 EXPECTED = [
-    ("HW001", "hw001", "bootstrap_interface is not set"),
-    ("HW002", "hw002", "expected an integer 1-16"),
-    ("HW003", "hw003", "not in provisioner/catalog/gpus.yaml"),
-    ("HW005", "hw005", "ib_hcas is empty"),
-    ("HW006", "hw006", "like mlx5_0"),
-    ("HW007", "localhost", "10.1.9.9:22"),
-    ("NCCL001", "nccl001", "expected an integer 1-31"),
-    ("NCCL003", "nccl003", "ringg"),
-    ("VAR001", "var001", "quote it"),
-    ("CL002", "c2n1", "Qwen3-999B"),
-    ("CL003", "c3n1", "make them equal"),
-    ("CL006/CL007", "c6n2", "must be 0..1"),
-    ("CL008", "c8n1", "do not split"),
-    ("CL013", "c13n1", "wrong type"),
-    ("MEM001", "m1n1", "fp8 quantization"),
-    ("MEM002", "m2n1", "refuse"),
-    ("FLAG001", "f1n1", "--swap-space is no longer accepted"),
+    ("HW001", "hw001"), ("HW002", "hw002"), ("HW003", "hw003"), ("HW005", "hw005"), ("HW006", "hw006"),
+    ("HW007", "hw007b"), ("NCCL001", "nccl001"), ("NCCL003", "nccl003"), ("VAR001", "var001"),
+    ("CL002", "cl002"), ("CL003", "cl003"), ("CL006", "cl006"), ("CL008", "cl008"), ("CL013", "cl013"),
+    ("MEM001", "mem001"), ("MEM002", "mem002"), ("FLAG001", "flag001"),
 ]
 
 
-def _failures(stdout: str) -> dict[str, str]:
-    """host -> the text of all its failed tasks (ansible's output, one 'fatal: [host]' block per failure)."""
-    out: dict[str, str] = {}
-    for chunk in re.split(r"(?:fatal|failed): \[", stdout)[1:]:
-        host, _, rest = chunk.partition("]")
-        out[host] = out.get(host, "") + rest.split("TASK [")[0]
-    return out
+def _where(f: dict[str, Any]) -> set[str]:
+    return {x for x in (f.get("host"), f.get("group")) if x}
 
 
-def test_each_rule_fails_on_its_broken_host(tmp_path: Path) -> None:
-    """One run over an inventory with one broken host or cluster per rule (escape hatch on, so every host
-    reports), then the same inventory without it must fail."""
-    inv = write_inventory(tmp_path, ini=BROKEN_INI, group_vars=BROKEN_GROUP_VARS, host_vars=BROKEN_HOST_VARS)
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
-    p = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(inv), str(PLAYBOOK), "-e", "validate_ignore_assert_errors=true"],
-                       capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT, env=env)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr  # the escape hatch reports and carries on
-    fails = _failures(p.stdout)
-    for code, host, needle in EXPECTED:
-        assert f"{code}:" in fails.get(host, ""), (code, host, fails.get(host, "")[:2000])
-        assert needle in fails[host], (code, host, fails[host][:2000])
-    # the broken hosts fail for their own reason only: HW rules do not fire on the valid cluster members
-    assert "HW0" not in fails.get("m2n2", "")
+def _broken(tmp_path: Path) -> Path:
+    return write_inventory(tmp_path, ini=BROKEN_INI, group_vars=BROKEN_GROUP_VARS, host_vars=BROKEN_HOST_VARS)
+
+
+def test_both_entry_points_give_the_same_findings(tmp_path: Path) -> None:
+    """`provision validate` and validate.yml (escape hatch on, so the run carries on) on one inventory with one
+    broken host or cluster per rule: the same errors (code, host, group, variable, message) and warnings."""
+    inv = _broken(tmp_path)
+    rc_cli, cli = cli_result(inv)
+    rc_play, res = plugin_result(inv)
+    assert rc_cli == 1 and rc_play == 0  # the escape hatch reports and carries on
+    assert res["errors"] == cli["errors"]
+    assert res["validation_warnings"] == cli["warnings"]
+    for code, where in EXPECTED:
+        assert any(f["code"] == code and where in _where(f) for f in res["errors"]), (code, where)
+    # one line per error in the task's message: code, where, variable, what to fix
+    lines = res["msg"].splitlines()[1:]
+    assert len(lines) == len(cli["errors"])
+    assert any(ln.startswith("NCCL001 nccl001 (nccl_ib_timeout): ") for ln in lines), lines
+
+
+def test_a_script_inventory_validates_like_its_ini_twin(tmp_path: Path) -> None:
+    """A dynamic inventory (script protocol) with the same hosts and variables: the same findings, both ways."""
+    inv = _broken(tmp_path)
+    script = script_twin(inv, tmp_path / "dynamic.py")
+    _, cli_ini = cli_result(inv)
+    rc, cli_script = cli_result(script)
+    assert rc == 1 and _no_origin(cli_script["errors"]) == _no_origin(cli_ini["errors"])
+    _, res = plugin_result(script)
+    assert res["errors"] == cli_script["errors"]
+
+
+def _no_origin(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages without " (set in FILE:LINE)": a script's own values carry no file:line, its INI twin's do."""
+    return [{**f, "message": re.sub(r" \(set in [^()]*\)$", "", f["message"])} for f in findings]
 
 
 def test_fails_without_the_escape_hatch(tmp_path: Path) -> None:
     p = play(write_inventory(tmp_path, group_vars=gpu_nodes(gpu_model="H100")))
-    assert p.returncode != 0 and "HW003:" in p.stdout
+    assert p.returncode != 0
+    assert "HW003 n1 (gpu_model): " in p.stdout, p.stdout[-3000:]
+
+
+def test_errors_outside_the_limit_are_warnings(tmp_path: Path) -> None:
+    """As `provision run --limit`: a broken host outside the play does not stop it (its error is a warning)."""
+    inv = write_inventory(tmp_path, ini=BASE_INI + "[gpu_nodes]\nbad ansible_host=10.0.0.9\n",
+                          host_vars={"bad": {"gpu_count": "8"}})
+    p = play(inv, "--limit", "n1,n2")
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert "HW002 bad (gpu_count)" in p.stdout + p.stderr
+    p = play(inv)
+    assert p.returncode != 0 and "HW002 bad (gpu_count)" in p.stdout
+
+
+def test_extra_vars_are_validated(tmp_path: Path) -> None:
+    """-e values are what the play uses: validate.yml checks them (ansible's precedence, extra vars on top)."""
+    inv = write_inventory(tmp_path)
+    assert play(inv).returncode == 0
+    p = play(inv, "-e", "nccl_ib_timeout=40")
+    assert p.returncode != 0 and "NCCL001" in p.stdout, p.stdout[-3000:]

@@ -161,6 +161,14 @@ def test_cli_render_prints_and_writes(tmp_path: Path) -> None:
     assert p.returncode == 2 and "unknown host" in p.stderr
 
 
+def _role_facts_call() -> str:
+    (task,) = [t for t in yaml.safe_load((ROLES / "vllm/tasks/main.yml").read_text())
+               if "vllm_facts" in t.get("ansible.builtin.set_fact", {})]
+    call = task["ansible.builtin.set_fact"]["vllm_facts"]
+    assert "hostvars |" in call and "provisioner_vllm_facts(inventory_hostname" in call
+    return call
+
+
 @pytest.mark.parametrize("executor", ["mp", "ray"])
 def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor: str) -> None:
     """The roles' rendering (Ansible's template module, role defaults under inventory vars, the filter plugin that
@@ -174,7 +182,8 @@ def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor:
     (role / "defaults/main.yml").write_text(yaml.safe_dump(role_defaults()))
     (role / "tasks/main.yml").write_text(yaml.safe_dump([
         {"name": "facts", "ansible.builtin.set_fact": {
-            "vllm_facts": "{{ inventory_file | provisioner.gpu.provisioner_vllm_facts(inventory_hostname) }}"}},
+            # the role's own call, verbatim: the play's hostvars and the settings the role passes
+            "vllm_facts": _role_facts_call()}},
         {"name": "dirs", "ansible.builtin.file": {
             "path": f"{out}/{{{{ inventory_hostname }}}}/{{{{ item }}}}", "state": "directory"},
          "loop": ["etc/vllm", "etc/systemd/system"]},
