@@ -25,7 +25,6 @@ DATA = {
     "ansible.cfg": "provisioner/_data/ansible.cfg",
     "plugins": "provisioner/_data/plugins",
     "playbooks": "provisioner/_data/playbooks",
-    "plugins": "provisioner/_data/plugins",
     "roles": "provisioner/_data/roles",
     "templates": "provisioner/_data/templates",
 }
