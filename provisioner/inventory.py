@@ -49,16 +49,6 @@ VLLM_CLUSTER_DEFAULTS: dict[str, Any] = {
     "extra_args": [],
 }
 
-# NCCL tuning defaults (documented in docs/inventory.md; `nccl_ib_hca` is derived from `ib_hcas`).
-NCCL_DEFAULTS: dict[str, Any] = {
-    "nccl_algo": "Ring",
-    "nccl_ib_timeout": 22,
-    "nccl_ib_retry_cnt": 7,
-    "nccl_ib_gid_index": None,
-    "nccl_cross_nic": None,
-    "nccl_extra": {},
-}
-
 # Connection variables the probes (paramiko) need to reach hosts the way Ansible does.
 _ANSIBLE_KEEP = {
     "ansible_host", "ansible_port", "ansible_user", "ansible_ssh_user", "ansible_ssh_port",

@@ -18,9 +18,10 @@ from typing import Any, Mapping
 import jinja2
 import yaml
 
-from provisioner.paths import ROLES, TEMPLATES, data_file
+from provisioner import defaults
 from provisioner.errors import UsageError
 from provisioner.model import Cluster, Fleet, Host
+from provisioner.paths import TEMPLATES, data_file
 
 #: Files `provision monitoring` writes, and the template each comes from.
 MONITORING_FILES: dict[str, str] = {
@@ -33,13 +34,7 @@ _TEMPLATED = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
 
 def role_defaults(role: str) -> dict[str, Any]:
     """A role's `defaults/main.yml` (empty when the role has none)."""
-    path = data_file(ROLES / role) / "defaults" / "main.yml"
-    if not path.exists():
-        return {}
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise UsageError("role defaults are not a mapping", path=str(path))
-    return data
+    return defaults.role_defaults(role)
 
 
 def ansible_bool(value: Any) -> bool:

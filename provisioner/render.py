@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from provisioner.paths import ROLES, TEMPLATES, data_file
+from provisioner import defaults
 from provisioner.model import Cluster, Fleet, Host
+from provisioner.paths import TEMPLATES, data_file
 
 #: Roles whose defaults feed the templates, in merge order.
 TEMPLATE_ROLES = ("nccl_tuning", "vllm", "vllm_launch")
@@ -33,11 +32,8 @@ _SAFE_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+\-]+$")
 
 
 def role_defaults(roles: tuple[str, ...] = TEMPLATE_ROLES) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for role in roles:
-        p = data_file(ROLES / role / "defaults" / "main.yml")
-        out.update(yaml.safe_load(p.read_text()) or {})
-    return out
+    """The template roles' defaults, merged (provisioner.defaults: read once, declared only in the roles)."""
+    return defaults.role_defaults(*roles)
 
 
 def systemd_quote(arg: str) -> str:

@@ -36,14 +36,9 @@ HEREDOC = "__PROVISIONER_NODE_HEALTH__"
 
 
 def _role_default(role: str, key: str) -> Any:
-    path = data_file(ROLES / role / "defaults" / "main.yml")
-    try:
-        import yaml
+    from provisioner.defaults import role_default
 
-        data = yaml.safe_load(path.read_text()) or {}
-        return data.get(key)
-    except Exception:
-        return None
+    return role_default(role, key)
 
 
 def pinned_driver(host: Host) -> str | None:

@@ -1,11 +1,11 @@
-"""NCCL tuning rules (NCCL0xx): values NCCL would reject or silently misread. Defaults: provisioner.inventory."""
+"""NCCL tuning rules (NCCL0xx): values NCCL would reject or silently misread. Defaults: roles/nccl_tuning."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Iterable
 
-from provisioner.inventory import NCCL_DEFAULTS
+from provisioner.defaults import role_default
 from provisioner.model import Fleet, Host
 from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
@@ -17,7 +17,7 @@ NCCL_VAR_RE = re.compile(r"^NCCL_[A-Z0-9_]+$")
 
 
 def _get(h: Host, var: str) -> Any:
-    return h.vars.get(var, NCCL_DEFAULTS.get(var))
+    return h.vars[var] if var in h.vars else role_default("nccl_tuning", var)
 
 
 def _range(h: Host, code: str, var: str, lo: int, hi: int, why: str) -> Iterable[Finding]:
