@@ -15,9 +15,9 @@ from provisioner.paths import ROLES, data_file
 
 @functools.lru_cache(maxsize=None)
 def _load(role: str) -> dict[str, Any]:
-    path = data_file(ROLES / role) / "defaults" / "main.yml"
-    if not path.exists():
-        return {}
+    if not (ROLES / role / "defaults").is_dir() and (ROLES / role).is_dir():
+        return {}  # a role without defaults
+    path = data_file(ROLES / role / "defaults" / "main.yml")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:

@@ -149,7 +149,7 @@ OUTSIDE_PLAYBOOK = textwrap.dedent("""\
           ansible.builtin.copy:
             dest: "{{ out }}/filters.json"
             content: >-
-              {{ {'fleet': inventory_file | provisioner.gpu.provisioner_fleet_targets,
+              {{ {'fleet': hostvars | provisioner.gpu.provisioner_fleet_targets,
                   'gate': hostvars | provisioner.gpu.provisioner_vllm_gate_hosts(ansible_play_hosts)} | to_json }}
             mode: "0644"
         - name: The collection's module, check mode (dpkg-query only)

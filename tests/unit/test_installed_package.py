@@ -112,8 +112,8 @@ def test_state_goes_to_a_per_user_directory(pkg: Installed, site: Path, tmp_path
 
 @pytest.mark.parametrize(("args", "missing"), [
     (("render", "inventories/rack-a.ini", "--host", "node01"), "roles/nccl_tuning/defaults/main.yml"),
-    (("run", "inventories/rack-a.ini", "--check", "--skip-preflight"), "playbooks/site.yml"),
-    (("drift", "inventories/rack-a.ini"), "playbooks/site.yml"),
+    (("run", "inventories/rack-a.ini", "--check", "--skip-preflight"), "roles/nccl_tuning/defaults/main.yml"),  # validation reads the role defaults first
+    (("drift", "inventories/rack-a.ini"), "roles/nccl_tuning/defaults/main.yml"),
     (("monitoring", "inventories/rack-a.ini", "--out", "mon"), "roles/monitoring"),
     (("health", "inventories/rack-a.ini"), None),  # reads the program files (nodeparse.py first) before any connection
 ])
@@ -142,17 +142,18 @@ print(json.dumps({"rc": r.rc, "failed": [f.message for h in r.hosts.values() for
 def test_a_run_finds_the_collection_in_the_installed_data(pkg: Installed, site: Path, tmp_path: Path) -> None:
     """The roles call provisioner.gpu.* by FQCN: the installed runner links its data root as that collection in the
     run directory (the repository's own link is not in the wheel), so the module and the filters resolve."""
-    inv = site / "local.ini"
-    inv.write_text(f"node01 ansible_connection=local ansible_python_interpreter={pkg.python}\n")
+    # the play runs on the implicit localhost only: rack-a's hosts are never contacted, the filter reads the play's
+    # own inventory (hostvars) of them
     play = site / "fqcn.yml"
     play.write_text(
-        "- name: The collection from the installed data\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        "- name: The collection from the installed data\n  hosts: localhost\n  connection: local\n"
+        f"  gather_facts: false\n  vars:\n    ansible_python_interpreter: {pkg.python}\n  tasks:\n"
         "    - name: A filter of the collection\n      ansible.builtin.copy:\n"
         f"        dest: {tmp_path}/fleet.json\n        mode: '0644'\n"
-        f"        content: \"{{{{ '{site}/inventories/rack-a.ini' | provisioner.gpu.provisioner_fleet_targets | to_json }}}}\"\n"
+        "        content: \"{{ hostvars | provisioner.gpu.provisioner_fleet_targets | to_json }}\"\n"
         "    - name: The collection's module, check mode\n      provisioner.gpu.provisioner_apt:\n"
         "        packages: [dpkg]\n      check_mode: true\n")
-    r = subprocess.run([str(pkg.python), "-c", RUN_CODE, "local.ini", "fqcn.yml", str(tmp_path / "runs")], cwd=site,
+    r = subprocess.run([str(pkg.python), "-c", RUN_CODE, "inventories/rack-a.ini", "fqcn.yml", str(tmp_path / "runs")], cwd=site,
                        env=pkg.env(HOME=str(tmp_path / "home")), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -50,7 +50,7 @@ def test_validate_yml_is_one_task_calling_the_action_plugin() -> None:
     doc = yaml.safe_load(PLAYBOOK.read_text())
     assert all(p.get("gather_facts") is False for p in doc)
     tasks = [t for p in doc for t in p.get("tasks", [])]
-    assert len(tasks) == 1 and "provisioner_validate" in tasks[0] and tasks[0]["run_once"] is True
+    assert len(tasks) == 1 and "provisioner.gpu.provisioner_validate" in tasks[0] and tasks[0]["run_once"] is True
     assert "ansible.builtin.assert" not in PLAYBOOK.read_text()  # no Jinja re-implementation of the rules
 
 
