@@ -54,7 +54,7 @@ def test_wheel_carries_the_ansible_side(pkg: Installed) -> None:
                              capture_output=True, text=True, check=True).stdout.split()
     missing = [p for p in tracked if f"provisioner/_data/{p}" not in names]
     assert not missing, f"not in the wheel: {missing}"
-    assert "provisioner/catalog/gpus.yaml" in names and "provisioner/testbed/packages" in "".join(names)
+    assert "provisioner/catalog/gpus.yaml" in names and "provisioner_testbed/packages" in "".join(names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     # a symlink in the repository (monitoring's filter plugin is serving_lb's) is a real file in the install
     link = pkg.site_packages / "provisioner/_data/roles/monitoring/filter_plugins/provisioner_fleet.py"
