@@ -27,8 +27,8 @@ def cmd(*args: str) -> float:
 
 
 def main() -> int:
-    from provisioner.testbed import rack, rootfs
-    from provisioner.testbed.state import RackState
+    from provisioner_testbed import rack, rootfs
+    from provisioner_testbed.state import RackState
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cold", action="store_true")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Optional
 
 import typer
@@ -32,6 +34,21 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(Exit.FAIL)
 
 
+def _testbed(module: str) -> ModuleType:
+    """`provisioner_testbed.<module>`, imported on first use: the simulated rack is its own top-level package (a
+    rehearsal tool, outside the product package; nothing in `provisioner/` but this module imports it). Where it is
+    not installed, one line and exit 2 (usage), never a traceback."""
+    try:
+        return importlib.import_module(f"provisioner_testbed.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("provisioner_testbed", f"provisioner_testbed.{module}"):
+            raise  # the testbed is there but one of its own imports is broken: a bug, keep the traceback
+        err.print("error: the simulated rack is not installed: no module named 'provisioner_testbed' (it ships in the "
+                  "wheel built from provisioner's repository, and with `pip install -e .` in a checkout)",
+                  highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(Exit.USAGE) from None
+
+
 def _faults_text(faults: dict[str, Any]) -> str:
     if not faults:
         return "-"
@@ -39,7 +56,7 @@ def _faults_text(faults: dict[str, Any]) -> str:
 
 
 def _table(name: str) -> Table:
-    from provisioner.testbed import rack
+    rack = _testbed("rack")
 
     st = rack.load(name)
     rows = rack.status(name)
@@ -73,7 +90,7 @@ def register(app: typer.Typer) -> None:
         with_vllm: bool = typer.Option(False, "--with-vllm", help="Add the vLLM golden layer (CPU vLLM + tiny model)."),
     ) -> None:
         """Bring the rack up (no-op when it is already up; restarts stopped hosts). Writes its inventory."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         try:
             res = rack.up(rack.UpOptions(name=name, nodes=nodes, spec_file=spec, with_vllm=with_vllm), _log)
@@ -87,7 +104,7 @@ def register(app: typer.Typer) -> None:
     @tb.command()
     def status(name: str = NAME_OPT, as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")) -> None:
         """Per-host state: running, sshd answering, hardware, injected faults, memory."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         if as_json:
             rows = rack.status(name)
@@ -98,7 +115,7 @@ def register(app: typer.Typer) -> None:
     @tb.command("list")
     def list_() -> None:
         """Every rack on this machine (name, hosts running, bridge, subnet, inventory)."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         t = Table(title="testbed racks", title_justify="left")
         for col in ("rack", "hosts", "bridge", "subnet", "state", "vLLM", "inventory"):
@@ -116,7 +133,7 @@ def register(app: typer.Typer) -> None:
         all_racks: bool = typer.Option(False, "--all", help="Every rack on this machine and stray pvbrN bridges."),
     ) -> None:
         """Remove the rack: hosts, mounts, bridge, proxy, repo server, state, inventory (also after a crash)."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         t0 = time.monotonic()
         try:
@@ -133,7 +150,7 @@ def register(app: typer.Typer) -> None:
     @tb.command()
     def reset(name: str = NAME_OPT) -> None:
         """Every host back to a fresh disk (same names, addresses, host keys); hardware back to the rack spec."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         t0 = time.monotonic()
         try:
@@ -152,7 +169,7 @@ def register(app: typer.Typer) -> None:
         name: str = NAME_OPT,
     ) -> None:
         """Inject hardware faults into a host, live (its hardware tools answer differently at once)."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         resolved = rack.fault(name, host, faults, _log)
         out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
@@ -160,7 +177,7 @@ def register(app: typer.Typer) -> None:
     @tb.command()
     def clear(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
         """Remove the faults injected with `fault` (back to the rack spec's hardware for that host)."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         resolved = rack.clear(name, host)
         out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
@@ -168,7 +185,7 @@ def register(app: typer.Typer) -> None:
     @tb.command()
     def stop(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
         """Power a host off (it becomes unreachable; its disk is kept). `start` or `up` boots it again."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         rack.stop_host(name, host)
         out.print(f"{host}: stopped", highlight=False)
@@ -176,7 +193,7 @@ def register(app: typer.Typer) -> None:
     @tb.command()
     def start(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
         """Boot a stopped host (waits until SSH answers)."""
-        from provisioner.testbed import rack
+        rack = _testbed("rack")
 
         try:
             started = rack.start_host_cmd(name, host)
@@ -191,7 +208,7 @@ def register(app: typer.Typer) -> None:
         name: str = NAME_OPT,
     ) -> None:
         """Open a shell on a host (or run the command after the host name) with the rack's key and known_hosts."""
-        from provisioner.testbed import hosts, rack
+        hosts, rack = _testbed("hosts"), _testbed("rack")
 
         st = rack.load(name)
         h = rack.get_host(st, host)

@@ -1,5 +1,5 @@
 """The simulated rack for tests: a session fixture `testbed` that brings the rack up once (or reuses one that is
-already up) and yields a `provisioner.testbed.rack.Handle` (inventory path, host names/addresses, SSH key and
+already up) and yields a `provisioner_testbed.rack.Handle` (inventory path, host names/addresses, SSH key and
 known_hosts paths, `ssh(host, command)`).
 
 Environment:
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from provisioner.testbed import rack
+from provisioner_testbed import rack
 
 
 def _need_root() -> None:

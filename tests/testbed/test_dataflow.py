@@ -65,7 +65,7 @@ PLAY = """---
 def rig() -> Iterator[Any]:
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root")
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     name = os.environ.get("PROVISIONER_DATAFLOW_RACK", "dataflow")
     existed = rack.RackState.load(name) is not None

@@ -80,7 +80,7 @@ def provision(*args: str, timeout: float = 1200) -> tuple[int, Any, str]:
 def rig() -> Iterator[Any]:
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root")
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     name = os.environ.get("PROVISIONER_GATE_RACK", "gate")
     existed = rack.RackState.load(name) is not None

@@ -32,7 +32,7 @@ NODES = 2
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Installed, Path, Path, Any]]:
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root")
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     pkg = installed(tmp_path_factory.mktemp("wheel"))
     name = os.environ.get("PROVISIONER_PACKAGE_RACK", "pkg")

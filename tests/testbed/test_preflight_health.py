@@ -51,7 +51,7 @@ systemctl enable --now nvidia-persistenced nvidia-fabricmanager
 def rig() -> Iterator[Any]:
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root")
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     name = os.environ.get("PROVISIONER_HEALTH_RACK", "health")
     existed = rack.RackState.load(name) is not None
@@ -76,13 +76,13 @@ def provision(*args: str) -> tuple[int, Any, str]:
 
 
 def fault(h: Any, host: str, *faults: str) -> None:
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     rack.fault(h.name, host, list(faults))
 
 
 def clear_all(h: Any) -> None:
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     for host in h.names:
         rack.clear(h.name, host)

@@ -32,7 +32,7 @@ PROVISION = [sys.executable, "-m", "provisioner.cli"]
 def rig() -> Iterator[Any]:
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root")
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     name = os.environ.get("PROVISIONER_PFI_RACK", "pfi")
     existed = rack.RackState.load(name) is not None

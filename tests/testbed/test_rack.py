@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.inventory import load_fleet
-from provisioner.testbed import network, rack
-from provisioner.testbed.state import RackState, rack_dir
+from provisioner_testbed import network, rack
+from provisioner_testbed.state import RackState, rack_dir
 
 pytestmark = pytest.mark.testbed
 
@@ -53,7 +53,7 @@ def leftovers(name: str, index: int) -> list[str]:
             found.append(f"process {p.name} {cmd.replace(chr(0), ' ')[:80]}")
     if Path(d).exists():
         found.append(f"dir {d}")
-    from provisioner.testbed.inventory_writer import inventory_dir
+    from provisioner_testbed.inventory_writer import inventory_dir
 
     if inventory_dir(name).exists():
         found.append(f"inventory {inventory_dir(name)}")
@@ -251,7 +251,7 @@ def test_crash_mid_up_is_cleaned_by_down_and_by_the_next_up() -> None:
     p.kill()
     p.wait()
     # SIGKILL the nspawn itself (the child of the host's supervisor): its container init is orphaned.
-    from provisioner.testbed.state import children
+    from provisioner_testbed.state import children
 
     supervisor = st.hosts[0].nspawn[0]  # type: ignore[index]
     deadline = time.monotonic() + 10

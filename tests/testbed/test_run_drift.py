@@ -124,7 +124,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         pytest.skip("the simulated rack needs root")
     if (why := _site_complete()) is not None:
         pytest.skip(why)
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     name = os.environ.get("PROVISIONER_RUNNER_RACK", "runner")
     existed = rack.RackState.load(name) is not None
@@ -280,7 +280,7 @@ def test_run_limit_heals_and_drift_is_clean_again(rig: Rig) -> None:
 
 
 def test_unreachable_host_reported_while_others_complete_then_rerun_converges(rig: Rig) -> None:
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     rack.stop_host(rig.h.name, "node04")
     p, run_dir = rig.drift("--report", "junit")

@@ -95,8 +95,8 @@ def recap(out: str) -> dict[str, dict[str, int]]:
 def rig() -> Iterator[Any]:
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root")
-    from provisioner.testbed import rack
-    from provisioner.testbed.state import RackState
+    from provisioner_testbed import rack
+    from provisioner_testbed.state import RackState
 
     existed = RackState.load(RACK) is not None
     h = rack.ensure(RACK, NODES, log=lambda m: print(f"testbed: {m}"))
@@ -184,7 +184,7 @@ def test_memlock_limits(hosts: dict[str, Any]) -> None:
 
 
 def test_nftables_table_scoped_to_cluster_members(rig: Any, hosts: dict[str, Any]) -> None:
-    from provisioner.testbed.inventory_writer import clusters
+    from provisioner_testbed.inventory_writer import clusters
 
     for members in clusters(rig.names).values():
         for m in members:
@@ -203,7 +203,7 @@ def test_nftables_table_scoped_to_cluster_members(rig: Any, hosts: dict[str, Any
 
 def test_master_port_reachable_from_members_only(rig: Any, hosts: dict[str, Any]) -> None:
     """A real listener on the head's master port: the other member connects, a host outside the cluster does not."""
-    from provisioner.testbed.inventory_writer import MULTI_GROUP, SINGLE_GROUP, clusters
+    from provisioner_testbed.inventory_writer import MULTI_GROUP, SINGLE_GROUP, clusters
 
     groups = clusters(rig.names)
     head, worker = groups[MULTI_GROUP]
@@ -257,7 +257,7 @@ def test_check_mode_sees_a_hand_edit_and_changes_nothing(rig: Any, hosts: dict[s
 
 
 def test_fabric_manager_mismatch_fails_only_that_node(rig: Any, first_run: Any) -> None:
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
 
     bad = rig.names[1]
     rack.fault(RACK, bad, ["fm_mismatch"])

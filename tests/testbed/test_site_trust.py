@@ -114,7 +114,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         pytest.skip("the simulated rack needs root")
     if shutil.which("openssl") is None:
         pytest.skip("openssl is needed to make the site CA")
-    from provisioner.testbed import rack
+    from provisioner_testbed import rack
     from site_mirror import ConnectProxy, SiteMirror, make_ca, make_wheel
 
     existed = rack.RackState.load(RACK) is not None

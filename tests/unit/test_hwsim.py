@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from provisioner.errors import UsageError
-from provisioner.testbed import hwsim, hwspec, repo
+from provisioner_testbed import hwsim, hwspec, repo
 
 PY3 = shutil.which("python3", path="/usr/bin:/bin")
 pytestmark = pytest.mark.skipif(PY3 is None, reason="the simulators run with the system /usr/bin/python3")

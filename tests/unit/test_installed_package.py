@@ -55,7 +55,14 @@ def test_wheel_carries_the_ansible_side(pkg: Installed) -> None:
                              check=True).stdout.split()
     missing = [p for p in tracked if f"provisioner/_data/{p}" not in names]
     assert not missing, f"not in the wheel: {missing}"
-    assert "provisioner/catalog/gpus.yaml" in names and "provisioner/testbed/packages" in "".join(names)
+    assert "provisioner/catalog/gpus.yaml" in names
+    # the simulated rack: its own top-level package in the same wheel (stand-in package sources included), none of
+    # it inside the product package
+    testbed = subprocess.run(["git", "ls-files", "provisioner_testbed"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert "provisioner_testbed/packages/packages.toml" in testbed
+    assert not [p for p in testbed if p not in names], "testbed files not in the wheel"
+    assert not [n for n in names if n.startswith("provisioner/testbed/")]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert "provisioner/_data/plugins/modules/provisioner_apt.py" in names
     # the checkout's link to itself as a collection is not carried (each run links the data root instead)
@@ -64,6 +71,19 @@ def test_wheel_carries_the_ansible_side(pkg: Installed) -> None:
     link = pkg.site_packages / "provisioner/_data/roles/node_health/files/nodeparse.py"
     assert not link.is_symlink()
     assert link.read_bytes() == (REPO / "provisioner/probes/nodeparse.py").read_bytes()
+
+
+def test_installed_testbed_builds_the_same_standin_repo(pkg: Installed, site: Path) -> None:
+    """The installed stand-in package sources (content and executable bits) hash as the checkout's do: a rack
+    brought up from the wheel serves the same repository."""
+    code = "import provisioner_testbed.repo as r; print(r.SOURCES); print(r.source_hash())"
+    got = subprocess.run([str(pkg.python), "-c", code], cwd=site, env=pkg.env(), capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 0, got.stderr
+    sources, digest = got.stdout.split()
+    assert Path(sources) == pkg.site_packages / "provisioner_testbed" / "packages"
+    from provisioner_testbed import repo
+    assert digest == repo.source_hash()
 
 
 def test_fresh_venv_does_not_see_the_checkout(pkg: Installed, site: Path) -> None:

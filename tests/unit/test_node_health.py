@@ -1,9 +1,9 @@
 """roles/node_health/files/node_health.py, run for real (a subprocess) against:
 
-- the testbed's stand-in `nvidia-smi` / `nv-fabricmanager` (provisioner/testbed/packages) reading a resolved hardware
-  spec (provisioner.testbed.hwspec) from a temporary HWSIM_DIR, put first on a fake PATH;
+- the testbed's stand-in `nvidia-smi` / `nv-fabricmanager` (provisioner_testbed/packages) reading a resolved hardware
+  spec (provisioner_testbed.hwspec) from a temporary HWSIM_DIR, put first on a fake PATH;
 - the sysfs-shaped InfiniBand tree (--sysfs-root) and the kmsg-shaped file (--kmsg) that
-  provisioner.testbed.hwsim.materialize writes from that spec, as on the simulated rack;
+  provisioner_testbed.hwsim.materialize writes from that spec, as on the simulated rack;
 - fake `systemctl` / `journalctl` (the only stand-ins written here: a unit state and a log line);
 - and the real outputs captured on an H200 (tests/fixtures/real) replayed by a one-line fake nvidia-smi.
 No root, no network.
@@ -24,12 +24,12 @@ import pytest
 from provisioner import PROJECT_ROOT
 
 PROGRAM = PROJECT_ROOT / "roles" / "node_health" / "files" / "node_health.py"
-PACKAGES = PROJECT_ROOT / "provisioner" / "testbed" / "packages"
+PACKAGES = PROJECT_ROOT / "provisioner_testbed" / "packages"
 REAL = PROJECT_ROOT / "tests" / "fixtures" / "real"
 PUB = PROJECT_ROOT / "tests" / "fixtures" / "public"
 
-hwspec = pytest.importorskip("provisioner.testbed.hwspec")
-hwsim = pytest.importorskip("provisioner.testbed.hwsim")
+hwspec = pytest.importorskip("provisioner_testbed.hwspec")
+hwsim = pytest.importorskip("provisioner_testbed.hwsim")
 
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.testbed import hwsim, repo
+from provisioner_testbed import hwsim, repo
 
 PINNED = {  # docs/development.md "Pinned NVIDIA stack"
     "nvidia-open-580": ["580.95.05-1"],

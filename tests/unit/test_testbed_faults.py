@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from provisioner.errors import UsageError
-from provisioner.testbed import hwspec
-from provisioner.testbed.rack import merge_faults, parse_fault
+from provisioner_testbed import hwspec
+from provisioner_testbed.rack import merge_faults, parse_fault
 
 
 @pytest.mark.parametrize(

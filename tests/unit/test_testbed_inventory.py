@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from provisioner.inventory import load_fleet
-from provisioner.testbed import inventory_writer as invw
+from provisioner_testbed import inventory_writer as invw
 
 
 def _rack(n: int, **over: object) -> invw.InvRack:
@@ -101,7 +101,7 @@ def test_with_vllm_rack_inventory_is_cpu_vllm_ready_as_written(tmp_path: Path) -
     import json
 
     from provisioner.rules import run_rules
-    from provisioner.testbed import vllm_image
+    from provisioner_testbed import vllm_image
 
     cache = tmp_path / "cache"
     cfg = vllm_image.model_config_path(cache)  # what the layer build exports on the controller

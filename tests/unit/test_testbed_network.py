@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from provisioner.testbed import network
+from provisioner_testbed import network
 
 
 def test_default_rack_matches_the_contract() -> None:

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from provisioner.testbed import proxy, rootfs, serve
-from provisioner.testbed.state import HostState, Proc, RackState
+from provisioner_testbed import proxy, rootfs, serve
+from provisioner_testbed.state import HostState, Proc, RackState
 
 
 def test_proxy_config_listens_on_the_bridge_and_allows_only_the_rack() -> None:

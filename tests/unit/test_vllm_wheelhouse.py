@@ -1,4 +1,4 @@
-"""The vLLM layer's wheelhouse (provisioner/testbed/wheelhouse.py): target tags, pip's argv, the CA pip uses, and the
+"""The vLLM layer's wheelhouse (provisioner_testbed/wheelhouse.py): target tags, pip's argv, the CA pip uses, and the
 one-line failure. No root; the pip runs here are real (the controller's pip against local folders, a closed port,
 and a local HTTPS index with a certificate nobody trusts), nothing leaves this machine."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.testbed import vllm_image
-from provisioner.testbed import wheelhouse as wh
+from provisioner_testbed import vllm_image
+from provisioner_testbed import wheelhouse as wh
 
 DPKG_STATUS = """Package: bash
 Status: install ok installed

@@ -39,7 +39,7 @@ def vllm_rack() -> Iterator[VllmRack]:
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root")
     from provisioner.inventory import load_fleet
-    from provisioner.testbed import rack, vllm_image
+    from provisioner_testbed import rack, vllm_image
 
     name = os.environ.get("PROVISIONER_VLLM_RACK", "vllm")
     existed = rack.RackState.load(name) is not None

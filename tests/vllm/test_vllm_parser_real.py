@@ -26,8 +26,8 @@ VENV_PYTHON = "/opt/vllm/venv/bin/python"
 
 
 def _vllm_python(vr: VllmRack, tmp_path: Path) -> Path:
-    from provisioner.testbed import hosts
-    from provisioner.testbed.state import RackState
+    from provisioner_testbed import hosts
+    from provisioner_testbed.state import RackState
 
     state = RackState.load(vr.handle.name)
     assert state is not None, f"rack {vr.handle.name} has no state"

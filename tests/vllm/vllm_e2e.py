@@ -45,7 +45,7 @@ def demo_commands(makefile: str, rack: str, provision: str = PROVISION) -> list[
     if demo is None or any(argv[0] != provision for argv in argvs):
         raise ValueError(f"`make {DEMO_TARGET}` must run only `provision` and name its rack with --name: {argvs}")
     from provisioner import PROJECT_ROOT
-    from provisioner.testbed.inventory_writer import inventory_dir
+    from provisioner_testbed.inventory_writer import inventory_dir
 
     def inv(name: str) -> str:
         return str((inventory_dir(name) / "hosts.ini").relative_to(PROJECT_ROOT))

@@ -1,6 +1,6 @@
 """Materialize a simulated node's hardware into the directory bind-mounted at `/var/lib/hwsim` on the host.
 
-`materialize(spec, dest)` resolves the spec (`provisioner.testbed.hwspec.resolve`) and writes, each file replaced
+`materialize(spec, dest)` resolves the spec (`provisioner_testbed.hwspec.resolve`) and writes, each file replaced
 atomically in place (so a live read-only bind mount sees the change at once, never a half-written file):
 
 - `spec.json`: the resolved spec the stand-in tools read (written last);
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from provisioner.testbed import hwspec
+from provisioner_testbed import hwspec
 
 _BUILD = "(dvs-builder@U22-I3-AE18-23-3)  Wed Sep 24 09:24:00 UTC 2025"
 _DERIVED_TREES = ("sys", "proc")

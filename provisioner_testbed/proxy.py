@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from provisioner.testbed.state import Proc
+from provisioner_testbed.state import Proc
 
 PORT = 3128
 #: Domains the hosts may reach through the proxy (tinyproxy filter: extended regular expressions on the host).

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import UsageError
-from provisioner.testbed import hosts as hostmod
-from provisioner.testbed import network, proxy, rootfs, serve
-from provisioner.testbed import inventory_writer as invw
-from provisioner.testbed.state import (
+from provisioner_testbed import hosts as hostmod
+from provisioner_testbed import network, proxy, rootfs, serve
+from provisioner_testbed import inventory_writer as invw
+from provisioner_testbed.state import (
     NAME_RE,
     HostState,
     Proc,
@@ -82,7 +82,7 @@ class UpResult:
 def _spec_doc(spec_file: Path | None) -> dict[str, Any]:
     if spec_file is None:
         return {}
-    from provisioner.testbed import hwspec
+    from provisioner_testbed import hwspec
 
     if not spec_file.is_file():
         raise UsageError("hardware spec file not found", path=str(spec_file))
@@ -97,7 +97,7 @@ VLLM_RACK_GPUS = 1
 def host_input_specs(spec_file: Path | None, names: list[str], *, with_vllm: bool = False
                      ) -> dict[str, dict[str, Any]]:
     """Each host's spec as written (rack defaults + its overrides), validated (UsageError on a bad spec)."""
-    from provisioner.testbed import hwspec
+    from provisioner_testbed import hwspec
 
     doc = _spec_doc(spec_file)
     if isinstance(doc.get("hosts"), dict):
@@ -117,12 +117,12 @@ def host_input_specs(spec_file: Path | None, names: list[str], *, with_vllm: boo
 
 def materialize(hp: hostmod.HostPaths, spec: dict[str, Any]) -> dict[str, Any]:
     """Resolve + write the host's hardware dir (in place, so a running host sees it live)."""
-    from provisioner.testbed import hwspec
+    from provisioner_testbed import hwspec
 
     resolved = hwspec.resolve(spec)
     hp.hwsim.mkdir(parents=True, exist_ok=True)
     try:
-        from provisioner.testbed.hwsim import materialize as hw_materialize  # type: ignore[attr-defined]
+        from provisioner_testbed.hwsim import materialize as hw_materialize  # type: ignore[attr-defined]
     except ImportError:
         hw_materialize = None
     if hw_materialize is not None:
@@ -140,7 +140,7 @@ def _write_in_place(p: Path, text: str) -> None:
 
 def _inv_host(h: HostState, spec: dict[str, Any]) -> invw.InvHost:
     """What the inventory declares for a host: its intended hardware (the spec without faults)."""
-    from provisioner.testbed import hwspec
+    from provisioner_testbed import hwspec
 
     clean = {k: v for k, v in spec.items() if k != "faults"}
     r = hwspec.resolve(clean)
@@ -265,7 +265,7 @@ def _create_inner(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -
     base = rootfs.ensure_base(cache, log=log)
     lowers = [str(base)]
     if opts.with_vllm:
-        from provisioner.testbed import vllm_image
+        from provisioner_testbed import vllm_image
 
         lowers.insert(0, str(vllm_image.ensure_layer(cache, base, log=log)))
     st.lowers = lowers
@@ -311,9 +311,9 @@ def _create_inner(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -
 
 def _ensure_repo(cache: Path, log: Log) -> Path | None:
     try:
-        from provisioner.testbed import repo  # type: ignore[attr-defined]
+        from provisioner_testbed import repo  # type: ignore[attr-defined]
     except ImportError:
-        log("warning: the stand-in NVIDIA repo (provisioner.testbed.repo) is not available: /nvidia/ serves nothing")
+        log("warning: the stand-in NVIDIA repo (provisioner_testbed.repo) is not available: /nvidia/ serves nothing")
         return None
     return repo.ensure_repo(cache)
 
@@ -391,7 +391,7 @@ def _write_inventory(st: RackState) -> None:
     cluster_vars: dict[str, dict[str, Any]] = {}
     inv_hosts = tuple(_inv_host(h, specs[h.name]) for h in st.hosts)
     if st.with_vllm:  # the vLLM area owns these values (docs/development.md, "vLLM on the testbed")
-        from provisioner.testbed import vllm_image
+        from provisioner_testbed import vllm_image
 
         extra, cluster_vars = vllm_image.testbed_rack_inventory(
             invw.clusters([h.name for h in st.hosts]), {h.name: h.gpu_count for h in inv_hosts},
@@ -655,7 +655,7 @@ def parse_fault(arg: str) -> dict[str, Any]:
         return {"fm_mismatch": value if value else True}
     if name == "persistence_off":
         return {"persistence_off": True}
-    from provisioner.testbed import hwspec
+    from provisioner_testbed import hwspec
 
     raise UsageError(f"unknown fault {name!r} (known: {', '.join(hwspec.FAULTS)})")
 
@@ -785,7 +785,7 @@ def list_racks() -> list[RackSummary]:
 def status(name: str) -> list[HostStatus]:
     require_root()
     st = load(name)
-    from provisioner.testbed import hwspec
+    from provisioner_testbed import hwspec
 
     out = []
     for h in st.hosts:

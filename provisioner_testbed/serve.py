@@ -1,5 +1,5 @@
 """A small static HTTP server for the rack's bridge address: the stand-in NVIDIA repo at `/nvidia/` (and any other
-directory mapped under a prefix). Run as its own process: `python -m provisioner.testbed.serve --listen ADDR:PORT
+directory mapped under a prefix). Run as its own process: `python -m provisioner_testbed.serve --listen ADDR:PORT
 --map /nvidia/=DIR ...`; `start()` launches it detached and tracked.
 """
 
@@ -15,7 +15,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from provisioner.testbed.state import Proc
+from provisioner_testbed.state import Proc
 
 PORT = 8090
 
@@ -51,7 +51,7 @@ class Handler(SimpleHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="provisioner.testbed.serve")
+    ap = argparse.ArgumentParser(prog="provisioner_testbed.serve")
     ap.add_argument("--listen", required=True, help="ADDR:PORT")
     ap.add_argument("--map", action="append", default=[], help="/prefix/=DIR")
     ap.add_argument("--tag", default="", help="the rack directory (lets `down` find this process after a crash)")
@@ -72,7 +72,7 @@ def start(listen: str, mapping: dict[str, Path], log: Path, *, tag: Path | None 
     """Start the server detached (own session); wait until it accepts connections; return it."""
     import socket
 
-    args = [sys.executable, "-m", "provisioner.testbed.serve", "--listen", listen]
+    args = [sys.executable, "-m", "provisioner_testbed.serve", "--listen", listen]
     for prefix, d in mapping.items():
         args += ["--map", f"{prefix}={d}"]
     if tag is not None:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.testbed.state import HostState, Proc, RackState, children, terminate
+from provisioner_testbed.state import HostState, Proc, RackState, children, terminate
 
 HWSIM_MOUNT = "/var/lib/hwsim"
 IDENTITY_MARK = "var/lib/provisioner-testbed/identity"

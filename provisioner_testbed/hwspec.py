@@ -3,7 +3,7 @@
 A spec is what an operator writes (YAML/JSON) to describe one simulated GPU node. `resolve(spec)` checks it and turns
 it into the fully explicit form the simulators read from `/var/lib/hwsim/spec.json` (every GPU, every HCA port, every
 XID written out). Defaults: an 8x H100-SXM5-80GB HGX node with 8 NDR HCAs `mlx5_0..7` (port 1 Active at 400 Gb/s)
-and driver 580.95.05. Faults are shortcuts over that resolved form; see `provisioner/testbed/hwsim/README.md`.
+and driver 580.95.05. Faults are shortcuts over that resolved form; see `provisioner_testbed/hwsim/README.md`.
 
 Only JSON types in and out, so the resolved spec is exactly what lands on disk.
 """
