@@ -110,7 +110,7 @@ def test_tarball_carries_the_collection_and_nothing_else(tarball: Path) -> None:
     link = members["roles/node_health/files/nodeparse.py"]
     assert link.issym() and link.linkname == "../../../provisioner/probes/nodeparse.py"
     for bad in ("tests/", "benchmarks/", ".venv", ".git", ".runs", ".cache", "collections/", "dist/", "context/",
-                "inventories/testbed", "hatch_build.py", "pyproject.toml", "execution-environment.yml"):
+                "inventories/testbed", "provisioner_testbed", "hatch_build.py", "pyproject.toml", "execution-environment.yml"):
         assert not [n for n in names if n.startswith(bad)], bad
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
