@@ -214,8 +214,7 @@ def node(tmp_path: Path, tools: dict[str, Path]) -> Iterator[Node]:
     n.stop_all()
 
 
-def wait_gone(pidfile: Path) -> None:
-    pid = int(pidfile.read_text())
+def wait_gone(pid: int) -> None:
     for _ in range(100):
         if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
             return
@@ -303,8 +302,9 @@ def test_persistenced_keeps_persistence_on_while_it_runs(node: Node) -> None:
     again = node.run("nvidia-persistenced", "nvidia-persistenced")
     assert again.returncode == 1 and "failed to initialize" in again.stderr
     pidfile = node.run_dir / "nvidia-persistenced/nvidia-persistenced.pid"
-    os.kill(int(pidfile.read_text()), signal.SIGTERM)
-    wait_gone(pidfile)
+    pid = int(pidfile.read_text())  # read once: the daemon removes its pid file when it gets the signal
+    os.kill(pid, signal.SIGTERM)
+    wait_gone(pid)
     assert {r[0] for r in node.query("persistence_mode")} == {"Disabled"}
     node.run("nvidia-persistenced", "nvidia-persistenced", "--no-persistence-mode")
     assert {r[0] for r in node.query("persistence_mode")} == {"Disabled"}
@@ -343,8 +343,9 @@ def test_fabric_manager_registers_the_gpus_while_it_runs(node: Node) -> None:
     assert re.search(r"Fabric\n        State\s+: Completed\n        Status\s+: Success", node.smi("-q").stdout)
     assert node.run("fm-580.95.05", "nv-fabricmanager", "-v").stdout == "Fabric Manager version is : 580.95.05\n"
     pidfile = node.run_dir / "nvidia-fabricmanager/nv-fabricmanager.pid"
-    os.kill(int(pidfile.read_text()), signal.SIGTERM)
-    wait_gone(pidfile)
+    pid = int(pidfile.read_text())  # read once: the daemon removes its pid file when it gets the signal
+    os.kill(pid, signal.SIGTERM)
+    wait_gone(pid)
     assert node.query("fabric.state") == [["Not Started"]] * 8
 
 
