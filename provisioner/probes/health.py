@@ -231,14 +231,16 @@ _MARK = {"pass": "ok", "fail": "FAIL", "skip": "-", "warn": "warn"}
 def render_text(results: dict[str, HostHealth], seconds: float | None = None) -> str:
     width = max([len(h) for h in results] + [4])
     cols = list(CHECK_ORDER)
-    head = f"{'host':<{width}}  {'result':<11}" + "".join(f" {c[:8]:>8}" for c in cols)
+    # whole check names as headers (an operator reads `persistence`, not `persiste`), each column as wide as its name
+    w = {c: max(len(c), 4) for c in cols}
+    head = f"{'host':<{width}}  {'result':<11}" + "".join(f" {c:>{w[c]}}" for c in cols)
     lines = [head]
     for name, h in results.items():
         if not h.reachable or h.error:
             lines.append(f"{name:<{width}}  {'UNREACHABLE' if not h.reachable else 'ERROR':<11}  {h.error}")
             continue
         by = {c["check"]: c for c in h.checks}
-        cells = "".join(f" {_MARK.get(by[c]['status'], by[c]['status']) if c in by else '':>8}" for c in cols)
+        cells = "".join(f" {_MARK.get(by[c]['status'], by[c]['status']) if c in by else '':>{w[c]}}" for c in cols)
         lines.append(f"{name:<{width}}  {'PASS' if h.ok else 'FAIL':<11}{cells}")
     for name, h in results.items():
         for c in h.failed:

@@ -576,3 +576,24 @@ def test_parsers_are_defined_once() -> None:
     mods |= {n.module.split(".")[0] for n in ast.walk(shared) if isinstance(n, ast.ImportFrom) and n.module}
     assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods - set(sys.stdlib_module_names)
     assert "sys.path" not in PROGRAM.read_text() and "sys.path" not in SHARED.read_text()
+
+
+def test_health_table_shows_whole_check_names_in_aligned_columns() -> None:
+    """`provision health`'s table: every check under its whole name (was cut to 8: `persiste`, `fabricma`), and each
+    row's marks end where their header ends."""
+    from provisioner.probes.health import CHECK_ORDER, HostHealth, render_text
+
+    checks = [{"check": c, "status": "fail" if c == "persistence" else "pass", "message": "persistence mode off"}
+              for c in CHECK_ORDER]
+    text = render_text({"node01": HostHealth("node01", True, rc=1, checks=checks, summary={"status": "fail"})})
+    head, row = text.splitlines()[:2]
+    for c in CHECK_ORDER:
+        assert f" {c}" in head, c
+    ends = [head.index(c) + len(c) for c in CHECK_ORDER]
+    marks = row.split()[2:]
+    assert marks == ["FAIL" if c == "persistence" else "ok" for c in CHECK_ORDER]
+    pos = 0
+    for end, m in zip(ends, marks):
+        pos = row.index(m, pos)
+        assert pos + len(m) == end, (m, pos, end)
+        pos += len(m)
