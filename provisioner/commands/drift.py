@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
         playbook: Optional[Path] = typer.Option(None, "--playbook", help="Playbook to check (default site.yml)."),
     ) -> None:
-        from provisioner.commands.run import finding_line, validate
+        from provisioner.commands.common import finding_line, validate
         from provisioner.inventory import load_fleet
         from provisioner.reports import drift_text
         from provisioner.runner import make_progress, resolve_limit, run_playbook, target_hosts

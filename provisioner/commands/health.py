@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(900.0, "--timeout", help="Seconds per host (the all-reduce included)."),
         forks: int = typer.Option(64, "--forks", help="Hosts checked at once."),
     ) -> None:
-        from provisioner.commands.preflight import load_targets
+        from provisioner.commands.common import load_targets
         from provisioner.probes.health import render_json, render_prometheus, render_text, run_health
         from provisioner.reports.textfile import write_atomic
 

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from provisioner.errors import Exit, UsageError
+from provisioner.commands.common import load_targets
+from provisioner.errors import Exit
 
 if TYPE_CHECKING:
     import typer
@@ -31,17 +32,6 @@ rate (`ib_rate_gbps`, default 400), GPU-NIC NUMA affinity, the network interface
 
 Host keys are checked against known_hosts (the inventory's UserKnownHostsFile included); unknown keys are refused.
 Exit codes: 0 every host matches, 1 a mismatch or an unreachable host, 2 usage."""
-
-
-def select(fleet: Any, inventory: Path, limit: Optional[str]) -> list[str]:
-    from provisioner.probes.preflight import select_hosts
-
-    if limit and any(c in limit for c in "@~"):  # retry files and regexes: ask Ansible itself
-        from provisioner.runner import resolve_limit, target_hosts
-
-        allowed = set(target_hosts(inventory, resolve_limit(limit)))
-        return [h for h in select_hosts(fleet, None) if h in allowed]
-    return select_hosts(fleet, limit)
 
 
 def render_text(reports: dict[str, Any], seconds: float) -> str:
@@ -121,16 +111,3 @@ def register(app: typer.Typer) -> None:
         raise SystemExit(run(inventory, limit, fmt, timeout, forks))
 
 
-def load_targets(inventory: Path, limit: str | None, fmt: str, timeout: float, forks: int) -> tuple[Any, list[Any]]:
-    """Check the options shared by `preflight` and `health`, load the fleet and pick the GPU nodes to reach."""
-    from provisioner.inventory import load_fleet
-
-    if fmt not in ("text", "json"):
-        raise UsageError(f"--format must be text or json, got {fmt!r}")
-    if timeout <= 0 or forks < 1:
-        raise UsageError("--timeout must be > 0 and --forks >= 1")
-    fleet = load_fleet(inventory)
-    hosts = select(fleet, inventory, limit)
-    if not hosts:
-        raise UsageError(f"no GPU nodes match{' --limit ' + limit if limit else ''}", path=str(inventory))
-    return fleet, hosts

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from provisioner.commands.common import finding_line, validate
 from provisioner.errors import Exit, UsageError
 
 # Exit codes are raised as SystemExit: cli.main() runs typer with standalone_mode=False, which returns (and there
@@ -26,24 +27,6 @@ unreachable or not reached, 2 usage."""
 
 # ------------------------------------------------------------------------------------------------------------------
 # adapters to the other stages (they live in other modules; keep the coupling here, in one place)
-def validate(fleet: Any, targeted: set[str] | None = None) -> tuple[list[Any], list[Any]]:
-    """(errors that block, warnings) from provisioner.rules. Errors on hosts outside `targeted` become warnings."""
-    try:
-        from provisioner.rules import run_rules, split_findings
-
-        findings = list(run_rules(fleet))
-    except ImportError as exc:  # rules package not importable (partial checkout): say so, do not pretend
-        err.print(f"[yellow]warning:[/] validation rules unavailable ({exc}); not validated")
-        return [], []
-    return split_findings(findings, targeted)
-
-
-def finding_line(f: Any) -> str:
-    """`Finding.line()` (the same line the validate action plugin prints); tolerant of other objects."""
-    line = getattr(f, "line", None)
-    return line() if callable(line) else str(f)
-
-
 def preflight(fleet: Any, targeted: list[str]) -> tuple[bool, list[str]] | None:
     """provisioner.probes.preflight on the targeted GPU nodes: (all ok, problem lines); None when not available."""
     try:
