@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from provisioner import PLAYBOOKS, PROJECT_ROOT
+from testbed_rigs import own_rack, vllm_files_play  # noqa: E402  (same directory)
 
 sys.path.insert(0, str(PROJECT_ROOT / "tests" / "unit"))
 from inventory_factory import script_twin  # noqa: E402
@@ -36,45 +37,15 @@ BIN = Path(sys.executable).parent
 FILES = ("/etc/nccl.conf", "/etc/vllm/vllm.env", "/etc/systemd/system/vllm.service")
 CLEAN = "rm -rf /etc/vllm /etc/systemd/system/vllm.service /etc/systemd/system/vllm-ray.service /etc/nccl.conf"
 
-PLAY = """---
-- name: vLLM files only (plain rack, no vLLM, nothing started)
-  hosts: gpu_nodes
-  gather_facts: false
-  become: true
-  pre_tasks:
-    - name: What the vllm role would have made (service group, helper directory)
-      tags: [vllm_launch]
-      block:
-        - name: Group
-          ansible.builtin.group:
-            name: vllm
-            system: true
-        - name: Helper directory
-          ansible.builtin.file:
-            path: /usr/local/libexec/provisioner
-            state: directory
-            mode: "0755"
-  roles:
-    - role: vllm
-    - role: vllm_launch
-      tags: [vllm_launch]
-"""
+PLAY = vllm_files_play("vLLM files only (plain rack, no vLLM, nothing started)")
 
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Any]:
-    if os.geteuid() != 0:
-        pytest.skip("the simulated rack needs root")
-    from provisioner_testbed import rack
-
-    name = os.environ.get("PROVISIONER_DATAFLOW_RACK", "dataflow")
-    existed = rack.RackState.load(name) is not None
-    h = rack.ensure(name, 2, log=lambda m: print(f"testbed: {m}"))
-    yield h
-    for host in h.names:
-        h.ssh(host, CLEAN)
-    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
-        rack.down(name)
+    with own_rack("PROVISIONER_DATAFLOW_RACK", "dataflow", 2) as h:
+        yield h
+        for host in h.names:
+            h.ssh(host, CLEAN)
 
 
 def _inventories(rig: Any, tmp_path: Path) -> tuple[Path, Path]:

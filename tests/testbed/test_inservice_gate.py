@@ -18,7 +18,6 @@ directory made first. Then:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from provisioner import PROJECT_ROOT
+from testbed_rigs import own_rack, vllm_files_play  # noqa: E402  (same directory)
 
 from test_preflight_health import _install_stack  # noqa: E402  (same directory)
 
@@ -40,31 +40,7 @@ VLLM_FILES = ("/etc/vllm/vllm.env", "/etc/systemd/system/vllm.service", "/etc/sy
 CLEAN = ("systemctl disable --now vllm.service 2>/dev/null; rm -f " + " ".join(VLLM_FILES) + f" {MARK}; "
          "rm -rf /etc/vllm; systemctl daemon-reload")
 
-PLAY = """---
-- name: vLLM launch with its in-service gate (plain rack, no vLLM)
-  hosts: gpu_nodes
-  gather_facts: false
-  become: true
-  vars:
-    vllm_health_timeout: 5
-  pre_tasks:
-    - name: What the vllm role would have made (service group, helper directory)
-      tags: [vllm_launch]
-      block:
-        - name: Group
-          ansible.builtin.group:
-            name: vllm
-            system: true
-        - name: Helper directory
-          ansible.builtin.file:
-            path: /usr/local/libexec/provisioner
-            state: directory
-            mode: "0755"
-  roles:
-    - role: vllm
-    - role: vllm_launch
-      tags: [vllm_launch]
-"""
+PLAY = vllm_files_play("vLLM launch with its in-service gate (plain rack, no vLLM)", {"vllm_health_timeout": 5})
 
 
 def provision(*args: str, timeout: float = 1200) -> tuple[int, Any, str]:
@@ -78,23 +54,17 @@ def provision(*args: str, timeout: float = 1200) -> tuple[int, Any, str]:
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Any]:
-    if os.geteuid() != 0:
-        pytest.skip("the simulated rack needs root")
     from provisioner_testbed import rack
 
-    name = os.environ.get("PROVISIONER_GATE_RACK", "gate")
-    existed = rack.RackState.load(name) is not None
-    h = rack.ensure(name, 3, log=lambda m: print(f"testbed: {m}"))
-    for host in h.names:
-        rack.clear(name, host)
-        assert h.ssh(host, CLEAN).returncode == 0
-    for host in ("node01", "node03"):
-        _install_stack(h, host)
-    yield h
-    for host in h.names:
-        h.ssh(host, CLEAN)
-    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
-        rack.down(name)
+    with own_rack("PROVISIONER_GATE_RACK", "gate", 3) as h:
+        for host in h.names:
+            rack.clear(h.name, host)
+            assert h.ssh(host, CLEAN).returncode == 0
+        for host in ("node01", "node03"):
+            _install_stack(h, host)
+        yield h
+        for host in h.names:
+            h.ssh(host, CLEAN)
 
 
 def _exists(rig: Any, host: str, path: str) -> bool:

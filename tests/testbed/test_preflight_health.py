@@ -10,7 +10,6 @@ packages, not on the roles' state.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from provisioner import PROJECT_ROOT
+from testbed_rigs import own_rack  # noqa: E402  (same directory)
 
 pytestmark = pytest.mark.testbed
 
@@ -49,21 +49,15 @@ systemctl enable --now nvidia-persistenced nvidia-fabricmanager
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Any]:
-    if os.geteuid() != 0:
-        pytest.skip("the simulated rack needs root")
     from provisioner_testbed import rack
 
-    name = os.environ.get("PROVISIONER_HEALTH_RACK", "health")
-    existed = rack.RackState.load(name) is not None
-    h = rack.ensure(name, 4, log=lambda m: print(f"testbed: {m}"))
-    for host in h.names:
-        rack.clear(name, host)
-        _install_stack(h, host)
-    yield h
-    for host in h.names:
-        rack.clear(name, host)
-    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
-        rack.down(name)
+    with own_rack("PROVISIONER_HEALTH_RACK", "health", 4) as h:
+        for host in h.names:
+            rack.clear(h.name, host)
+            _install_stack(h, host)
+        yield h
+        for host in h.names:
+            rack.clear(h.name, host)
 
 
 def provision(*args: str) -> tuple[int, Any, str]:

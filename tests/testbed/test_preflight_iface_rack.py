@@ -10,7 +10,6 @@ hosts is changed (no GPU stack needed: the check reads /sys/class/net in the sam
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from provisioner import PROJECT_ROOT
+from testbed_rigs import own_rack  # noqa: E402  (same directory)
 
 pytestmark = pytest.mark.testbed
 
@@ -30,16 +30,8 @@ PROVISION = [sys.executable, "-m", "provisioner.cli"]
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Any]:
-    if os.geteuid() != 0:
-        pytest.skip("the simulated rack needs root")
-    from provisioner_testbed import rack
-
-    name = os.environ.get("PROVISIONER_PFI_RACK", "pfi")
-    existed = rack.RackState.load(name) is not None
-    h = rack.ensure(name, 2, log=lambda m: print(f"testbed: {m}"))
-    yield h
-    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
-        rack.down(name)
+    with own_rack("PROVISIONER_PFI_RACK", "pfi", 2) as h:
+        yield h
 
 
 def inventory_copy(h: Any, dest: Path, host_vars: dict[str, dict[str, str]]) -> Path:
