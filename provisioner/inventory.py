@@ -55,6 +55,7 @@ _ANSIBLE_KEEP = {
     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_private_key_file",
     "ansible_private_key_file", "ansible_python_interpreter", "ansible_connection",
     "ansible_become", "ansible_become_user",
+    "ansible_architecture",  # a hint the rules compare with the GPU model's cpu_arch (HW015)
 }
 
 

@@ -50,6 +50,30 @@ class Host:
         return ()
 
     @property
+    def efa_device_count(self) -> int | None:
+        v = self.vars.get("efa_device_count")
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    @property
+    def efa_devices(self) -> tuple[str, ...]:
+        v = self.vars.get("efa_devices")
+        if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+            return tuple(v)
+        return ()
+
+    @property
+    def nvlink_domain(self) -> str | None:
+        """The NVL72 NVLink/IMEX domain this tray belongs to (trays with the same name form one domain)."""
+        v = self.vars.get("nvlink_domain")
+        return v if isinstance(v, str) and v else None
+
+    @property
+    def imex_address(self) -> str:
+        """The address nodes_config.cfg lists for this tray (imex_address, else ansible_host)."""
+        v = self.vars.get("imex_address")
+        return v if isinstance(v, str) and v else self.address
+
+    @property
     def bootstrap_interface(self) -> str | None:
         v = self.vars.get("bootstrap_interface")
         return v if isinstance(v, str) else None

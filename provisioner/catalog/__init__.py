@@ -34,6 +34,11 @@ class GpuSpec:
     max_per_node: int
     allreduce_busbw_gbps: float  # single-node all-reduce busbw pass threshold (GB/s)
     all_reduce_gpus: int
+    nvlsm: bool = False  # NVLSM + mlx5_ib/ib_umad beside Fabric Manager (HGX B200/B300)
+    imex: bool = False  # nvidia-imex + IMEX channels, never Fabric Manager (NVL72 trays)
+    cpu_arch: str = "x86_64"  # ansible_architecture of the node: x86_64 | aarch64
+    nvlink_domain_size: int = 8  # GPUs joined by one NVLink domain (8 HGX, 72 NVL72)
+    min_driver: str | None = None  # oldest supporting driver, "570.133.20"; None: no minimum
 
 
 @dataclass(frozen=True)

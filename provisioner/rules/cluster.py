@@ -246,18 +246,37 @@ def layers_vs_pp(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                      f"pipeline_parallel_size {pp}: use at most {m.layers}")
 
 
-@rule("CL010", "tensor parallelism spans nodes")
+def nvlink_domains(fleet: Fleet, c: Cluster) -> set[str | None]:
+    """The NVLink domains a cluster's members sit in when its GPU model shares NVLink across nodes (catalog imex:
+    NVL72 trays; None for a member without nvlink_domain); empty for any other model (the domain is the node)."""
+    gm, _, _ = cluster_gpus(fleet, c)
+    spec = catalog.gpu(gm)
+    if spec is None or not spec.imex:
+        return set()
+    return {fleet.hosts[m].nvlink_domain for m in c.members}
+
+
+@rule("CL010", "tensor parallelism spans nodes over the network")
 def tp_spans_nodes(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
-    """TP larger than one node's GPUs does a per-layer all-reduce over the network; prefer PP across nodes."""
+    """TP larger than one node's GPUs does a per-layer all-reduce over the network; prefer PP across nodes. Inside
+    one NVL72 NVLink domain (every member's nvlink_domain the same) the all-reduce rides NVLink: no finding."""
     for c in fleet.clusters.values():
         if not usable(c):
             continue
         _, per_node, total = cluster_gpus(fleet, c)
         tp = c.settings["tensor_parallel_size"]
-        if per_node and tp > per_node:
-            yield _f("CL010", c, "tensor_parallel_size", f"tensor_parallel_size {tp} spans nodes ({per_node} GPUs "
-                     f"each): every layer all-reduces over the network; prefer tensor_parallel_size: {per_node}, "
-                     f"pipeline_parallel_size: {(total or tp) // per_node}", sev="warning")
+        if not (per_node and tp > per_node):
+            continue
+        doms = nvlink_domains(fleet, c)
+        if len(doms) == 1 and None not in doms:
+            continue  # multi-node NVLink inside one domain
+        where = (f"its trays are in NVLink domains {', '.join(sorted(str(d) for d in doms))}, so every layer "
+                 "all-reduces over the network between them" if doms else
+                 "every layer all-reduces over the network")
+        yield _f("CL010", c, "tensor_parallel_size", f"tensor_parallel_size {tp} spans nodes ({per_node} GPUs "
+                 f"each): {where}; prefer tensor_parallel_size: {per_node}, "
+                 f"pipeline_parallel_size: {(total or tp) // per_node}"
+                 + (" (or keep the cluster's trays in one nvlink_domain)" if doms else ""), sev="warning")
 
 
 @rule("CL011", "cluster without members")
@@ -329,3 +348,15 @@ def unknown_keys(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             if k not in KNOWN_KEYS:
                 yield _f("CL016", c, str(k), f"unknown key {k!r}{suggest(k, KNOWN_KEYS)}: it is ignored; further "
                          "vLLM flags go in extra_args", sev="warning")
+
+
+@rule("CL017", "cluster spans NVLink domains")
+def cluster_spans_domains(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """IMEX memory sharing and multi-node NVLink end at the NVL72 domain: a cluster whose trays sit in two domains
+    talks over the network between them."""
+    for c in fleet.clusters.values():
+        doms = nvlink_domains(fleet, c)
+        named = sorted(d for d in doms if d is not None)
+        if len(named) > 1:
+            yield _f("CL017", c, None, f"members are in NVLink domains {', '.join(named)}: keep a cluster's trays in "
+                     "one nvlink_domain (at most 18 trays), or split it into one cluster per domain", sev="warning")

@@ -7,16 +7,21 @@ from collections import defaultdict
 from typing import Iterable
 
 from provisioner import catalog
+from provisioner.defaults import role_default
 from provisioner.model import Fleet, Host
 from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
 from provisioner.rules.context import RuleContext
 
 HARDWARE_VARS = ("gpu_model", "gpu_count", "fabric", "bootstrap_interface")
-FABRICS = ("infiniband", "roce", "ethernet")
+FABRICS = ("infiniband", "roce", "ethernet", "efa")
 HCA_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*[0-9](:[1-9][0-9]?)?$")  # mlx5_0, mlx5_0:1, mlx5_bond_0
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux IFNAMSIZ - 1
 MAX_HCAS = 32  # NCCL_IB_HCA takes at most 32 devices
+EFA_DEVICE_RE = re.compile(r"^rdmap[0-9]+s[0-9]+(f[0-9]+)?$")  # rdmap79s0 (PCI bus/slot naming of EFA devices)
+MAX_EFA = 32  # p5/p5e: 32 EFA devices, the most of any instance type
+SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
 def _err(code: str, h: Host, var: str, msg: str) -> Finding:
@@ -25,9 +30,12 @@ def _err(code: str, h: Host, var: str, msg: str) -> Finding:
 
 @rule("HW001", "hardware variable missing on a GPU node")
 def missing_hardware_var(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
-    """Every gpu_nodes host needs gpu_model, gpu_count, fabric and bootstrap_interface (usually group vars)."""
+    """Every gpu_nodes host needs gpu_model, gpu_count, fabric and bootstrap_interface (usually group vars); on fabric
+    efa bootstrap_interface is optional (NCCL_SOCKET_IFNAME then excludes docker, lo and veth)."""
     for h in fleet.gpu_nodes:
         for var in HARDWARE_VARS:
+            if var == "bootstrap_interface" and h.vars.get("fabric") == "efa":
+                continue
             if h.vars.get(var) is None:
                 yield _err("HW001", h, var, f"{var} is not set: set it in group_vars/gpu_nodes.yml or for the host")
 
@@ -74,7 +82,7 @@ def unknown_gpu_model(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 
 @rule("HW004", "unknown fabric")
 def unknown_fabric(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
-    """fabric is one of infiniband, roce, ethernet."""
+    """fabric is one of infiniband, roce, ethernet, efa."""
     for h in fleet.gpu_nodes:
         f = h.vars.get("fabric")
         if isinstance(f, str) and f not in FABRICS:
@@ -141,3 +149,126 @@ def roce_without_hcas(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
         if h.vars.get("fabric") == "roce" and not h.vars.get("ib_hcas"):
             yield Finding("HW009", "warning", "fabric is roce but ib_hcas is empty: list the RoCE devices "
                           "(e.g. [mlx5_0, mlx5_1]) so NCCL uses RDMA", host=h.name, var="ib_hcas")
+
+
+def _efa_nodes(fleet: Fleet) -> list[Host]:
+    return [h for h in fleet.gpu_nodes if h.vars.get("fabric") == "efa"]
+
+
+@rule("HW010", "fabric efa without a valid efa_device_count")
+def efa_device_count(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """An EFA node states how many EFA devices it has (p5/p5e 32, p5en 16, p4d 4): health counts them."""
+    for h in _efa_nodes(fleet):
+        n = h.vars.get("efa_device_count")
+        if n is None:
+            yield _err("HW010", h, "efa_device_count", "fabric is efa but efa_device_count is not set: set the EFA "
+                       "devices per node (p5/p5e 32, p5en 16, p4d 4)")
+        elif not (is_int(n) and 1 <= n <= MAX_EFA):
+            what = "out of range" if is_int(n) else f"a {type_name(n)}"
+            yield _err("HW010", h, "efa_device_count", f"efa_device_count = {show(n)} is {what}, expected an "
+                       f"integer 1-{MAX_EFA} (p5/p5e 32, p5en 16, p4d 4){quoted_hint(n, 'int')}")
+
+
+@rule("HW011", "malformed efa_devices")
+def efa_device_names(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """efa_devices (optional) lists rdmap* names as /sys/class/infiniband shows them, each once, efa_device_count
+    of them."""
+    for h in fleet.gpu_nodes:
+        devs = h.vars.get("efa_devices")
+        if devs is None or devs == []:
+            continue
+        if h.vars.get("fabric") != "efa":
+            yield Finding("HW011", "warning", f"efa_devices is set but fabric is {h.vars.get('fabric')!r}: it is "
+                          "read only on fabric efa; remove it or set fabric: efa", host=h.name, var="efa_devices")
+            continue
+        if not (isinstance(devs, (list, tuple)) and all(isinstance(x, str) for x in devs)):
+            yield _err("HW011", h, "efa_devices", f"efa_devices = {show(devs)} is a {type_name(devs)}, expected a "
+                       "list of EFA device names like [rdmap79s0, rdmap80s0]")
+            continue
+        bad = [x for x in devs if not EFA_DEVICE_RE.match(x)]
+        if bad:
+            yield _err("HW011", h, "efa_devices", f"efa_devices entry {bad[0]!r} is not an EFA device name like "
+                       "rdmap79s0 (ls /sys/class/infiniband on the node)")
+        dups = sorted({x for x in devs if list(devs).count(x) > 1})
+        if dups:
+            yield _err("HW011", h, "efa_devices", f"efa_devices lists {', '.join(dups)} twice: list each once")
+        n = h.efa_device_count
+        if n is not None and len(set(devs)) != n:
+            yield _err("HW011", h, "efa_devices", f"efa_devices names {len(set(devs))} devices but efa_device_count "
+                       f"is {n}: make them agree")
+
+
+@rule("HW012", "ib_hcas on an EFA node")
+def ib_hcas_on_efa(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """EFA nodes reach the network through libfabric and aws-ofi-nccl: NCCL_IB_HCA would pin NCCL's own IB transport,
+    which EFA does not use."""
+    for h in _efa_nodes(fleet):
+        for var in ("ib_hcas", "nccl_ib_hca"):
+            if h.vars.get(var):
+                yield _err("HW012", h, var, f"remove {var}: EFA nodes use the aws-ofi-nccl plugin; set "
+                           "efa_device_count")
+
+
+@rule("HW013", "EFA installer source missing or malformed")
+def efa_installer(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """No node assumes internet access: the EFA installer comes from the site's mirror (efa_installer_url, http or
+    https) and is checked against efa_installer_sha256 (64 hex digits) before it runs."""
+    for h in _efa_nodes(fleet):
+        url = h.vars.get("efa_installer_url")
+        if not url:
+            yield _err("HW013", h, "efa_installer_url", "fabric is efa but efa_installer_url is not set: point it at "
+                       "aws-efa-installer-<version>.tar.gz on the site's mirror")
+        elif not (isinstance(url, str) and re.match(r"^https?://[^\s/]+/\S+$", url)):
+            yield _err("HW013", h, "efa_installer_url", f"efa_installer_url = {show(url)} is not an http(s) URL of "
+                       "the installer tarball, e.g. https://mirror.example/efa/aws-efa-installer-1.43.2.tar.gz")
+        sha = h.vars.get("efa_installer_sha256")
+        if not sha:
+            yield _err("HW013", h, "efa_installer_sha256", "fabric is efa but efa_installer_sha256 is not set: give "
+                       "the tarball's SHA-256 (sha256sum aws-efa-installer-*.tar.gz)")
+        elif not (isinstance(sha, str) and SHA256_RE.match(sha)):
+            yield _err("HW013", h, "efa_installer_sha256", f"efa_installer_sha256 = {show(sha)} is not 64 hex "
+                       "digits (sha256sum output, without the file name)")
+
+
+def _version_tuple(v: str) -> tuple[int, ...] | None:
+    """580.95.05-1 -> (580, 95, 5); None when it does not start with dotted numbers."""
+    m = re.match(r"^(?:[0-9]+:)?([0-9]+(?:\.[0-9]+)*)", v.strip())
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def driver_version(h: Host) -> str | None:
+    """The driver version the host gets: nvidia_driver_version (inventory, else the nvidia_driver role default)."""
+    v = h.vars.get("nvidia_driver_version", role_default("nvidia_driver", "nvidia_driver_version"))
+    return v if isinstance(v, str) else None
+
+
+@rule("HW014", "driver older than the GPU needs")
+def driver_too_old(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """Each GPU model has a first supporting driver (catalog min_driver: HGX B200 570.133.20, GB200 570.124.06)."""
+    for h in fleet.gpu_nodes:
+        spec = catalog.gpu(h.gpu_model)
+        want = spec.min_driver if spec else None
+        have = driver_version(h)
+        if not (want and have):
+            continue
+        hv, wv = _version_tuple(have), _version_tuple(want)
+        if hv is not None and wv is not None and hv < wv:
+            yield _err("HW014", h, "nvidia_driver_version", f"nvidia_driver_version = {have!r} is older than "
+                       f"{want}, the first driver that supports {h.gpu_model}: pin {want} or newer (with "
+                       "nvidia_driver_branch to match)")
+
+
+@rule("HW015", "CPU architecture differs from the GPU model's")
+def cpu_arch_mismatch(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """GB200/GB300 trays are Grace (aarch64), HGX boards x86_64: a host whose `ansible_architecture` (an inventory
+    hint, or the fact cache) says otherwise gets packages of the wrong architecture."""
+    for h in fleet.gpu_nodes:
+        spec = catalog.gpu(h.gpu_model)
+        arch = h.vars.get("ansible_architecture")
+        if spec is None or arch is None:
+            continue
+        got = ARCH_ALIASES.get(str(arch).lower())
+        if got != spec.cpu_arch:
+            yield _err("HW015", h, "ansible_architecture", f"ansible_architecture = {show(arch)} but "
+                       f"{h.gpu_model} nodes are {spec.cpu_arch}: fix gpu_model or the architecture hint (the "
+                       f"roles install {spec.cpu_arch} packages for this model)")

@@ -246,7 +246,7 @@ def test_argument_specs_reject_bad_input(tmp_path: Path) -> None:
     for extra, message in [
         ("nccl_ib_timeout=40", "value of nccl_ib_timeout must be one of: 1, 2, 3"),
         ("nccl_ib_retry_cnt=9", "value of nccl_ib_retry_cnt must be one of: 0, 1, 2, 3, 4, 5, 6, 7, got: 9"),
-        ("fabric=wifi", "value of fabric must be one of: infiniband, roce, ethernet, got: wifi"),
+        ("fabric=wifi", "value of fabric must be one of: infiniband, roce, ethernet, efa, got: wifi"),
     ]:
         r = _run(tmp_path, play, "-e", extra)
         out = r.stdout + r.stderr
@@ -330,10 +330,11 @@ def test_mirror_with_binary_key_and_dists_layout() -> None:
     ]
 
 
-def test_fabric_manager_mapping_agrees_with_the_gpu_catalog() -> None:
+@pytest.mark.parametrize("role,field", [("fabric_manager", "fabric_manager"), ("nvlsm", "nvlsm"), ("imex", "imex")])
+def test_role_gpu_mapping_agrees_with_the_gpu_catalog(role: str, field: str) -> None:
     catalog = yaml.safe_load((PROJECT_ROOT / "provisioner/catalog/gpus.yaml").read_text())
-    mapping = yaml.safe_load((ROLES / "fabric_manager/vars/main.yml").read_text())["__fabric_manager_gpu_models"]
-    assert mapping == {model: bool(spec["fabric_manager"]) for model, spec in catalog.items()}
+    mapping = yaml.safe_load((ROLES / role / "vars/main.yml").read_text())[f"__{role}_gpu_models"]
+    assert mapping == {model: bool(spec[field]) for model, spec in catalog.items()}
 
 
 def test_role_defaults_match_the_pinned_stack_contract() -> None:

@@ -53,6 +53,23 @@ C2 = {"c2": {"vllm_cluster": {"model": "/m", "model_arch": "Qwen2-72B", "tensor_
                               "max_model_len": 4096, "max_num_seqs": 32}}}
 TINY = {"files": {"models/tiny/config.json": json.dumps(TINY_CONFIG)}}
 
+SHA = "0" * 63 + "1"
+# a valid AWS p5 pair (fabric efa) and a valid GB200 NVL72 slice (two 4-GPU trays of one domain, TP 8 across them)
+EFA = {"fabric": "efa", "ib_hcas": DELETE, "efa_device_count": 32, "efa_installer_sha256": SHA,
+       "efa_installer_url": "https://mirror.example/efa/aws-efa-installer-1.43.2.tar.gz"}
+GB = {"gpu_model": "GB200-186GB", "gpu_count": 4, "nvlink_domain": "nvl72-a"}
+GB_TP8 = cluster(tensor_parallel_size=8, pipeline_parallel_size=1)
+
+
+def gb(**over: Any) -> dict[str, Any]:
+    return {**gpu_nodes(**{**GB, **over}), **GB_TP8}
+
+
+def trays(n: int) -> str:
+    return BASE_INI.replace("n2 ansible_host=10.0.0.2\n", "n2 ansible_host=10.0.0.2\n" + "".join(
+        f"n{i} ansible_host=10.0.1.{i}\n" for i in range(3, n + 1)))
+
+
 # code -> (failing inventories, passing inventories); each inventory = write_inventory kwargs
 CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "HW001": ([{"group_vars": gpu_nodes(gpu_model=DELETE)}, {"group_vars": gpu_nodes(bootstrap_interface=DELETE)}],
@@ -71,6 +88,37 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "HW008": ([{"ini": TWO_CLUSTERS_INI.format(c2="n2 node_rank=0"), "group_vars": C2}],
               [{"ini": TWO_CLUSTERS_INI.format(c2="n3 node_rank=0"), "group_vars": C2}]),
     "HW009": ([{"group_vars": gpu_nodes(fabric="roce", ib_hcas=DELETE)}], [{"group_vars": gpu_nodes(fabric="roce")}]),
+    "HW010": ([{"group_vars": gpu_nodes(**{**EFA, "efa_device_count": DELETE})},
+               {"group_vars": gpu_nodes(**{**EFA, "efa_device_count": 64})}],
+              [{"group_vars": gpu_nodes(**EFA)}, {"group_vars": gpu_nodes(**{**EFA, "bootstrap_interface": DELETE})}]),
+    "HW011": ([{"group_vars": gpu_nodes(**{**EFA, "efa_device_count": 2, "efa_devices": ["rdmap79s0", "eth0"]})},
+               {"group_vars": gpu_nodes(**{**EFA, "efa_device_count": 2, "efa_devices": ["rdmap79s0", "rdmap79s0"]})},
+               {"group_vars": gpu_nodes(**{**EFA, "efa_device_count": 4, "efa_devices": ["rdmap79s0", "rdmap80s0"]})}],
+              [{"group_vars": gpu_nodes(**{**EFA, "efa_device_count": 2, "efa_devices": ["rdmap79s0", "rdmap80s0"]})}]),
+    "HW012": ([{"group_vars": gpu_nodes(**{**EFA, "ib_hcas": ["mlx5_0"]})},
+               {"group_vars": gpu_nodes(**{**EFA, "nccl_ib_hca": "=mlx5_0:1"})}],
+              [{"group_vars": gpu_nodes(**EFA)}]),
+    "HW013": ([{"group_vars": gpu_nodes(**{**EFA, "efa_installer_url": DELETE})},
+               {"group_vars": gpu_nodes(**{**EFA, "efa_installer_sha256": "abc"})},
+               {"group_vars": gpu_nodes(**{**EFA, "efa_installer_url": "mirror/aws-efa-installer.tar.gz"})}],
+              [{"group_vars": gpu_nodes(**EFA)}]),
+    "HW014": ([{"group_vars": gpu_nodes(gpu_model="B200-SXM-180GB", nvidia_driver_branch="570",
+                                        nvidia_driver_version="570.124.06-1")}],
+              [{"group_vars": gpu_nodes(gpu_model="B200-SXM-180GB", nvidia_driver_branch="570",
+                                        nvidia_driver_version="570.133.20-1")},
+               {"group_vars": gpu_nodes(gpu_model="B200-SXM-180GB")}]),
+    "HW015": ([{"group_vars": gb(ansible_architecture="x86_64")},
+               {"group_vars": gpu_nodes(ansible_architecture="aarch64")}],
+              [{"group_vars": gb(ansible_architecture="aarch64")}, {"group_vars": gb(ansible_architecture="arm64")}]),
+    "NVL001": ([{"group_vars": gb(nvlink_domain=DELETE)}, {"group_vars": gb(nvlink_domain=7)}],
+               [{"group_vars": gb()}]),
+    "NVL002": ([{"ini": trays(19), "group_vars": gb()}], [{"ini": trays(18), "group_vars": gb()}]),
+    "NVL003": ([{"group_vars": gb(), "host_vars": {"n2": {"nvidia_driver_version": "580.82.07-1"}}}],
+               [{"group_vars": gb(), "host_vars": {"n2": {"nvidia_driver_version": "580.95.05-1"}}}]),
+    "NVL004": ([{"group_vars": gb(), "host_vars": {"n2": {"imex_address": "10.0.0.1"}}}],
+               [{"group_vars": gb(), "host_vars": {"n1": {"imex_address": "10.1.0.1"},
+                                                   "n2": {"imex_address": "10.1.0.2"}}}]),
+    "NVL005": ([{"group_vars": gpu_nodes(nvlink_domain="nvl72-a")}], [{}]),
     "NCCL001": ([{"group_vars": gpu_nodes(nccl_ib_timeout=32)}, {"group_vars": gpu_nodes(nccl_ib_timeout="22")}],
                 [{"group_vars": gpu_nodes(nccl_ib_timeout=31)}]),
     "NCCL002": ([{"group_vars": gpu_nodes(nccl_ib_retry_cnt=8)}], [{"group_vars": gpu_nodes(nccl_ib_retry_cnt=0)}]),
@@ -107,7 +155,12 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "CL009": ([{"group_vars": cluster(model_arch=DELETE, model_config="models/tiny/config.json"), **TINY}],
               [{"group_vars": cluster(model_arch=DELETE, model_config="models/tiny", pipeline_parallel_size=1,
                                       tensor_parallel_size=16), **TINY}]),
-    "CL010": ([{"group_vars": cluster(tensor_parallel_size=16, pipeline_parallel_size=1)}], [{}]),
+    "CL010": ([{"group_vars": cluster(tensor_parallel_size=16, pipeline_parallel_size=1)},
+               {"group_vars": gb(), "host_vars": {"n2": {"nvlink_domain": "nvl72-b"}}}],
+              [{}, {"group_vars": gb()}]),
+    "CL017": ([{"group_vars": {**gb(), **cluster(tensor_parallel_size=4, pipeline_parallel_size=2)},
+                "host_vars": {"n2": {"nvlink_domain": "nvl72-b"}}}],
+              [{"group_vars": {**gb(), **cluster(tensor_parallel_size=4, pipeline_parallel_size=2)}}]),
     "CL011": ([{"ini": BASE_INI + "\n[c2]\n", "group_vars": C2}], [{}]),
     "CL012": ([{"ini": BASE_INI.replace("n2 ansible_host=10.0.0.2\n", "") + "\n[other]\nn2 ansible_host=10.0.0.2\n"}],
               [{}]),
@@ -135,7 +188,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                 [{"group_vars": cluster(extra_args=["--seed", "0", "--trust-remote-code"])}]),
 }
 
-WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "MEM003"}
+WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005"}
 
 
 def _cases(which: int) -> list[Any]:
