@@ -478,6 +478,96 @@ def test_allreduce_off_runs_no_bandwidth_test(tmp_path: Path) -> None:
     assert marker.exists(), p.stdout + p.stderr  # the same command line without `off` does start it
 
 
+# -------------------------------------------------------------------------- `required` never passes silently
+def _nccl_tests_tool(tmp_path: Path, busbw: float) -> Path:
+    """A stand-in all_reduce_perf printing one row of nccl-tests' table (size count type redop root time algbw busbw
+    #wrong) at 4 GiB, at the 2x H200's measured busbw (tests/fixtures/real-2xh200: 349.4 GB/s; 2 ranks: algbw ==
+    busbw)."""
+    tool = tmp_path / "all_reduce_perf"
+    row = f"  4294967296  2147483648  bfloat16  sum  -1  12290  {busbw:.2f}  {busbw:.2f}  0"
+    _script(tool, "#!/bin/sh\necho '#  size  count  type  redop  root  time  algbw  busbw  #wrong'\n"
+                  f"echo '{row}'\necho '# Avg bus bandwidth    : {busbw:.2f}'\n")
+    return tool
+
+
+def _replay(tmp_path: Path, d: Path, count: int, *extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    tmp_path = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"  # a fresh stand-in directory per run
+    tmp_path.mkdir()
+    env = _replay_smi(tmp_path, d)
+    argv = list(_real_replay_argv(d, tmp_path, count))
+    i = argv.index("--allreduce")
+    del argv[i:i + 2]
+    p = subprocess.run([sys.executable, str(PROGRAM), *argv, *extra], env=env, capture_output=True, text=True)
+    assert "Traceback" not in p.stderr, p.stderr
+    return p.returncode, {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
+
+
+def test_required_allreduce_on_one_gpu_fails(tmp_path: Path) -> None:
+    """The issue's case: `--allreduce required --busbw-min 100` on the real 1-GPU H200 printed `allreduce SKIP ...
+    needs >= 2 GPUs` and `summary PASS`. Now it fails with the reason; `auto` still skips (and says the minimum was
+    not checked)."""
+    tool = _nccl_tests_tool(tmp_path, 349.4)
+    rc, res = _replay(tmp_path, REAL, 1, "--allreduce", "required", "--busbw-min", "100", "--nccl-tests", str(tool))
+    ar = res["allreduce"]
+    assert (rc, ar["status"], res["summary"]["status"], res["summary"]["failed"]) == (1, "fail", "fail", ["allreduce"])
+    assert ar["message"] == "required, but 1 GPU: bus bandwidth needs >= 2 GPUs (--busbw-min 100 cannot be checked)"
+    assert ar["found"] == {"gpus": 1}
+    rc, res = _replay(tmp_path, REAL, 1, "--allreduce", "required", "--only", "allreduce")
+    assert rc == 1 and res["allreduce"]["message"] == "required, but 1 GPU: bus bandwidth needs >= 2 GPUs"
+    rc, res = _replay(tmp_path, REAL, 1, "--allreduce", "auto", "--busbw-min", "100", "--nccl-tests", str(tool))
+    assert (rc, res["allreduce"]["status"], res["summary"]["status"]) == (0, "skip", "pass")
+    assert res["allreduce"]["message"].endswith("bus bandwidth needs >= 2 GPUs (--busbw-min 100 not checked)")
+
+
+def test_required_allreduce_on_two_gpus(tmp_path: Path) -> None:
+    """On the 2x H200 capture `required` passes only when the all-reduce really ran and met the minimum; without a
+    tool to run it (no all_reduce_perf, no torch with CUDA here) it fails instead of skipping as `auto` does."""
+    rc, res = _replay(tmp_path, REAL2, 2, "--allreduce", "required", "--only", "allreduce",
+                      "--nccl-tests", str(tmp_path / "absent"))
+    assert (rc, res["allreduce"]["status"]) == (1, "fail")
+    assert res["allreduce"]["message"] == "neither nccl-tests (all_reduce_perf) nor torch with CUDA/NCCL found"
+    rc, res = _replay(tmp_path, REAL2, 2, "--allreduce", "auto", "--only", "allreduce",
+                      "--nccl-tests", str(tmp_path / "absent"))
+    assert (rc, res["allreduce"]["status"]) == (0, "skip")
+    tool = _nccl_tests_tool(tmp_path, 349.4)
+    rc, res = _replay(tmp_path, REAL2, 2, "--allreduce", "required", "--busbw-min", "300", "--nccl-tests", str(tool))
+    assert (rc, res["allreduce"]["status"]) == (0, "pass"), res["allreduce"]
+    assert res["allreduce"]["found"]["busbw_gbps"] == 349.4
+    rc, res = _replay(tmp_path, REAL2, 2, "--allreduce", "required", "--busbw-min", "400", "--nccl-tests", str(tool))
+    assert (rc, res["allreduce"]["status"]) == (1, "fail")
+    assert res["allreduce"]["message"].startswith("all-reduce busbw 349.4 GB/s < 400.0 GB/s (2 GPUs")
+
+
+@pytest.mark.parametrize("d, count, auto, required_message", [
+    # 1x H200 (PCIe-style, no NVSwitch): nothing to check in auto; required and no Fabric Manager installed
+    (REAL, 1, "skip", "nv-fabricmanager not installed; nvidia-fabricmanager is "),  # + this machine's unit state
+    # 2x H200 VM: the fabric is Completed/Success but Fabric Manager runs outside the guest: auto warns, required fails
+    (REAL2, 2, "warn", "required, but nv-fabricmanager is not on this host (the NVLink fabric is Completed/Success: "
+                       "managed outside this OS? then --fabricmanager auto)"),
+])
+def test_required_fabricmanager(tmp_path: Path, d: Path, count: int, auto: str, required_message: str) -> None:
+    rc, res = _replay(tmp_path, d, count, "--allreduce", "off", "--fabricmanager", "auto")
+    assert (rc, res["fabricmanager"]["status"]) == (0, auto)
+    rc, res = _replay(tmp_path, d, count, "--allreduce", "off", "--fabricmanager", "required")
+    fm = res["fabricmanager"]
+    assert (rc, fm["status"], res["summary"]["failed"]) == (1, "fail", ["fabricmanager"])
+    assert fm["message"].startswith(required_message), fm
+
+
+def test_required_never_skips(tmp_path: Path) -> None:
+    """Every check with a `required` mode, on both real captures and in every way we can make it unable to run:
+    never `skip`, never `pass` without having run."""
+    p = subprocess.run([sys.executable, str(PROGRAM), "--help"], capture_output=True, text=True)
+    modes = {flag for flag in ("--fabricmanager", "--allreduce") if f"{flag} {{auto,required,off}}" in p.stdout}
+    assert modes == {"--fabricmanager", "--allreduce"}, p.stdout  # a new check with a required mode: add it here
+    for d, count in ((REAL, 1), (REAL2, 2)):
+        sub = tmp_path / d.name
+        sub.mkdir()
+        rc, res = _replay(sub, d, count, "--allreduce", "required", "--fabricmanager", "required",
+                          "--nccl-tests", str(sub / "absent"))
+        assert rc == 1 and res["fabricmanager"]["status"] == "fail" and res["allreduce"]["status"] == "fail", res
+
+
 # -------------------------------------------------------------------------- one copy of the parsers (nodeparse)
 FILES = PROGRAM.parent
 SHARED = PROJECT_ROOT / "provisioner" / "probes" / "nodeparse.py"

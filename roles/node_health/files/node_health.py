@@ -23,6 +23,8 @@ Checks (each prints one JSON object per line, `--format text` for a table):
   allreduce      single-node all-reduce bus bandwidth (nccl-tests all_reduce_perf, else torch.distributed/NCCL)
 
 A result: {"check": ..., "status": "pass"|"fail"|"warn"|"skip", "message": ..., "expected": ..., "found": ...}.
+A check asked for as `required` (--fabricmanager, --allreduce) never skips: when it cannot run here it fails, saying
+why.
 The last line is {"check": "summary", "status": "pass"|"fail", "failed": [...], "host": ...}.
 """
 
@@ -241,6 +243,10 @@ def check_fabricmanager(ctx):
         exp["fabric"] = "Completed/Success"
         if states != ["Completed"] or statuses not in (["Success"], ["None"]):
             fabric_problem = "fabric state %s/%s, expected Completed/Success" % (",".join(states), ",".join(statuses))
+    if fm_ver is None and nvswitch and fabric_problem is None and a.fabricmanager == "required":
+        # required means checked here: a healthy fabric set up elsewhere is not Fabric Manager running on this node
+        return result("fabricmanager", "fail", "required, but nv-fabricmanager is not on this host (the NVLink fabric "
+                      "is Completed/Success: managed outside this OS? then --fabricmanager auto)", exp, found)
     if fm_ver is None and nvswitch and fabric_problem is None:
         # a guest with passed-through GPUs (shared-NVSwitch virtualization): Fabric Manager runs outside this OS and
         # the fabric it set up is healthy. Seen on the lent 2x H200 VM (driver 580.159.04).
@@ -670,6 +676,10 @@ def check_allreduce(ctx):
     nccl_tests = a.nccl_tests or shutil.which("all_reduce_perf")
     exp = {"busbw_min_gbps": a.busbw_min, "bytes": parse_size(sizes.split(",")[-1])}
     found = {"gpus": ngpu}
+    if ngpu < 2 and a.allreduce == "required":
+        # required = a bus bandwidth is measured (and gated when --busbw-min is set): impossible on one GPU
+        return result("allreduce", "fail", "required, but 1 GPU: bus bandwidth needs >= 2 GPUs%s" % (
+            " (--busbw-min %g cannot be checked)" % a.busbw_min if a.busbw_min is not None else ""), exp, found)
     if nccl_tests and os.access(nccl_tests, os.X_OK):
         lo, hi = sizes.split(",")[0], sizes.split(",")[-1]
         rc, out, err = ctx.run([nccl_tests, "-b", lo, "-e", hi, "-f", "2", "-g", str(ngpu), "-n", str(a.allreduce_iters)],
@@ -727,7 +737,8 @@ def check_allreduce(ctx):
         # NCCL's all-reduce on one rank is a no-op (no peer, in place): its time is launch overhead, so no
         # bandwidth figure is meaningful. The run still proves torch + NCCL + the GPU work and the sum is right.
         return result("allreduce", "skip", "1 GPU: NCCL all-reduce path works (sum correct); bus bandwidth needs "
-                      ">= 2 GPUs", exp, found)
+                      ">= 2 GPUs%s" % (" (--busbw-min %g not checked)" % a.busbw_min if a.busbw_min is not None
+                                      else ""), exp, found)
     if a.busbw_min is not None and busbw < a.busbw_min:
         return result("allreduce", "fail", "all-reduce busbw %.1f GB/s < %.1f GB/s (%d GPUs, %s)"
                       % (busbw, a.busbw_min, ngpu, sizes.split(",")[-1]), exp, found)
@@ -754,7 +765,8 @@ def build_parser():
                    help="accepted nvidia-smi product name (repeatable), e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--driver", help="pinned driver version (580.95.05 or the package version 580.95.05-1)")
     p.add_argument("--fabricmanager", choices=("auto", "required", "off"), default="auto",
-                   help="auto: required when an NVSwitch fabric or nv-fabricmanager is present (default)")
+                   help="auto: checked when an NVSwitch fabric or nv-fabricmanager is present (default); required: "
+                   "nv-fabricmanager must run on this node, fails when it cannot be checked")
     p.add_argument("--fabricmanager-unit", default="nvidia-fabricmanager")
     p.add_argument("--fabricmanager-bin", default="nv-fabricmanager")
     p.add_argument("--kmsg", help="kernel log: a kmsg device or kmsg-shaped file (default /dev/kmsg, then journalctl -k)")
@@ -766,7 +778,8 @@ def build_parser():
                    help="where the node's network interfaces are listed (default /sys/class/net)")
     p.add_argument("--sysfs-root", default="/", help="root under which sys/class/infiniband, proc/ and dev/ are read")
     p.add_argument("--allreduce", choices=("auto", "required", "off"), default="auto",
-                   help="auto: run when nccl-tests or torch+CUDA is present, skip otherwise")
+                   help="auto: run when nccl-tests or torch+CUDA is present and the node has >= 2 GPUs, skip "
+                   "otherwise; required: fail when it cannot run (no GPU, 1 GPU, no tool)")
     p.add_argument("--busbw-min", type=float, help="minimum all-reduce bus bandwidth, GB/s (per GPU model and count)")
     p.add_argument("--allreduce-sizes", default="4G", help="comma list of message sizes; the last one is gated")
     p.add_argument("--allreduce-iters", type=int, default=20)
