@@ -24,7 +24,7 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from provisioner.errors import UsageError
 from provisioner.model import Cluster, Fleet, Host, freeze
@@ -66,8 +66,9 @@ def _quiet_ansible() -> None:
     os.environ.setdefault("ANSIBLE_DEPRECATION_WARNINGS", "False")
 
 
-def load_fleet(path: str | os.PathLike[str]) -> Fleet:
-    """Read the inventory at `path`; raise UsageError (exit 2) when it cannot be read or parsed."""
+def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | None = None) -> Fleet:
+    """Read the inventory at `path`; raise UsageError (exit 2) when it cannot be read or parsed. `extra_vars` (the
+    run's `-e`) are laid on top as in a play (`fleet_from_play`): the rules see what the play will see."""
     p = Path(path)
     if not p.exists():
         raise UsageError("inventory not found", path=str(p))
@@ -89,7 +90,7 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     try:
         with contextlib.redirect_stderr(chatter):
             inv = InventoryManager(loader=loader, sources=[str(p)])
-            hosts, group_vars, groups = _read(loader, inv)
+            hosts, group_vars, groups = _read(loader, inv, extra_vars=dict(extra_vars or {}))
     except AnsibleError as exc:
         failure = exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -103,11 +104,37 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
                 where, reason = _explain_source(loader, p) or (where, reason)
         raise UsageError(f"cannot parse inventory: {reason}", path=where or str(p))
 
-    return _fleet(inv, p, hosts, group_vars, groups)
+    return _fleet(inv, p, hosts, group_vars, groups, keep=True)
+
+
+def limit_hosts(source: Fleet | str | os.PathLike[str], limit: str | None) -> list[str]:
+    """The hosts `limit` selects (an ansible-playbook `--limit`: groups, globs, `~regex`, `!`, `&`, `@file`), in
+    inventory order. A Fleet from `load_fleet` is resolved on the inventory it was read from; a path is parsed (hosts
+    only). UsageError when the pattern or the inventory is bad."""
+    _quiet_ansible()
+    from ansible.errors import AnsibleError
+
+    inv = source.ansible_inventory if isinstance(source, Fleet) else None
+    where = source.source if isinstance(source, Fleet) else Path(source)
+    try:
+        if inv is None:
+            from ansible.inventory.manager import InventoryManager
+            from ansible.parsing.dataloader import DataLoader
+
+            inv = InventoryManager(loader=DataLoader(), sources=[str(where)])
+        try:
+            if limit:
+                inv.subset(limit)
+            return [h.name for h in inv.get_hosts("all")]
+        finally:
+            if limit:
+                inv.subset(None)
+    except AnsibleError as exc:
+        raise UsageError(f"cannot select hosts: {str(exc).strip().splitlines()[0]}", path=str(where)) from None
 
 
 def _fleet(inv: Any, source: Path, hosts: dict[str, Host], group_vars: dict[str, Any],
-           groups: dict[str, tuple[str, ...]]) -> Fleet:
+           groups: dict[str, tuple[str, ...]], keep: bool = False) -> Fleet:
     clusters = _clusters(inv, hosts, group_vars)
     return Fleet(
         source=source,
@@ -115,6 +142,7 @@ def _fleet(inv: Any, source: Path, hosts: dict[str, Host], group_vars: dict[str,
         clusters=freeze(clusters),
         group_vars=freeze(group_vars),
         groups=freeze(groups),
+        ansible_inventory=inv if keep else None,  # a play's inventory is the play's own: never subset it
     )
 
 

@@ -122,6 +122,9 @@ class Fleet:
     group_vars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
     # group name -> member host names (transitively, as Ansible's `groups` magic variable), "all" included
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    # the ansible-core InventoryManager `load_fleet` parsed (None otherwise): host patterns and --limit are resolved on
+    # it (`inventory.limit_hosts`) instead of parsing the inventory again
+    ansible_inventory: Any = field(default=None, repr=False, compare=False)
 
     @property
     def gpu_nodes(self) -> list[Host]:
