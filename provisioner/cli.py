@@ -19,7 +19,7 @@ from provisioner.errors import Exit, UsageError
 if TYPE_CHECKING:
     import typer
 
-HELP = "Provision NVIDIA GPU racks for vLLM with Ansible. Exit codes: 0 ok, 1 failed/invalid, 2 usage, 3 drift."
+HELP = "Provision NVIDIA GPU racks for vLLM with Ansible.\n\nExit codes: 0 ok, 1 failed/invalid, 2 usage, 3 drift."
 
 # Command modules, in the order `provision --help` lists them.
 COMMANDS = (
@@ -50,13 +50,7 @@ def build_app() -> typer.Typer:
         _app = typer.Typer(name="provision", help=HELP, no_args_is_help=True, add_completion=False,
                            pretty_exceptions_enable=False)
         for name in COMMANDS:
-            try:
-                mod = importlib.import_module(f"provisioner.commands.{name}")
-            except ModuleNotFoundError as exc:
-                if exc.name == f"provisioner.commands.{name}":
-                    continue  # command not built yet
-                raise
-            mod.register(_app)
+            importlib.import_module(f"provisioner.commands.{name}").register(_app)
     return _app
 
 
@@ -135,6 +129,7 @@ def main() -> None:
             sys.exit(rc)
     import typer
     from rich.console import Console
+    from rich.markup import escape
 
     err = Console(stderr=True, soft_wrap=True)
     app = build_app()
@@ -154,7 +149,10 @@ def main() -> None:
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive here in standalone_mode=False
         if isinstance(exc, _click_exceptions()):
-            exc.show()  # type: ignore[attr-defined]
+            # one line, as for our own usage errors: what is wrong, and where the help is
+            ctx = getattr(exc, "ctx", None)
+            where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            err.print(f"[bold red]error:[/] {escape(exc.format_message() + where)}", highlight=False)
             sys.exit(Exit.USAGE)
         raise
     sys.exit(rc if isinstance(rc, int) else 0)

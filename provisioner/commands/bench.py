@@ -22,21 +22,26 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from provisioner.commands.common import unwrap
 from provisioner.errors import Exit, UsageError
+from provisioner.model import Cluster, Fleet, Host
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 
-HELP = """Run `vllm bench serve` against a cluster's head (on the head over SSH, or --local) and report P50/P99 TTFT,
-TPOT, E2E latency and request throughput against the SLOs the cluster declares (vllm_cluster.slo_p99_ttft_ms,
-slo_p99_tpot_ms, slo_p99_e2el_ms, their p50 forms, slo_min_request_throughput). Exit codes: 0 SLOs met,
-1 SLO breached or the benchmark failed, 2 usage."""
+HELP = unwrap("""Benchmark a vLLM cluster with `vllm bench serve` and judge it against its SLOs.
+
+Runs the client against the cluster's head (on the head over SSH, or --local) and reports P50/P99 TTFT, TPOT, E2E
+latency and request throughput against the SLOs the cluster declares (vllm_cluster.slo_p99_ttft_ms,
+slo_p99_tpot_ms, slo_p99_e2el_ms, their p50 forms, slo_min_request_throughput).
+
+Exit codes: 0 SLOs met, 1 SLO breached or the benchmark failed, 2 usage.""")
 
 #: (metric key in vLLM's result JSON, SLO variable, unit, "max" = upper bound / "min" = lower bound)
 METRICS: tuple[tuple[str, str, str, str], ...] = (
@@ -80,7 +85,7 @@ def judge(result: dict[str, Any], settings: dict[str, Any]) -> list[dict[str, An
     return rows
 
 
-def _ssh_argv(host: Any) -> list[str]:
+def _ssh_argv(host: Host) -> list[str]:
     v = host.vars
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15"]
     key = v.get("ansible_ssh_private_key_file")
@@ -95,7 +100,8 @@ def _ssh_argv(host: Any) -> list[str]:
     return argv + [f"{user}@{host.address}" if user else host.address]
 
 
-def _run_on_head(fleet: Any, cluster: Any, args: list[str], venv: str, env_file: str, timeout: int) -> dict:
+def _run_on_head(fleet: Fleet, cluster: Cluster, args: list[str], venv: str, env_file: str,
+                 timeout: int) -> dict[str, Any]:
     head = fleet.hosts[cluster.head]
     rdir = "/tmp/provision-bench"
     script = (
@@ -117,7 +123,7 @@ def _run_on_head(fleet: Any, cluster: Any, args: list[str], venv: str, env_file:
     return json.loads(p.stdout)
 
 
-def _run_local(vllm: str, args: list[str], api_key: str | None, timeout: int) -> dict:
+def _run_local(vllm: str, args: list[str], api_key: str | None, timeout: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="provision-bench-") as d:
         args = [a if a != "/tmp/provision-bench" else d for a in args]
         env = dict(os.environ, VLLM_NO_USAGE_STATS="1", TORCH_COMPILE_DISABLE="1")
@@ -134,19 +140,22 @@ def _run_local(vllm: str, args: list[str], api_key: str | None, timeout: int) ->
 def register(app: typer.Typer) -> None:
     @app.command("bench", help=HELP)
     def bench_cmd(
-        inventory: Path = typer.Argument(..., help="Inventory file."),
-        cluster_name: str = typer.Option(..., "--cluster", help="The vLLM cluster (inventory group)."),
-        num_prompts: int = typer.Option(200, "--num-prompts", min=1),
-        input_len: int = typer.Option(1024, "--input-len", min=1, help="Random prompt length (tokens)."),
-        output_len: int = typer.Option(128, "--output-len", min=1, help="Tokens generated per request."),
-        concurrency: int = typer.Option(16, "--max-concurrency", min=1),
-        seed: int = typer.Option(0, "--seed"),
-        local: bool = typer.Option(False, "--local", help="Run the client here instead of on the head over SSH."),
-        vllm: Optional[str] = typer.Option(None, "--vllm", help="vllm executable for --local (default: PATH)."),
-        tokenizer: Optional[str] = typer.Option(None, "--tokenizer",
-                                                help="Tokenizer path/name (default: the cluster's model)."),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
-        timeout: int = typer.Option(3600, "--timeout", help="Seconds before the benchmark is abandoned."),
+        inventory: Annotated[Path, typer.Argument(help="Inventory file.", show_default=False)],
+        cluster_name: Annotated[str, typer.Option(
+            "--cluster", help="The vLLM cluster (inventory group).", show_default=False)],
+        num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, help="Requests sent.")] = 200,
+        input_len: Annotated[int, typer.Option("--input-len", min=1, help="Random prompt length (tokens).")] = 1024,
+        output_len: Annotated[int, typer.Option("--output-len", min=1, help="Tokens generated per request.")] = 128,
+        concurrency: Annotated[int, typer.Option("--max-concurrency", min=1, help="Requests in flight.")] = 16,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the random dataset.")] = 0,
+        local: Annotated[bool, typer.Option(
+            "--local", help="Run the client here instead of on the head over SSH.")] = False,
+        vllm: Annotated[str | None, typer.Option(
+            "--vllm", help="vllm executable for --local (default: PATH).")] = None,
+        tokenizer: Annotated[str | None, typer.Option(
+            "--tokenizer", help="Tokenizer path/name (default: the cluster's model).")] = None,
+        json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON here.")] = None,
+        timeout: Annotated[int, typer.Option("--timeout", help="Seconds before the benchmark is abandoned.")] = 3600,
     ) -> None:
         from provisioner.inventory import load_fleet
         from provisioner.render import role_defaults
@@ -185,7 +194,7 @@ def register(app: typer.Typer) -> None:
                 result = _run_on_head(fleet, cluster, args, str(hv["vllm_venv"]), str(hv["vllm_env_file"]), timeout)
         except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError, OSError) as exc:
             err.print(f"[bold red]bench failed:[/] {exc}")
-            raise SystemExit(Exit.FAIL) from None
+            raise typer.Exit(int(Exit.FAIL)) from None
 
         rows = judge(result, s)
         completed, failed = int(result.get("completed") or 0), int(result.get("failed") or 0)
@@ -212,5 +221,5 @@ def register(app: typer.Typer) -> None:
             err.print(f"[bold red]SLO breach:[/] {r['metric']} = {r['value']} {r['unit']} "
                       f"({r['slo_var']} {r['slo']})")
         if not report["ok"]:
-            raise SystemExit(Exit.FAIL)
+            raise typer.Exit(int(Exit.FAIL))
         sys.stdout.flush()

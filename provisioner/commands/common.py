@@ -3,13 +3,19 @@ framework): `provision preflight`'s fast path imports this."""
 
 from __future__ import annotations
 
+import inspect
+import re
+from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from provisioner.errors import UsageError
 
+if TYPE_CHECKING:
+    from provisioner.model import Fleet
 
-def validate(fleet: Any, targeted: set[str] | None = None) -> tuple[list[Any], list[Any]]:
+
+def validate(fleet: Fleet, targeted: set[str] | None = None) -> tuple[list[Any], list[Any]]:
     """(errors that block, warnings) from provisioner.rules. Errors on hosts outside `targeted` become warnings."""
     from provisioner.rules import run_rules, split_findings
 
@@ -22,28 +28,103 @@ def finding_line(f: Any) -> str:
     return line() if callable(line) else str(f)
 
 
-def select(fleet: Any, inventory: Path, limit: Optional[str]) -> list[str]:
-    """The GPU nodes `--limit` picks (retry files and regexes are resolved by Ansible itself)."""
+def select(fleet: Fleet, limit: str | None) -> list[str]:
+    """The GPU nodes `--limit` picks (retry files and regexes are resolved by Ansible itself, on the inventory the
+    fleet was read from)."""
     from provisioner.probes.preflight import select_hosts
 
     if limit and any(c in limit for c in "@~"):
-        from provisioner.runner import resolve_limit, target_hosts
+        from provisioner.inventory import limit_hosts
+        from provisioner.runner.config import resolve_limit
 
-        allowed = set(target_hosts(inventory, resolve_limit(limit)))
+        allowed = set(limit_hosts(fleet, resolve_limit(limit)))
         return [h for h in select_hosts(fleet, None) if h in allowed]
     return select_hosts(fleet, limit)
 
 
-def load_targets(inventory: Path, limit: str | None, fmt: str, timeout: float, forks: int) -> tuple[Any, list[Any]]:
+def load_targets(inventory: Path, limit: str | None, timeout: float, forks: int) -> tuple[Fleet, list[str]]:
     """Check the options shared by `preflight` and `health`, load the fleet and pick the GPU nodes to reach."""
     from provisioner.inventory import load_fleet
 
-    if fmt not in ("text", "json"):
-        raise UsageError(f"--format must be text or json, got {fmt!r}")
     if timeout <= 0 or forks < 1:
         raise UsageError("--timeout must be > 0 and --forks >= 1")
     fleet = load_fleet(inventory)
-    hosts = select(fleet, inventory, limit)
+    hosts = select(fleet, limit)
     if not hosts:
         raise UsageError(f"no GPU nodes match{' --limit ' + limit if limit else ''}", path=str(inventory))
     return fleet, hosts
+
+
+class Format(str, Enum):
+    """--format of validate, preflight, health, onboard."""
+
+    text = "text"
+    json = "json"
+
+
+_ITEM = re.compile(r"^(?:[-*] |\d+\. )")
+
+
+def unwrap(text: str) -> str:
+    """A command's --help from its source-wrapped text: the first paragraph (the one-line summary) and every other
+    paragraph joined into one line each (the terminal wraps them); list items (`- `, `1. `) keep their own lines."""
+    paragraphs = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for raw in para.splitlines():
+            line = raw.strip()
+            if lines and not _ITEM.match(line):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+#: -e/--extra-vars of `run` and `drift` (ansible-playbook's forms)
+EXTRA_VARS_HELP = "Extra variables, highest precedence: key=value, JSON/YAML {...} or @FILE (repeat)."
+
+
+def extra_vars(values: list[str] | None) -> dict[str, Any]:
+    """`-e/--extra-vars` as ansible-playbook reads them (later ones win): `key=value` pairs (strings), a JSON/YAML
+    mapping (`{...}`), or `@FILE` (YAML/JSON). UsageError naming the value on anything else."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for value in values or []:
+        if not value:
+            continue
+        where = f"-e {value!r}"
+        if value.startswith("@"):
+            path = Path(value[1:]).expanduser()
+            try:
+                data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except OSError as exc:
+                raise UsageError(f"-e @FILE: cannot read it: {exc.strerror or exc}", path=str(path)) from None
+            except yaml.YAMLError as exc:
+                raise UsageError(f"-e @FILE: invalid YAML: {str(exc).splitlines()[0]}", path=str(path)) from None
+            where = f"-e {value}"
+        elif value[0] in "/.":
+            raise UsageError(f"{where}: a file of variables is given as @FILE (-e @{value})")
+        elif value[0] in "[{":
+            try:
+                data = yaml.safe_load(value)
+            except yaml.YAMLError as exc:
+                raise UsageError(f"{where}: invalid JSON/YAML: {str(exc).splitlines()[0]}") from None
+        else:
+            from ansible.errors import AnsibleError
+            from ansible.parsing.splitter import parse_kv
+
+            try:
+                data = parse_kv(value)
+            except AnsibleError as exc:
+                raise UsageError(f"{where}: {str(exc).splitlines()[0]}") from None
+            if "_raw_params" in data:
+                raise UsageError(f"{where}: expected key=value, a JSON/YAML mapping or @FILE")
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: not a mapping of variables (got {type(data).__name__})")
+        bad = [k for k in data if not isinstance(k, str) or not k.isidentifier()]
+        if bad:
+            raise UsageError(f"{where}: {bad[0]!r} is not a valid variable name")
+        out.update(data)  # ansible-playbook's default hash_behaviour: replace
+    return out

@@ -5,22 +5,28 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
 
+from provisioner.commands.common import unwrap
 from provisioner.errors import Exit, UsageError
 
-HELP = """Render prometheus.yml (scrapes every vLLM cluster head's /metrics, node_exporter on every GPU node and
-balancer, the DCGM exporter) and prometheus-rules.yml (alerts: GPU memory, waiting requests, P99 end-to-end /
-time-to-first-token / inter-token latency, vLLM head down, slow model load, drift, health gate) into DIR.
-Thresholds are monitoring_* variables (roles/monitoring/defaults/main.yml), set in the inventory for groups `all` or
-`monitoring`, or with --set. docs/monitoring.md. Exit codes: 0 written (and checked), 1 promtool rejected a file,
-2 usage (unreadable inventory, bad --set, unwritable DIR)."""
+HELP = unwrap("""Write the Prometheus scrape config and alert rules for the fleet into DIR.
+
+Renders prometheus.yml (scrapes every vLLM cluster head's /metrics, node_exporter on every GPU node and balancer,
+the DCGM exporter) and prometheus-rules.yml (alerts: GPU memory, waiting requests, P99 end-to-end /
+time-to-first-token / inter-token latency, vLLM head down, slow model load, drift, health gate). Thresholds are
+monitoring_* variables (roles/monitoring/defaults/main.yml), set in the inventory for groups `all` or `monitoring`,
+or with --set. docs/monitoring.md.
+
+Exit codes: 0 written (and checked), 1 promtool rejected a file, 2 usage (unreadable inventory, bad --set,
+unwritable DIR).""")
 
 
-def _parse_sets(sets: list[str]) -> dict:
+def _parse_sets(sets: list[str]) -> dict[str, Any]:
     out = {}
     for item in sets:
         key, sep, value = item.partition("=")
@@ -64,10 +70,14 @@ def run(inventory: Path, out: Path, sets: list[str], check: bool | None) -> int:
 def register(app: typer.Typer) -> None:
     @app.command("monitoring", help=HELP)
     def monitoring_cmd(
-        inventory: Path = typer.Argument(..., help="inventory file or directory (e.g. inventories/rack-a.ini)"),
-        out: Path = typer.Option(..., "--out", "-o", help="directory to write prometheus.yml and prometheus-rules.yml"),
-        sets: list[str] = typer.Option([], "--set", "-s", help="override a variable: monitoring_NAME=VALUE (repeat)"),
-        check: bool = typer.Option(None, "--check/--no-check",
-                                   help="run promtool check config on the result (default: when promtool exists)"),
+        inventory: Annotated[Path, typer.Argument(
+            help="Inventory file or directory (e.g. inventories/rack-a.ini).", show_default=False)],
+        out: Annotated[Path, typer.Option(
+            "--out", "-o", help="Directory to write prometheus.yml and prometheus-rules.yml.", show_default=False)],
+        sets: Annotated[list[str] | None, typer.Option(
+            "--set", "-s", help="Override a variable: monitoring_NAME=VALUE (repeat).")] = None,
+        check: Annotated[bool | None, typer.Option(
+            "--check/--no-check", help="Run promtool check config on the result (default: when promtool exists).",
+            show_default=False)] = None,
     ) -> None:
-        raise SystemExit(run(inventory, out, sets, check))
+        raise typer.Exit(run(inventory, out, sets or [], check))

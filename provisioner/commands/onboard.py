@@ -7,17 +7,19 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
+from provisioner.commands.common import Format, unwrap
 from provisioner.errors import Exit, UsageError
+from provisioner.model import Fleet
 
 err = Console(stderr=True, highlight=False)
 
-HELP = """Bring new GPU nodes into service, one gate after the other:
+HELP = unwrap("""Bring new GPU nodes into service, one gate after the other.
 
 1. preflight: the node's real hardware matches the inventory (a host that does not is not provisioned);
 2. provisioning run of the playbooks (default playbooks/site.yml) on the remaining hosts WITHOUT the vLLM launch
@@ -31,7 +33,7 @@ HELP = """Bring new GPU nodes into service, one gate after the other:
    those clusters: a cluster launches whole, and only when all its members carry the mark). Skipped with
    --skip-run or --skip-launch.
 
-Exit codes: 0 every host in service (and its cluster launched), 1 any host left out or a launch failed, 2 usage."""
+Exit codes: 0 every host in service (and its cluster launched), 1 any host left out or a launch failed, 2 usage.""")
 
 IN_SERVICE = "/etc/provisioner/in-service"
 
@@ -61,15 +63,7 @@ class Outcome:
         return f"{self.host}: LEFT OUT at {self.stage}: {why}{cl}"
 
 
-def _runner_available() -> bool:
-    try:
-        from provisioner import runner  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _mark(fleet: Any, results: dict[str, Outcome], timeout: float, passed: list[str]) -> None:
+def _mark(fleet: Fleet, results: dict[str, Outcome], timeout: float, passed: list[str]) -> None:
     from provisioner.probes.health import mark_command
     from provisioner.probes.ssh import run_many, target_for
 
@@ -90,7 +84,7 @@ def _mark(fleet: Any, results: dict[str, Outcome], timeout: float, passed: list[
             o.problems.append(f"could not write {IN_SERVICE}: {r.error or r.stderr.strip()[:200]}")
 
 
-def launch_targets(fleet: Any, in_service: list[str]) -> list[str]:
+def launch_targets(fleet: Fleet, in_service: list[str]) -> list[str]:
     """Hosts of the vLLM launch after onboarding: every member of each cluster that has an onboarded host in
     service (a cluster launches whole; the vllm_launch role refuses it when a member has no mark). Pure."""
     out: list[str] = []
@@ -105,27 +99,26 @@ def launch_targets(fleet: Any, in_service: list[str]) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command("onboard", help=HELP)
     def onboard_cmd(
-        inventory: Path = typer.Argument(..., help="Inventory file or directory."),
-        hosts: list[str] = typer.Argument(..., help="Hosts to onboard (inventory names)."),
-        playbook: Optional[Path] = typer.Option(None, "--playbook", help="Provisioning playbook (default site.yml)."),
-        skip_run: bool = typer.Option(False, "--skip-run", help="Only preflight + health + mark (already provisioned)."),
-        skip_launch: bool = typer.Option(False, "--skip-launch",
-                                         help="Do not run the vLLM launch (--tags vllm) after the mark."),
-        serial: str = typer.Option("1", "--serial", help="Hosts per batch in the provisioning run (N or N%)."),
-        fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
-        report: Optional[Path] = typer.Option(None, "--report", help="Also write the JSON report here."),
-        timeout: float = typer.Option(900.0, "--timeout", help="Seconds per host for preflight/health."),
+        inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
+        hosts: Annotated[list[str], typer.Argument(help="Hosts to onboard (inventory names).", show_default=False)],
+        playbook: Annotated[Path | None, typer.Option(
+            "--playbook", help="Provisioning playbook (default site.yml).")] = None,
+        skip_run: Annotated[bool, typer.Option(
+            "--skip-run", help="Only preflight + health + mark (already provisioned).")] = False,
+        skip_launch: Annotated[bool, typer.Option(
+            "--skip-launch", help="Do not run the vLLM launch (--tags vllm) after the mark.")] = False,
+        serial: Annotated[str, typer.Option(
+            "--serial", help="Hosts per batch in the provisioning run (N or N%).")] = "1",
+        fmt: Annotated[Format, typer.Option("--format", "-f", help="Report on stdout.")] = Format.text,
+        report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
+        timeout: Annotated[float, typer.Option("--timeout", help="Seconds per host for preflight/health.")] = 900.0,
     ) -> None:
         from provisioner.inventory import load_fleet
         from provisioner.probes.health import run_health
         from provisioner.probes.preflight import probe
+        from provisioner.runner import make_progress, run_playbook, validate_serial
 
-        if fmt not in ("text", "json"):
-            raise UsageError(f"--format must be text or json, got {fmt!r}")
-        if _runner_available():
-            from provisioner.runner import validate_serial
-
-            validate_serial(serial)
+        validate_serial(serial)
         if playbook is not None and not playbook.is_file():
             raise UsageError("playbook not found", path=str(playbook))
         fleet = load_fleet(inventory)
@@ -138,7 +131,7 @@ def register(app: typer.Typer) -> None:
         hosts = list(dict.fromkeys(hosts))
         out = {h: Outcome(h, clusters=fleet.cluster_of(h)) for h in hosts}
         t0 = time.monotonic()
-        say = (lambda m: None) if fmt == "json" else (lambda m: err.print(m))
+        say = (lambda m: None) if fmt is Format.json else (lambda m: err.print(m))
 
         # 1. preflight
         say(f"onboard: preflight on {', '.join(hosts)}")
@@ -151,14 +144,10 @@ def register(app: typer.Typer) -> None:
         # 2. provisioning run, serial
         run_dir = None
         if alive and not skip_run:
-            if not _runner_available():
-                raise UsageError("provisioner.runner is not available: use --skip-run on provisioned hosts")
-            from provisioner.runner import make_progress, run_playbook
-
             say(f"onboard: provisioning {', '.join(alive)} (serial {serial}; the vLLM launch comes after the mark)")
             result = run_playbook(inventory, command="onboard", playbook=playbook, limit=",".join(alive),
                                   serial=serial, skip_tags="vllm", extravars={"node_health_mark_in_service": True},
-                                  progress=make_progress("none" if fmt == "json" else "auto"))
+                                  progress=make_progress("none" if fmt is Format.json else "auto"), fleet=fleet)
             run_dir = result.run_dir
             for h in alive:
                 hr = result.hosts.get(h)
@@ -189,11 +178,10 @@ def register(app: typer.Typer) -> None:
         launch_dir = None
         launch_hosts = launch_targets(fleet, [h for h in hosts if out[h].in_service])
         if launch_hosts and not (skip_run or skip_launch):
-            from provisioner.runner import make_progress, run_playbook
-
             say(f"onboard: vLLM launch on {', '.join(launch_hosts)}")
             lr = run_playbook(inventory, command="onboard-launch", playbook=playbook, limit=",".join(launch_hosts),
-                              tags="vllm", progress=make_progress("none" if fmt == "json" else "auto"))
+                              tags="vllm", progress=make_progress("none" if fmt is Format.json else "auto"),
+                              fleet=fleet)
             launch_dir = lr.run_dir
             for h in hosts:
                 o = out[h]
@@ -213,7 +201,7 @@ def register(app: typer.Typer) -> None:
         doc = {"ok": all(o.in_service and o.launch != "failed" for o in out.values()), "seconds": round(time.monotonic() - t0, 2),
                "run_dir": run_dir, "launch_run_dir": launch_dir, "hosts": {h: asdict(o) for h, o in out.items()},
                "clusters_affected": sorted({c for o in out.values() if not o.in_service for c in o.clusters})}
-        if fmt == "json":
+        if fmt is Format.json:
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
             for o in out.values():
@@ -226,4 +214,4 @@ def register(app: typer.Typer) -> None:
                     path.write_text(json.dumps(doc, indent=2) + "\n")
                 except OSError as exc:
                     err.print(f"[yellow]warning:[/] cannot write {path}: {exc.strerror or exc}")
-        raise SystemExit(int(Exit.OK if doc["ok"] else Exit.FAIL))
+        raise typer.Exit(int(Exit.OK if doc["ok"] else Exit.FAIL))

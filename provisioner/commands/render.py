@@ -9,26 +9,31 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from provisioner.commands.common import unwrap
 from provisioner.errors import UsageError
 
 err = Console(stderr=True, highlight=False)
 
-HELP = """Print (or write under --out DIR, at their host paths) the files HOST gets from templates/: /etc/nccl.conf,
-the vLLM env file and systemd units. Secrets show as <redacted>. Exit codes: 0 ok, 2 usage (unknown host,
-unreadable inventory)."""
+HELP = unwrap("""Print the exact files a host gets from templates/ (secrets redacted).
+
+Prints (or writes under --out DIR, at their host paths) the files HOST gets: /etc/nccl.conf, the vLLM env file and
+systemd units, byte for byte what the roles write. Secrets show as <redacted>.
+
+Exit codes: 0 ok, 2 usage (unknown host, unreadable inventory).""")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("render", help=HELP)
     def render_cmd(
-        inventory: Path = typer.Argument(..., help="Inventory file (INI/YAML) with group_vars/ beside it."),
-        host: str = typer.Option(..., "--host", help="The inventory host to render for."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Write the files under DIR (DIR/etc/...) instead."),
+        inventory: Annotated[Path, typer.Argument(help="Inventory file (INI/YAML) with group_vars/ beside it.",
+                                                  show_default=False)],
+        host: Annotated[str, typer.Option("--host", help="The inventory host to render for.", show_default=False)],
+        out: Annotated[Path | None, typer.Option("--out", help="Write the files under DIR (DIR/etc/...) instead.")] = None,
     ) -> None:
         from provisioner.inventory import load_fleet
         from provisioner.render import host_files

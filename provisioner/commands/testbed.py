@@ -9,19 +9,23 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from provisioner.commands.common import unwrap
 from provisioner.errors import Exit
 
 # Not a terminal (CI logs, pipes): a wide table rather than one wrapped into 80 columns.
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
 
-NAME_OPT = typer.Option("rack", "--name", "-n", help="Rack name (several racks can exist at once).")
+#: --name of every testbed command
+RackName = Annotated[str, typer.Option("--name", "-n", help="Rack name (several racks can exist at once).")]
+#: a host of the rack
+HostName = Annotated[str, typer.Argument(help="Host name, e.g. node02.", show_default=False)]
 
 
 def _log(msg: str) -> None:
@@ -77,17 +81,23 @@ def _table(name: str) -> Table:
 def register(app: typer.Typer) -> None:
     tb = typer.Typer(
         name="testbed",
-        help="A simulated rack on this machine (root): real Debian hosts (systemd-nspawn) over SSH, a stand-in NVIDIA "
-        "apt repo, simulated GPUs/HCAs with fault injection. Exit codes: 0 ok, 1 failed, 2 usage.",
+        help=unwrap("""A simulated rack on this machine (root) to rehearse on.
+
+        Real Debian hosts (systemd-nspawn) over SSH, a stand-in NVIDIA apt repo, simulated GPUs/HCAs with fault
+        injection.
+
+        Exit codes: 0 ok, 1 failed, 2 usage."""),
         no_args_is_help=True,
     )
 
     @tb.command()
     def up(
-        nodes: int = typer.Option(4, "--nodes", "-N", help="Number of hosts (node01..)."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Hardware spec YAML (defaults + per-host overrides)."),
-        name: str = NAME_OPT,
-        with_vllm: bool = typer.Option(False, "--with-vllm", help="Add the vLLM golden layer (CPU vLLM + tiny model)."),
+        nodes: Annotated[int, typer.Option("--nodes", "-N", help="Number of hosts (node01..).")] = 4,
+        spec: Annotated[Path | None, typer.Option(
+            "--spec", help="Hardware spec YAML (defaults + per-host overrides).")] = None,
+        name: RackName = "rack",
+        with_vllm: Annotated[bool, typer.Option(
+            "--with-vllm", help="Add the vLLM golden layer (CPU vLLM + tiny model).")] = False,
     ) -> None:
         """Bring the rack up (no-op when it is already up; restarts stopped hosts). Writes its inventory."""
         rack = _testbed("rack")
@@ -102,7 +112,8 @@ def register(app: typer.Typer) -> None:
         out.print(f"rack '{name}' {what} in {res.seconds:.1f} s · inventory: {res.rack.inventory}", highlight=False)
 
     @tb.command()
-    def status(name: str = NAME_OPT, as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")) -> None:
+    def status(name: RackName = "rack",
+               as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False) -> None:
         """Per-host state: running, sshd answering, hardware, injected faults, memory."""
         rack = _testbed("rack")
 
@@ -129,8 +140,9 @@ def register(app: typer.Typer) -> None:
 
     @tb.command()
     def down(
-        name: str = NAME_OPT,
-        all_racks: bool = typer.Option(False, "--all", help="Every rack on this machine and stray pvbrN bridges."),
+        name: RackName = "rack",
+        all_racks: Annotated[bool, typer.Option(
+            "--all", help="Every rack on this machine and stray pvbrN bridges.")] = False,
     ) -> None:
         """Remove the rack: hosts, mounts, bridge, proxy, repo server, state, inventory (also after a crash)."""
         rack = _testbed("rack")
@@ -148,7 +160,7 @@ def register(app: typer.Typer) -> None:
             _fail(exc)
 
     @tb.command()
-    def reset(name: str = NAME_OPT) -> None:
+    def reset(name: RackName = "rack") -> None:
         """Every host back to a fresh disk (same names, addresses, host keys); hardware back to the rack spec."""
         rack = _testbed("rack")
 
@@ -162,11 +174,12 @@ def register(app: typer.Typer) -> None:
 
     @tb.command()
     def fault(
-        host: str = typer.Argument(..., help="Host name, e.g. node02."),
-        faults: list[str] = typer.Argument(..., help="hca_down=mlx5_3 · hca_rate=mlx5_2:200 · xid=[GPU:]79 · "
-                                           "ecc_uncorrectable=GPU[:N] · missing_gpu[=N] · nvlink_down[=GPU] · "
-                                           "row_remap_pending[=GPU] · fm_mismatch[=VER] · persistence_off"),
-        name: str = NAME_OPT,
+        host: HostName,
+        faults: Annotated[list[str], typer.Argument(
+            help="hca_down=mlx5_3 · hca_rate=mlx5_2:200 · xid=[GPU:]79 · ecc_uncorrectable=GPU[:N] · missing_gpu[=N] · "
+                 "nvlink_down[=GPU] · row_remap_pending[=GPU] · fm_mismatch[=VER] · persistence_off",
+            show_default=False)],
+        name: RackName = "rack",
     ) -> None:
         """Inject hardware faults into a host, live (its hardware tools answer differently at once)."""
         rack = _testbed("rack")
@@ -175,7 +188,7 @@ def register(app: typer.Typer) -> None:
         out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
 
     @tb.command()
-    def clear(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
+    def clear(host: HostName, name: RackName = "rack") -> None:
         """Remove the faults injected with `fault` (back to the rack spec's hardware for that host)."""
         rack = _testbed("rack")
 
@@ -183,7 +196,7 @@ def register(app: typer.Typer) -> None:
         out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
 
     @tb.command()
-    def stop(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
+    def stop(host: HostName, name: RackName = "rack") -> None:
         """Power a host off (it becomes unreachable; its disk is kept). `start` or `up` boots it again."""
         rack = _testbed("rack")
 
@@ -191,7 +204,7 @@ def register(app: typer.Typer) -> None:
         out.print(f"{host}: stopped", highlight=False)
 
     @tb.command()
-    def start(host: str = typer.Argument(..., help="Host name."), name: str = NAME_OPT) -> None:
+    def start(host: HostName, name: RackName = "rack") -> None:
         """Boot a stopped host (waits until SSH answers)."""
         rack = _testbed("rack")
 
@@ -204,8 +217,8 @@ def register(app: typer.Typer) -> None:
     @tb.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def ssh(
         ctx: typer.Context,
-        host: str = typer.Argument(..., help="Host name."),
-        name: str = NAME_OPT,
+        host: HostName,
+        name: RackName = "rack",
     ) -> None:
         """Open a shell on a host (or run the command after the host name) with the rack's key and known_hosts."""
         hosts, rack = _testbed("hosts"), _testbed("rack")

@@ -6,22 +6,22 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from provisioner.commands.common import Format, unwrap
 from provisioner.errors import Exit, UsageError
+from provisioner.model import Fleet
 
-HELP = """Check INVENTORY (INI or YAML, with its group_vars/ and host_vars/) before anything touches a host:
-hardware variables, NCCL tuning, vLLM cluster topology, memory sizing (weights per GPU, KV cache, full-length
-sequences that fit) and vLLM flags. Every finding has a stable code (docs/inventory.md).
-Exit codes: 0 valid (warnings allowed), 1 invalid, 2 usage (missing file, unreadable inventory)."""
+HELP = unwrap("""Check an inventory before anything touches a host.
 
+Loads INVENTORY (INI or YAML, with its group_vars/ and host_vars/) and checks hardware variables, NCCL tuning, vLLM
+cluster topology, memory sizing (weights per GPU, KV cache, full-length sequences that fit) and vLLM flags. Every
+finding has a stable code (docs/inventory.md).
 
-class Format(str, Enum):
-    text = "text"
-    json = "json"
+Exit codes: 0 valid (warnings allowed), 1 invalid, 2 usage (missing file, unreadable inventory).""")
 
 
 class VllmParser(str, Enum):
@@ -30,7 +30,7 @@ class VllmParser(str, Enum):
     off = "off"
 
 
-def _flag_checker(fleet: Any, vllm_parser: VllmParser, vllm_python: str | None) -> Any:
+def _flag_checker(fleet: Fleet, vllm_parser: VllmParser, vllm_python: str | None) -> Any:
     """A FLAG003 checker backed by vLLM's real parser (all argvs checked in one batch up front), or None."""
     from provisioner.rules.flags import member_argvs
     from provisioner.vllm_args import vllm_available, vllm_parser_errors
@@ -70,30 +70,19 @@ def run(inventory: Path, fmt: Format = Format.text, vllm_parser: VllmParser = Vl
     return Exit.OK if result.ok else Exit.FAIL
 
 
-def _choice(enum: type[Enum], option: str, value: str) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        raise UsageError(f"{option} {value!r}: expected one of {', '.join(e.value for e in enum)}") from None
-
-
 def register(app: typer.Typer) -> None:
-    # Options are plain strings checked here (UsageError -> one line, exit 2) rather than typer choices: typer's
-    # own parameter errors would need cli.main to know its vendored click exception types.
     @app.command("validate", help=HELP)
     def validate_cmd(
-        inventory: Optional[Path] = typer.Argument(None, help="inventory file or directory (e.g. inventories/rack-a.ini)",
-                                                   show_default=False),
-        fmt: str = typer.Option("text", "--format", "-f", help="text (tables) or json"),
-        vllm_parser: str = typer.Option(
-            "auto", "--vllm-parser",
-            help="check rendered vLLM flags with vLLM's own parser: auto (when importable), on, off"),
-        vllm_python: Optional[str] = typer.Option(
-            None, "--vllm-python", envvar="PROVISION_VLLM_PYTHON", show_default=False,
-            help="interpreter of an environment with vLLM, for the parser check (its PYTHONPATH: "
-                 "PROVISION_VLLM_PYTHONPATH)"),
+        inventory: Annotated[Path, typer.Argument(
+            help="Inventory file or directory (e.g. inventories/rack-a.ini).", show_default=False)],
+        fmt: Annotated[Format, typer.Option("--format", "-f", help="Tables (text) or JSON.")] = Format.text,
+        vllm_parser: Annotated[VllmParser, typer.Option(
+            "--vllm-parser", help="Check rendered vLLM flags with vLLM's own parser: auto (when importable), on, off."),
+        ] = VllmParser.auto,
+        vllm_python: Annotated[str | None, typer.Option(
+            "--vllm-python", envvar="PROVISION_VLLM_PYTHON", show_default=False,
+            help="Interpreter of an environment with vLLM, for the parser check (its PYTHONPATH: "
+                 "PROVISION_VLLM_PYTHONPATH)."),
+        ] = None,
     ) -> None:
-        if inventory is None:
-            raise UsageError("validate needs an INVENTORY (e.g. provision validate inventories/rack-a.ini)")
-        raise SystemExit(run(inventory, _choice(Format, "--format", fmt),
-                             _choice(VllmParser, "--vllm-parser", vllm_parser), vllm_python))
+        raise typer.Exit(run(inventory, fmt, vllm_parser, vllm_python))

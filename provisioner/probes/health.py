@@ -229,19 +229,20 @@ _MARK = {"pass": "ok", "fail": "FAIL", "skip": "-", "warn": "warn"}
 
 
 def render_text(results: dict[str, HostHealth], seconds: float | None = None) -> str:
-    width = max([len(h) for h in results] + [4])
+    """A rich table, one row per host and a column per check under its whole name (marks aligned under it), then
+    one line per failed check and the summary."""
+    from provisioner.reports.table import plain_table, to_text
+
     cols = list(CHECK_ORDER)
-    # whole check names as headers (an operator reads `persistence`, not `persiste`), each column as wide as its name
-    w = {c: max(len(c), 4) for c in cols}
-    head = f"{'host':<{width}}  {'result':<11}" + "".join(f" {c:>{w[c]}}" for c in cols)
-    lines = [head]
+    table = plain_table("host", "result", *cols, "error", right=tuple(cols))
     for name, h in results.items():
         if not h.reachable or h.error:
-            lines.append(f"{name:<{width}}  {'UNREACHABLE' if not h.reachable else 'ERROR':<11}  {h.error}")
+            table.add_row(name, "UNREACHABLE" if not h.reachable else "ERROR", *([""] * len(cols)), h.error or "")
             continue
         by = {c["check"]: c for c in h.checks}
-        cells = "".join(f" {_MARK.get(by[c]['status'], by[c]['status']) if c in by else '':>{w[c]}}" for c in cols)
-        lines.append(f"{name:<{width}}  {'PASS' if h.ok else 'FAIL':<11}{cells}")
+        marks = [_MARK.get(by[c]["status"], by[c]["status"]) if c in by else "" for c in cols]
+        table.add_row(name, "PASS" if h.ok else "FAIL", *marks, "")
+    lines = [to_text(table).rstrip("\n")]
     for name, h in results.items():
         for c in h.failed:
             lines.append(f"{name}: {c['check']}: {c.get('message', '')}")
