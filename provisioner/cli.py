@@ -152,7 +152,8 @@ def main() -> None:
             # one line, as for our own usage errors: what is wrong, and where the help is
             ctx = getattr(exc, "ctx", None)
             where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            err.print(f"[bold red]error:[/] {escape(exc.format_message() + where)}", highlight=False)
+            message = exc.format_message()  # type: ignore[attr-defined]
+            err.print(f"[bold red]error:[/] {escape(message + where)}", highlight=False)
             sys.exit(Exit.USAGE)
         raise
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -13,7 +13,7 @@ from provisioner.errors import UsageError
 from provisioner.paths import ROLES, data_file
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(role: str) -> dict[str, Any]:
     if not (ROLES / role / "defaults").is_dir() and (ROLES / role).is_dir():
         return {}  # a role without defaults

@@ -23,8 +23,9 @@ import contextlib
 import io
 import os
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from provisioner.errors import UsageError
 from provisioner.model import Cluster, Fleet, Host, freeze
@@ -84,7 +85,7 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
 
     loader = DataLoader()
     # "unparsed" inventories do not raise by default: make ansible fail loudly on a source it cannot parse.
-    C.INVENTORY_UNPARSED_IS_FAILED = True  # type: ignore[attr-defined]
+    C.INVENTORY_UNPARSED_IS_FAILED = True
     chatter = io.StringIO()  # Ansible's own warnings; we report the reason ourselves
     failure: AnsibleError | None = None
     try:
@@ -344,7 +345,8 @@ def _explain_yaml(loader: Any, p: Path) -> tuple[str, str] | None:
         plugin.parse(InventoryData(), loader, str(p.resolve()), cache=False)
     except Exception as exc:  # noqa: BLE001 - we only harvest the message
         _, reason = _describe(exc)
-        return str(p), re.sub(r'"<class \'(?:[\w.]*\.)?(?:_AnsibleTagged)?(\w+)\'>"', lambda m: m.group(1).lower(), reason)
+        return str(p), re.sub(r'"<class \'(?:[\w.]*\.)?(?:_AnsibleTagged)?(\w+)\'>"', lambda m: m.group(1).lower(),
+                              reason)
     return None
 
 
@@ -354,7 +356,7 @@ def _explain_ini(loader: Any, p: Path) -> tuple[str, str] | None:
 
     failed_line: list[int] = []
 
-    class LineTracking(InventoryModule):  # type: ignore[misc]
+    class LineTracking(InventoryModule):
         """ansible's INI parser, remembering the line it failed on (it forgets it before raising)."""
 
         def _parse(self, lines: list[str]) -> None:

@@ -1,7 +1,7 @@
 """Where provisioner finds its Ansible side and where it writes its state: the one place that decides.
 
-Data root (`ansible.cfg`, `playbooks/`, `roles/`, `templates/`, `plugins/`, `galaxy.yml`, `meta/`: the Ansible collection
-provisioner.gpu):
+Data root (`ansible.cfg`, `playbooks/`, `roles/`, `templates/`, `plugins/`, `galaxy.yml`, `meta/`: the Ansible
+collection provisioner.gpu):
 - a checkout (running from the repository, or an editable install `pip install -e .`): the repository root, the
   parent of this package, so edits to roles/ take effect at once;
 - an installed package (a wheel, `pip install .`): `provisioner/_data/` inside the package (hatch_build.py copies

@@ -14,9 +14,10 @@ exists as file content on the host, written by Ansible with no_log).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from provisioner import defaults
 from provisioner.model import Cluster, Fleet, Host
@@ -184,7 +185,8 @@ def render_template(name: str, variables: Mapping[str, Any], templates: Path = T
     return _env(templates).get_template(name).render(**variables)
 
 
-def host_files(fleet: Fleet, host: Host | str, *, redact: bool = True, templates: Path = TEMPLATES) -> list[RenderedFile]:
+def host_files(fleet: Fleet, host: Host | str, *, redact: bool = True,
+               templates: Path = TEMPLATES) -> list[RenderedFile]:
     """The files `host` gets from templates/, in the order the roles write them."""
     h = fleet.hosts[host] if isinstance(host, str) else host
     v = host_variables(fleet, h, redact=redact)

@@ -16,8 +16,9 @@ Anchors (tests/unit/test_sizing.py): Qwen2-72B weighs ~145 GB in bf16 and ~73 GB
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from provisioner.catalog import GpuSpec, ModelSpec
 

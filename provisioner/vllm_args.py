@@ -16,13 +16,13 @@ The function expects a cluster that passed `provision validate` (ints are ints);
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
 from provisioner.catalog import CATALOG_DIR
-
 from provisioner.model import Cluster, Fleet, Host
 
 # Flags vLLM no longer accepts (vLLM 0.32/0.33) -> what to do instead: provisioner/catalog/vllm_flags.yaml (shared

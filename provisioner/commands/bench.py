@@ -102,6 +102,7 @@ def _ssh_argv(host: Host) -> list[str]:
 
 def _run_on_head(fleet: Fleet, cluster: Cluster, args: list[str], venv: str, env_file: str,
                  timeout: int) -> dict[str, Any]:
+    assert cluster.head is not None  # the caller checked the cluster has members
     head = fleet.hosts[cluster.head]
     rdir = "/tmp/provision-bench"
     script = (

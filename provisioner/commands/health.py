@@ -33,7 +33,8 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Report on stdout.")] = Format.text,
         prometheus: Annotated[Path | None, typer.Option(
             "--prometheus", help="Also write the Prometheus textfile (node_exporter textfile collector) here.")] = None,
-        timeout: Annotated[float, typer.Option("--timeout", help="Seconds per host (the all-reduce included).")] = 900.0,
+        timeout: Annotated[float, typer.Option(
+            "--timeout", help="Seconds per host (the all-reduce included).")] = 900.0,
         forks: Annotated[int, typer.Option("--forks", help="Hosts checked at once.")] = 64,
     ) -> None:
         from provisioner.probes.health import render_json, render_prometheus, render_text, run_health

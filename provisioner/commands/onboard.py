@@ -198,7 +198,8 @@ def register(app: typer.Typer) -> None:
                     o.launch = "ok"
                 # else: the playbook has no vllm-tagged task for the host (e.g. --playbook health.yml): not run
 
-        doc = {"ok": all(o.in_service and o.launch != "failed" for o in out.values()), "seconds": round(time.monotonic() - t0, 2),
+        doc = {"ok": all(o.in_service and o.launch != "failed" for o in out.values()),
+               "seconds": round(time.monotonic() - t0, 2),
                "run_dir": run_dir, "launch_run_dir": launch_dir, "hosts": {h: asdict(o) for h, o in out.items()},
                "clusters_affected": sorted({c for o in out.values() if not o.in_service for c in o.clusters})}
         if fmt is Format.json:

@@ -1,10 +1,11 @@
-"""`provision preflight INVENTORY`: compare every GPU node's real hardware with the inventory (one SSH exec per host)."""
+"""`provision preflight INVENTORY`: compare every GPU node's real hardware with the inventory (one SSH exec a host)."""
 
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from provisioner.commands.common import Format, load_targets, unwrap
 from provisioner.errors import Exit

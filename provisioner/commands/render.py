@@ -33,7 +33,8 @@ def register(app: typer.Typer) -> None:
         inventory: Annotated[Path, typer.Argument(help="Inventory file (INI/YAML) with group_vars/ beside it.",
                                                   show_default=False)],
         host: Annotated[str, typer.Option("--host", help="The inventory host to render for.", show_default=False)],
-        out: Annotated[Path | None, typer.Option("--out", help="Write the files under DIR (DIR/etc/...) instead.")] = None,
+        out: Annotated[Path | None, typer.Option(
+            "--out", help="Write the files under DIR (DIR/etc/...) instead.")] = None,
     ) -> None:
         from provisioner.inventory import load_fleet
         from provisioner.render import host_files

@@ -48,7 +48,7 @@ def _flag_checker(fleet: Fleet, vllm_parser: VllmParser, vllm_python: str | None
                                     pythonpath=os.environ.get("PROVISION_VLLM_PYTHONPATH"))
     except RuntimeError as exc:
         raise UsageError(f"--vllm-python: {exc}") from None
-    verdicts = {(model, argv): err for (_, _, model, argv), err in zip(items, errors)}
+    verdicts = {(model, argv): err for (_, _, model, argv), err in zip(items, errors, strict=False)}
     return lambda model, argv: verdicts.get((model, tuple(argv)))
 
 

@@ -8,8 +8,9 @@ lines, aggregate.
 
 The program's arguments come from the inventory (`health_argv`): GPU count, the catalog's nvidia-smi name for
 `gpu_model`, the pinned driver (`nvidia_driver_version`, else the nvidia_driver role default), NCCL_IB_HCA from
-`ib_hcas` (exact list), the IB rate, Fabric Manager required on NVSwitch models, the catalog's all-reduce threshold for a
-full node. `node_health_*` host variables override (the same names the role uses: roles/node_health/defaults/main.yml).
+`ib_hcas` (exact list), the IB rate, Fabric Manager required on NVSwitch models, the catalog's all-reduce threshold for
+a full node. `node_health_*` host variables override (the same names the role uses:
+roles/node_health/defaults/main.yml).
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from provisioner.paths import ROLES, data_file
-from provisioner.reports.textfile import escape_label as _esc
 from provisioner.model import Fleet, Host
+from provisioner.paths import ROLES, data_file
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
+from provisioner.reports.textfile import escape_label as _esc
 
 PROGRAM = ROLES / "node_health" / "files" / "node_health.py"
 #: The files the program needs side by side (nodeparse.py: a symlink to provisioner/probes/nodeparse.py).
@@ -265,7 +266,8 @@ def render_prometheus(results: dict[str, HostHealth], *, now: float | None = Non
     """node_exporter textfile collector format."""
     ts = time.time() if now is None else now
     out = [
-        "# HELP provisioner_node_health_ok 1 when every health check passed on the host (skipped checks count as passed).",
+        "# HELP provisioner_node_health_ok 1 when every health check passed on the host "
+        "(skipped checks count as passed).",
         "# TYPE provisioner_node_health_ok gauge",
     ]
     for n, h in results.items():

@@ -5,8 +5,9 @@ One connection and ONE exec per host: callers batch everything they want to know
 
 Host keys: the user's ~/.ssh/known_hosts, /etc/ssh/ssh_known_hosts and every `UserKnownHostsFile` named in the
 inventory's `ansible_ssh_common_args` are loaded (parsed once per `run_many`, shared read-only by its connections);
-an unknown or changed key is refused (paramiko RejectPolicy), as Ansible does with host key checking on. Only an explicit `-o StrictHostKeyChecking=no` in the inventory turns that off
-(the key is then accepted for this connection and never saved), mirroring what ssh would do.
+an unknown or changed key is refused (paramiko RejectPolicy), as Ansible does with host key checking on. Only an
+explicit `-o StrictHostKeyChecking=no` in the inventory turns that off (the key is then accepted for this connection
+and never saved), mirroring what ssh would do.
 
 Start-up: paramiko is imported on first use and without `invoke` (`_import_paramiko`).
 """
@@ -16,13 +17,13 @@ from __future__ import annotations
 import os
 import select
 import shlex
-import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from provisioner.model import Host
 
@@ -270,7 +271,7 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
             res.error = f"host key not in known_hosts ({', '.join(t.known_hosts) or '~/.ssh/known_hosts'}): refused"
         else:
             res.error = f"ssh: {msg or type(exc).__name__}"
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         res.error = f"connect timed out after {min(t.connect_timeout or timeout, timeout):g}s"
     except OSError as exc:
         res.error = f"cannot connect to {t.address}:{t.port}: {exc.strerror or exc}"

@@ -4,14 +4,14 @@ for a host without drift, an error testcase for a host that could not be checked
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from provisioner.results import RunResult
 
 
 def render(result: RunResult) -> str:
     suites = ET.Element("testsuites", name="provision drift")
-    stamp = datetime.fromtimestamp(result.started, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    stamp = datetime.fromtimestamp(result.started, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
     total = failures = errors = 0
     for name in sorted(result.hosts):
         h = result.hosts[name]

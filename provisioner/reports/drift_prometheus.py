@@ -35,7 +35,8 @@ def render(result: RunResult, *, now: float | None = None) -> str:
     out.append("# TYPE provisioner_drift_check_failed gauge")
     for name in sorted(result.hosts):
         h = result.hosts[name]
-        out.append(f'provisioner_drift_check_failed{{host="{_esc(name)}"}} {1 if h.failed and not h.unreachable else 0}')
+        failed = 1 if h.failed and not h.unreachable else 0
+        out.append(f'provisioner_drift_check_failed{{host="{_esc(name)}"}} {failed}')
     out.append("# HELP provisioner_drift_last_run_timestamp_seconds When the last drift check finished (Unix time).")
     out.append("# TYPE provisioner_drift_last_run_timestamp_seconds gauge")
     out.append(f"provisioner_drift_last_run_timestamp_seconds {ts:.3f}")

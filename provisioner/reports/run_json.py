@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from provisioner.results import RunResult
 
 SCHEMA = "provision.run/v1"
 
 
-def to_dict(result: RunResult) -> dict:
-    d = {"schema": SCHEMA}
+def to_dict(result: RunResult) -> dict[str, Any]:
+    d: dict[str, Any] = {"schema": SCHEMA}
     d.update(result.to_dict())
     d["failures"] = [
         {"host": f.host, "task": f.task, "role": f.role, "play": f.play, "action": f.action, "message": f.message}

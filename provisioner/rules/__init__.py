@@ -7,9 +7,10 @@ Codes are documented in docs/inventory.md; never reuse or renumber one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Literal
 
 from provisioner.model import Fleet
 from provisioner.rules.context import RuleContext, build_context
@@ -134,4 +135,5 @@ def all_rules() -> dict[str, Rule]:
     return dict(sorted(RULES.items()))
 
 
-__all__ = ["Finding", "Rule", "RULES", "RuleContext", "build_context", "rule", "run_rules", "split_findings", "all_rules"]
+__all__ = ["Finding", "Rule", "RULES", "RuleContext", "build_context", "rule", "run_rules", "split_findings",
+           "all_rules"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from provisioner import catalog
 from provisioner.catalog import ModelSpec
@@ -72,7 +73,8 @@ def setting_problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     for key in SLO_KEYS:
         v = s.get(key)
         if v is not None and not (is_number(v) and v > 0):
-            out.append((key, f"{key} = {show(v)}: expected a positive number of milliseconds{quoted_hint(v, 'number')}"))
+            hint = quoted_hint(v, "number")
+            out.append((key, f"{key} = {show(v)}: expected a positive number of milliseconds{hint}"))
     for key in ("model", "model_arch", "model_config", "served_model_name"):
         v = s.get(key)
         if v is not None and not (isinstance(v, str) and v.strip()):
@@ -169,7 +171,8 @@ def homogeneous(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                 for h in hs:
                     if str(h.vars.get(var)) != common:
                         yield Finding("CL004", "error", f"{var} = {h.vars.get(var)!r} differs from the other members' "
-                                      f"{common!r}: a cluster needs identical nodes", host=h.name, group=c.name, var=var)
+                                      f"{common!r}: a cluster needs identical nodes", host=h.name, group=c.name,
+                                      var=var)
 
 
 @rule("CL005", "node_rank missing or not an integer")
@@ -212,7 +215,8 @@ def rank_contiguous(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
         want = set(range(len(ranks)))
         if set(ranks) != want:
             bad = sorted(set(ranks) - want)  # type: ignore[type-var]
-            yield _f("CL007", c, None, f"node_rank values {sorted(ranks)} (the bad ones: {bad}) must be 0..{len(ranks) - 1}"  # type: ignore[type-var]
+            yield _f("CL007", c, None, f"node_rank values {sorted(ranks)} (the bad ones: {bad}) "  # type: ignore[type-var]
+                     f"must be 0..{len(ranks) - 1}"
                      f" for {len(ranks)} members, with 0 on the head")
 
 

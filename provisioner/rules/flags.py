@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TypeGuard
 
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
@@ -18,7 +19,7 @@ def _extra(fleet: Fleet, name: str) -> object:
     return fleet.clusters[name].settings.get("extra_args")
 
 
-def _extra_ok(v: object) -> bool:
+def _extra_ok(v: object) -> TypeGuard[list[str] | tuple[str, ...]]:
     return isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v)
 
 
@@ -27,7 +28,7 @@ def removed(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """--swap-space, --disable-log-requests, --use-v2-block-manager ...: vLLM exits with 'unrecognized arguments'."""
     for name, c in fleet.clusters.items():
         extra = _extra(fleet, name)
-        argv = list(extra) if _extra_ok(extra) else []  # type: ignore[arg-type]
+        argv = list(extra) if _extra_ok(extra) else []
         if usable(c) and c.head:
             argv = serve_args(c, c.head, fleet)
         for flag, fix in dict(removed_flags(argv)).items():
@@ -44,7 +45,7 @@ def malformed(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             yield Finding("FLAG002", "error", f"extra_args = {show(extra)} is a {type_name(extra)}: expected a list "
                           "of strings, e.g. ['--enable-log-requests']", group=name, var=VAR)
             continue
-        for a in extra:  # type: ignore[union-attr]
+        for a in extra:
             f = flag_name(a)
             if f in MANAGED_FLAGS:
                 yield Finding("FLAG002", "error", f"extra_args repeats {f}, which is rendered from "

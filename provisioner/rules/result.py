@@ -83,7 +83,7 @@ def validate(fleet: Fleet, ctx: RuleContext | None = None) -> ValidationResult:
             members=c.members,
             gpu_model=gm,
             gpus_per_node=per_node,
-            model=spec.name if spec else (c.settings.get("model_arch") if isinstance(c.settings.get("model_arch"), str) else None),
+            model=spec.name if spec else (arch if isinstance(arch := c.settings.get("model_arch"), str) else None),
             tensor_parallel_size=c.settings.get("tensor_parallel_size"),
             pipeline_parallel_size=c.settings.get("pipeline_parallel_size"),
             max_model_len=c.settings.get("max_model_len"),

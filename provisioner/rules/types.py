@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
@@ -16,7 +17,8 @@ def _versionish(name: Any) -> bool:
 
 def _msg(var: str, v: Any) -> str:
     return (f"{var} arrived as {type(v).__name__} {v!r}: INI [group:vars] and host lines evaluate values as Python "
-            f"literals (12.10 becomes 12.1); quote it ({var}=\"...\") or move it to group_vars/*.yml as a quoted string")
+            f"literals (12.10 becomes 12.1); quote it ({var}=\"...\") or move it to group_vars/*.yml as a quoted "
+            "string")
 
 
 @rule("VAR001", "version string mangled into a number")

@@ -20,8 +20,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from provisioner import paths
 from provisioner.results import RunResult
@@ -36,7 +37,6 @@ from provisioner.runner.config import (
 )
 from provisioner.runner.events import CENSORED, EventFolder, failure_message, render_diff, resources_of
 from provisioner.runner.progress import LineProgress, LiveProgress, NullProgress, Progress, make_progress
-
 
 if TYPE_CHECKING:
     from provisioner.model import Fleet

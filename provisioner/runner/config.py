@@ -8,7 +8,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ KEEP_RUNS = 50
 MAX_FORKS = 50
 
 def _now_stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def new_run_dir(command: str, runs_dir: str | os.PathLike[str] | None = None) -> Path:

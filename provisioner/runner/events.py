@@ -12,7 +12,8 @@ import difflib
 import json
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from provisioner.results import DriftItem, HostResult, RunResult, TaskFailure
 

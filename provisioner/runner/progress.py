@@ -77,7 +77,8 @@ class LineProgress(_View):
         self.result = result
         self.t0 = time.monotonic()
         mode = "check (drift)" if result.check else "apply"
-        self._say(f"{result.command}: {len(result.targeted)} hosts, forks {result.forks}, {mode}; run dir {result.run_dir}")
+        self._say(f"{result.command}: {len(result.targeted)} hosts, forks {result.forks}, {mode}; "
+                  f"run dir {result.run_dir}")
 
     def play(self, name: str, batch: int) -> None:
         self.play_name, self.batch = name, batch

@@ -79,7 +79,8 @@ def test_invalid_override_is_refused_before_any_host_is_touched(site: dict[str, 
 
 def test_valid_override_reaches_the_play_and_the_inventory_is_parsed_once(site: dict[str, Path]) -> None:
     (site["tmp"] / "more.yml").write_text("marker: from-file\n")
-    check, parses = cli(site, "--check", "--json", "-e", '{"nccl_ib_timeout": 20}', "-e", f"@{site['tmp'] / 'more.yml'}")
+    more = f"@{site['tmp'] / 'more.yml'}"
+    check, parses = cli(site, "--check", "--json", "-e", '{"nccl_ib_timeout": 20}', "-e", more)
     assert check.returncode == 0, check.stdout + check.stderr
     assert parses == 1  # load_fleet; the limit is resolved on the same InventoryManager (was 3 before)
     assert json.loads(check.stdout)["hosts"]["alpha"]["changed"] == 1
