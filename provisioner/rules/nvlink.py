@@ -5,7 +5,7 @@ max_per_node."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from provisioner import catalog
 from provisioner.model import Fleet, Host
