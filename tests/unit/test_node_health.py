@@ -360,7 +360,7 @@ def test_real_h200_outputs(tmp_path: Path, d: Path, count: int, expect: dict[str
     assert p.returncode == 0, p.stdout + p.stderr
     assert statuses(res) == {"gpu": "pass", "driver": "pass", "persistence": "pass", "ecc": "pass", "xid": "pass",
                              "ib": "skip", "socket_ifname": "skip", "gpudirect": "skip", "allreduce": "skip",
-                             "summary": "pass", **expect}
+                             "efa": "skip", "nvlsm": "skip", "imex": "skip", "summary": "pass", **expect}
     assert res["gpu"]["found"] == {"count": count, "names": ["NVIDIA H200"], "memory_mib": ["143771"]}
 
 
@@ -561,14 +561,17 @@ def test_required_never_skips(tmp_path: Path) -> None:
     """Every check with a `required` mode, on both real captures and in every way we can make it unable to run:
     never `skip`, never `pass` without having run."""
     p = subprocess.run([sys.executable, str(PROGRAM), "--help"], capture_output=True, text=True)
-    modes = {flag for flag in ("--fabricmanager", "--allreduce") if f"{flag} {{auto,required,off}}" in p.stdout}
-    assert modes == {"--fabricmanager", "--allreduce"}, p.stdout  # a new check with a required mode: add it here
+    flags = ("--fabricmanager", "--allreduce", "--nvlsm", "--imex")
+    modes = {flag for flag in flags if f"{flag} {{auto,required,off}}" in p.stdout}
+    assert modes == set(flags), p.stdout  # a new check with a required mode: add it here
     for d, count in ((REAL, 1), (REAL2, 2)):
         sub = tmp_path / d.name
         sub.mkdir()
         rc, res = _replay(sub, d, count, "--allreduce", "required", "--fabricmanager", "required",
-                          "--nccl-tests", str(sub / "absent"))
+                          "--nccl-tests", str(sub / "absent"), "--nvlsm", "required", "--imex", "required",
+                          "--nvlsm-bin", str(sub / "no-nvlsm"), "--imex-ctl", str(sub / "no-imex-ctl"))
         assert rc == 1 and res["fabricmanager"]["status"] == "fail" and res["allreduce"]["status"] == "fail", res
+        assert res["nvlsm"]["status"] == "fail" and res["imex"]["status"] == "fail", res
 
 
 # -------------------------------------------------------------------------- one copy of the parsers (nodeparse)
@@ -703,7 +706,7 @@ def _efa_sysfs(root: Path, names: list[str], down: tuple[str, ...] = ()) -> None
         (port / "link_layer").write_text("Unspecified\n")
 
 
-def _replay(node: Node, tool: str, fixture: Path, rc: int = 0) -> None:
+def _replay_tool(node: Node, tool: str, fixture: Path, rc: int = 0) -> None:
     _script(node.bin / tool, f'#!/bin/sh\ncat "{fixture}"\nexit {rc}\n')
 
 
@@ -712,7 +715,7 @@ P5_DEVS = [f"rdmap{b}s0" for r in (79, 96, 113, 130) for b in range(r, r + 8)]
 
 def test_efa_healthy_p5(node: Node) -> None:
     _efa_sysfs(node.hwsim, P5_DEVS)
-    _replay(node, "fi_info", PUB / "fi-info-efa-p5.txt")
+    _replay_tool(node, "fi_info", PUB / "fi-info-efa-p5.txt")
     rc, res, out = node.run("--only", "efa", "--efa-devices", "32")
     assert rc == 0 and res["efa"]["status"] == "pass", out
     assert len(res["efa"]["found"]["fi_info"]) == 32
@@ -723,7 +726,7 @@ def test_efa_missing_device_is_named(node: Node, tmp_path: Path) -> None:
     text = (PUB / "fi-info-efa-p5.txt").read_text().split("provider: efa\n")
     kept = "".join("provider: efa\n" + b for b in text[1:] if "rdmap80s0" not in b)
     (tmp_path / "fi.txt").write_text(kept)
-    _replay(node, "fi_info", tmp_path / "fi.txt")
+    _replay_tool(node, "fi_info", tmp_path / "fi.txt")
     rc, res, out = node.run("--only", "efa", "--efa-devices", "32", "--efa-names", "rdmap80s0,rdmap79s0")
     assert rc == 1 and res["efa"]["status"] == "fail", out
     msg = res["efa"]["message"]
@@ -732,7 +735,7 @@ def test_efa_missing_device_is_named(node: Node, tmp_path: Path) -> None:
 
 
 def test_efa_without_fi_info_or_devices(node: Node) -> None:
-    _replay(node, "fi_info", PUB / "fi-info-efa-none.txt", rc=1)
+    _replay_tool(node, "fi_info", PUB / "fi-info-efa-none.txt", rc=1)
     rc, res, out = node.run("--only", "efa", "--efa-devices", "4")
     assert rc == 1 and "0 of 4 EFA devices" in res["efa"]["message"] and "lists no EFA device" in res["efa"]["message"]
     rc, res, _ = node.run("--only", "efa")
@@ -757,7 +760,7 @@ def test_imex_up_with_channel_passes(node: Node, tmp_path: Path) -> None:
     chans.mkdir()
     (chans / "channel0").write_text("")
     node.fm_state.write_text("active\n")
-    _replay(node, "nvidia-imex-ctl", PUB / "imex-ctl-N-up.txt")
+    _replay_tool(node, "nvidia-imex-ctl", PUB / "imex-ctl-N-up.txt")
     rc, res, out = node.run("--only", "imex", "--imex", "required", "--imex-nodes", "4",
                             "--imex-channel-dir", str(chans))
     assert rc == 0 and res["imex"]["status"] == "pass", out
@@ -768,7 +771,7 @@ def test_imex_up_with_channel_passes(node: Node, tmp_path: Path) -> None:
 
 def test_imex_degraded_and_no_channel_fail_naming_the_tray(node: Node, tmp_path: Path) -> None:
     node.fm_state.write_text("active\n")
-    _replay(node, "nvidia-imex-ctl", PUB / "imex-ctl-N-degraded.txt")
+    _replay_tool(node, "nvidia-imex-ctl", PUB / "imex-ctl-N-degraded.txt")
     rc, res, out = node.run("--only", "imex", "--imex-channel-dir", str(tmp_path / "none"))
     assert rc == 1, out
     msg = res["imex"]["message"]
