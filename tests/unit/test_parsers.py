@@ -367,3 +367,87 @@ def test_select_ib_hcas() -> None:
     assert p.select_ib_hcas("^mlx5_1", present) == ([("mlx5_0", None), ("mlx5_2", None)], [])
     assert p.select_ib_hcas("^=mlx5_1", present) == ([("mlx5_0", None), ("mlx5_10", None), ("mlx5_2", None)], [])
     assert p.select_ib_hcas("", present) == ([], [])
+
+
+def test_fi_info_p5_counts_each_efa_device_once() -> None:
+    doms = p.parse_fi_info((PUB / "fi-info-efa-p5.txt").read_text())
+    assert len(doms) == 96 and doms[0] == p.FiDomain("efa", "efa-direct", "rdmap79s0-rdm", "FI_EP_RDM")
+    devs = p.efa_devices(doms)
+    assert len(devs) == 32 and devs[0] == "rdmap100s0" and "rdmap86s0" in devs and "rdmap87s0" not in devs
+    assert p.efa_devices([d for d in doms if d.device != "rdmap80s0"]) == [x for x in devs if x != "rdmap80s0"]
+
+
+def test_fi_info_without_a_device_and_other_providers() -> None:
+    assert p.parse_fi_info((PUB / "fi-info-efa-none.txt").read_text()) == []
+    tcp = "provider: tcp\n    fabric: 10.0.0.0/24\n    domain: ens5\n    type: FI_EP_MSG\n"
+    assert p.efa_devices(p.parse_fi_info(tcp)) == []
+    assert p.parse_fi_info("garbage\n  domain: x\n") == []
+
+
+def test_imex_ctl_up() -> None:
+    d = p.parse_imex_ctl((PUB / "imex-ctl-N-up.txt").read_text())
+    assert d.state == "UP" and [n.address for n in d.nodes] == [f"10.50.0.{i}" for i in range(11, 15)]
+    assert {n.status for n in d.nodes} == {"READY"} and d.nodes[0].version == "580.95.05"
+    assert set(d.links) == {0, 1, 2, 3} and d.unconnected() == []
+
+
+def test_imex_ctl_degraded_names_the_missing_tray() -> None:
+    d = p.parse_imex_ctl((PUB / "imex-ctl-N-degraded.txt").read_text())
+    assert d.state == "DEGRADED" and d.nodes[3] == p.ImexNode(3, "10.50.0.14", "UNAVAILABLE", "580.95.05")
+    assert (0, 3, "N") in d.unconnected() and (3, 0, "I") in d.unconnected()
+    down = p.parse_imex_ctl("IMEX daemon is not running (nvidia-imex.service)\nDomain State: DOWN\n")
+    assert down.state == "DOWN" and down.nodes == () and down.links == {}
+    assert p.parse_imex_ctl("") == p.ImexDomain(None, (), {})
+
+
+def test_parse_probe_arch() -> None:
+    f = p.parse_probe("@@pv@@ begin arch\naarch64\n@@pv@@ end arch 0\n")
+    assert f.arch == "aarch64"
+    assert p.parse_probe("@@pv@@ begin arch\nsh: uname: not found\n@@pv@@ end arch 127\n").arch is None
+
+
+def _shape_fleet(shape: str):
+    from provisioner import PROJECT_ROOT
+    from provisioner.inventory import load_fleet
+
+    return load_fleet(PROJECT_ROOT / "inventories" / shape / "hosts.ini")
+
+
+def test_preflight_efa_devices_counted_from_sysfs() -> None:
+    """A p5 node before the EFA installer: the kernel's efa driver shows rdmap* under /sys/class/infiniband."""
+    from provisioner.probes.preflight import compare
+
+    fleet = _shape_fleet("p5-pair")
+    devs = [f"rdmap{b}s0" for r in (79, 96, 113, 130) for b in range(r, r + 8)]
+
+    def facts(down: tuple[str, ...] = (), gone: tuple[str, ...] = ()) -> p.NodeFacts:
+        dump = []
+        for d in devs:
+            if d in gone:
+                continue
+            base = f"/sys/class/infiniband/{d}/ports/1"
+            dump += [f"{base}/state\t{'1: DOWN' if d in down else '4: ACTIVE'}", f"{base}/phys_state\t5: LinkUp",
+                     f"{base}/rate\t100 Gb/sec (4X EDR)", f"{base}/link_layer\tUnspecified"]
+        return _hgx_facts(ib_ports=p.parse_ib_sysfs(p.parse_file_dump("\n".join(dump))), hca_numa={}, arch="x86_64")
+
+    assert compare(fleet, fleet.hosts["p5-a"], facts()) == []
+    (m,) = compare(fleet, fleet.hosts["p5-a"], facts(down=("rdmap80s0",), gone=("rdmap81s0",)))
+    assert m.check == "efa_devices" and m.expected == "32 EFA devices ACTIVE"
+    assert m.found == "30 ACTIVE (rdmap80s0 not ACTIVE)"
+
+
+def test_preflight_gb200_tray_must_be_aarch64() -> None:
+    from provisioner.probes.preflight import compare
+
+    fleet = _shape_fleet("gb200-nvl72")
+    h = fleet.hosts["tray01"]
+    gpus = "\n".join(f"{i}, NVIDIA GB200, 189471, 580.95.05, Enabled, 00000008:0{i}:00.0" for i in range(4))
+    dump = [f"/sys/class/infiniband/mlx5_{i}/ports/1/{k}\t{v}" for i in range(4)
+            for k, v in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("rate", "400 Gb/sec (4X NDR)"))]
+    f = _hgx_facts(gpus=p.parse_query_gpu(gpus), topology=None, hca_numa={},
+                   ib_ports=p.parse_ib_sysfs(p.parse_file_dump("\n".join(dump))), arch="aarch64",
+                   net_ifaces=["lo", "enP6p3s0f0np0"])
+    assert compare(fleet, h, f) == []
+    f.arch = "x86_64"
+    assert [(m.check, m.expected, m.found) for m in compare(fleet, h, f)] == [
+        ("cpu_arch", "aarch64 (GB200-186GB)", "x86_64")]

@@ -81,6 +81,9 @@ hw007b ansible_host=10.1.9.9
 nccl001 ansible_host=10.1.1.1
 nccl003 ansible_host=10.1.1.3
 var001 ansible_host=10.1.2.1 cuda_version=12.10
+efa1 ansible_host=10.1.3.1
+b200old ansible_host=10.1.3.2
+tray1 ansible_host=10.1.3.3
 
 [gpu_nodes:children]
 clusters
@@ -138,6 +141,11 @@ BROKEN_HOST_VARS = {
     "hw006": {"ib_hcas": ["mlx5 0"]},
     "nccl001": {"nccl_ib_timeout": 40},
     "nccl003": {"nccl_algo": "allreduce:ringg"},
+    # node shapes (issue 18): an EFA node keeping ib_hcas and lacking its count and installer, a B200 on a driver
+    # older than its minimum, a GB200 tray without its NVLink domain
+    "efa1": {"fabric": "efa", "ib_hcas": ["mlx5_0"]},
+    "b200old": {"gpu_model": "B200-SXM-180GB", "nvidia_driver_version": "570.86.15-1"},
+    "tray1": {"gpu_model": "GB200-186GB", "gpu_count": 4},
 }
 # (code, host or group the finding names) one per broken host/cluster above
 EXPECTED = [
@@ -145,6 +153,7 @@ EXPECTED = [
     ("HW007", "hw007b"), ("NCCL001", "nccl001"), ("NCCL003", "nccl003"), ("VAR001", "var001"),
     ("CL002", "cl002"), ("CL003", "cl003"), ("CL006", "cl006"), ("CL008", "cl008"), ("CL013", "cl013"),
     ("MEM001", "mem001"), ("MEM002", "mem002"), ("FLAG001", "flag001"),
+    ("HW010", "efa1"), ("HW012", "efa1"), ("HW013", "efa1"), ("HW014", "b200old"), ("NVL001", "tray1"),
 ]
 
 
