@@ -145,7 +145,8 @@ def _inv_host(h: HostState, spec: dict[str, Any]) -> invw.InvHost:
     clean = {k: v for k, v in spec.items() if k != "faults"}
     r = hwspec.resolve(clean)
     return invw.InvHost(name=h.name, address=h.address, gpu_model=r["gpu_model"], gpu_count=len(r["gpus"]),
-                        ib_hcas=tuple(x["name"] for x in r["hcas"]))
+                        ib_hcas=tuple(x["name"] for x in r["hcas"]), efa_devices=len(r["efa"]),
+                        nvlink_domain=invw.NVL72_DOMAIN if r["imex"] else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,6 +397,14 @@ def _write_inventory(st: RackState) -> None:
         extra, cluster_vars = vllm_image.testbed_rack_inventory(
             invw.clusters([h.name for h in st.hosts]), {h.name: h.gpu_count for h in inv_hosts},
             f"{st.gateway}/{st.prefix}")
+    if any(h.efa_devices for h in inv_hosts):  # the stand-in EFA installer, from the rack's repo server
+        from provisioner_testbed import repo
+
+        version = repo.efa_installer()[0]
+        name = repo.efa_tarball_name(version)
+        sha = (rootfs.cache_dir() / "nvidia-repo" / "nvidia" / repo.EFA_DIR / (name + ".sha256")).read_text().split()[0]
+        extra = {"efa_installer_url": f"{st.repo_url}{repo.EFA_DIR}/{name}", "efa_installer_version": version,
+                 "efa_installer_sha256": sha, **extra}
     inv = invw.InvRack(
         name=st.name,
         hosts=inv_hosts,
