@@ -402,7 +402,8 @@ def _write_inventory(st: RackState) -> None:
 
         version = repo.efa_installer()[0]
         name = repo.efa_tarball_name(version)
-        sha = (rootfs.cache_dir() / "nvidia-repo" / "nvidia" / repo.EFA_DIR / (name + ".sha256")).read_text().split()[0]
+        served = _ensure_repo(rootfs.cache_dir(), _nolog)  # this checkout's build (built already: cheap)
+        sha = (served / repo.EFA_DIR / (name + ".sha256")).read_text().split()[0] if served else ""
         extra = {"efa_installer_url": f"{st.repo_url}{repo.EFA_DIR}/{name}", "efa_installer_version": version,
                  "efa_installer_sha256": sha, **extra}
     inv = invw.InvRack(

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -319,11 +320,18 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+#: Builds other than the current one are kept this long after their last use: racks started from another checkout
+#: (other package sources) keep serving their own build while this one builds and serves its own.
+KEEP_OTHER_BUILDS_S = 24 * 3600
+
+
 def ensure_repo(cache: Path) -> Path:
     """Build the stand-in repo under `cache/nvidia-repo/` unless an identical build exists; return the served dir.
 
-    The returned path (`cache/nvidia-repo/nvidia`) is a symlink switched atomically to the current build, so a
-    server started on it keeps serving across rebuilds. Safe to call from several processes at once.
+    The returned path is the build's own directory (`cache/nvidia-repo/builds/<id>`, keyed by the package sources),
+    so a rack keeps serving the packages it was started with when another checkout with other sources builds and
+    serves its own build from the same cache. `cache/nvidia-repo/nvidia` is a symlink switched atomically to the
+    latest build; builds unused for KEEP_OTHER_BUILDS_S are removed. Safe to call from several processes at once.
     """
     root = Path(cache) / "nvidia-repo"
     served = root / "nvidia"
@@ -342,12 +350,14 @@ def ensure_repo(cache: Path) -> Path:
                 tmp.rename(current)
         finally:
             _stop_agent(root / "gnupg")  # gpg starts an agent for secret-key operations: leave none running
+        os.utime(current)  # last use: keeps it from the pruning below in other processes
         if not served.is_symlink() or os.readlink(served) != f"builds/{build_id}":
             link = root / f".nvidia.{os.getpid()}"
             link.unlink(missing_ok=True)
             link.symlink_to(f"builds/{build_id}")
             os.replace(link, served)
+        now = time.time()
         for old in builds.iterdir():
-            if old.name != build_id:
+            if old.name != build_id and now - old.stat().st_mtime > KEEP_OTHER_BUILDS_S:
                 shutil.rmtree(old, ignore_errors=True)
-    return served
+    return current

@@ -45,7 +45,7 @@ dpkg -i "${debs[@]}"
     echo "# EFA installer version: ${VERSION}"
     echo "# Debug packages installed: no"
     echo "# Packages installed:"
-    for d in "${debs[@]}"; do dpkg-deb -f "$d" Package Version | paste -sd' ' | tr ' ' '_'; done
+    for d in "${debs[@]}"; do dpkg-deb --show --showformat='${Package}_${Version}\n' "$d"; done
 } > /opt/amazon/efa_installed_packages.tmp
 mv /opt/amazon/efa_installed_packages.tmp /opt/amazon/efa_installed_packages
 if [ "$verify" -eq 1 ]; then
