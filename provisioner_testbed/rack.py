@@ -628,6 +628,7 @@ def parse_fault(arg: str) -> dict[str, Any]:
 
     hca_down=mlx5_3[,mlx5_4]  hca_rate=mlx5_2:200  xid=79 | xid=GPU:79  ecc_uncorrectable=GPU[:COUNT]
     missing_gpu[=N]  nvlink_down[=GPU]  row_remap_pending[=GPU]  fm_mismatch[=VERSION]  persistence_off
+    efa_missing[=N|=rdmap79s0,...]  nvlsm_fail  imex_degraded
     """
     name, eq, value = arg.partition("=")
     name = name.strip().replace("-", "_")
@@ -665,6 +666,12 @@ def parse_fault(arg: str) -> dict[str, Any]:
         return {"fm_mismatch": value if value else True}
     if name == "persistence_off":
         return {"persistence_off": True}
+    if name == "efa_missing":
+        if value and not value.isdigit():
+            return {"efa_missing": value.split(",")}
+        return {"efa_missing": ints(value, "the count")[0] if value else 1}
+    if name in ("nvlsm_fail", "imex_degraded"):
+        return {name: True}
     from provisioner_testbed import hwspec
 
     raise UsageError(f"unknown fault {name!r} (known: {', '.join(hwspec.FAULTS)})")
