@@ -1,4 +1,5 @@
-"""Render the files a host gets (nccl.conf, vLLM units, the vLLM env file) from the shared `templates/`.
+"""Render the files a host gets (nccl.conf, IMEX's nodes_config.cfg, vLLM units, the vLLM env file) from the shared
+`templates/`.
 
 The roles render the very same templates with Ansible's template module; this module reproduces that rendering:
 variables are the roles' `defaults/main.yml` with the host's merged inventory vars on top, plus `vllm_facts`, the
@@ -138,6 +139,20 @@ def vllm_facts(fleet: Fleet, host: str, variables: Mapping[str, Any]) -> dict[st
     }
 
 
+def imex_nodes(fleet: Fleet, host: str) -> list[str]:
+    """The addresses nodes_config.cfg lists on `host`: every tray of its nvlink_domain (imex_address, else
+    ansible_host), sorted by host name so every tray gets the same bytes; [] when the host runs no IMEX (its GPU
+    model's catalog entry says imex: false) or names no domain (rule NVL001)."""
+    from provisioner import catalog
+
+    h = fleet.hosts[host]
+    spec = catalog.gpu(h.gpu_model)
+    if spec is None or not spec.imex or not h.nvlink_domain:
+        return []
+    return [t.imex_address for t in sorted(fleet.gpu_nodes, key=lambda t: t.name)
+            if t.nvlink_domain == h.nvlink_domain and catalog.gpu(t.gpu_model) is spec]
+
+
 @dataclass(frozen=True)
 class RenderedFile:
     dest: str  # absolute path on the host
@@ -162,6 +177,7 @@ def host_variables(fleet: Fleet, host: Host | str, *, redact: bool = True) -> di
             if v.get(k):
                 v[k] = REDACTED
     v["vllm_facts"] = vllm_facts(fleet, h.name, v)
+    v["imex_nodes"] = imex_nodes(fleet, h.name)
     return v
 
 
@@ -192,6 +208,11 @@ def host_files(fleet: Fleet, host: Host | str, *, redact: bool = True, templates
     if h.is_gpu_node:
         out.append(RenderedFile("/etc/nccl.conf", "nccl.conf.j2", render_template("nccl.conf.j2", v, templates),
                                 "0644", "root", "root"))
+    if v["imex_nodes"]:
+        out.append(RenderedFile(str(defaults.role_default("imex", "imex_nodes_config_path")),
+                                "nvidia-imex-nodes_config.cfg.j2",
+                                render_template("nvidia-imex-nodes_config.cfg.j2", v, templates), "0644", "root",
+                                "root"))
     facts = v["vllm_facts"]
     if facts:
         out.append(RenderedFile(str(v["vllm_env_file"]), "vllm.env.j2", render_template("vllm.env.j2", v, templates),

@@ -48,6 +48,19 @@ INVENTORY = textwrap.dedent(
               ib_hcas: []
               bootstrap_interface: eth0
               nccl_cross_nic: null
+            aws-efa:
+              ansible_host: 10.20.0.15
+              fabric: efa
+              ib_hcas: []
+              bootstrap_interface: ""
+            aws-efa2:
+              ansible_host: 10.20.0.16
+              fabric: efa
+              ib_hcas: []
+              bootstrap_interface: enp71s0
+              efa_nccl_tuner: false
+              aws_ofi_nccl_dir: /opt/site/ofi-nccl
+              nccl_extra: {NCCL_BUFFSIZE: 8388608}
           vars:
             gpu_model: H100-SXM5-80GB
             gpu_count: 8
@@ -106,6 +119,19 @@ EXPECTED_NCCL = {
     + "NCCL_IB_DISABLE=1\n"
     "NCCL_SOCKET_IFNAME==eth0\n"
     "NCCL_ALGO=Ring\n",
+    # AWS EFA: libfabric + aws-ofi-nccl; no NCCL_IB_* (not even from the group's ib_hcas), no NCCL_CROSS_NIC; the
+    # tuner replaces NCCL_ALGO; NCCL_SOCKET_IFNAME excludes docker/lo/veth unless bootstrap_interface names one
+    "aws-efa": HEADER.format(host="aws-efa")
+    + "FI_PROVIDER=efa\n"
+    "FI_EFA_FORK_SAFE=1\n"
+    "NCCL_TUNER_PLUGIN=/opt/amazon/ofi-nccl/lib/libnccl-ofi-tuner.so\n"
+    "NCCL_SOCKET_IFNAME=^docker,lo,veth\n",
+    "aws-efa2": HEADER.format(host="aws-efa2")
+    + "FI_PROVIDER=efa\n"
+    "FI_EFA_FORK_SAFE=1\n"
+    "NCCL_SOCKET_IFNAME==enp71s0\n"
+    "NCCL_ALGO=Ring\n"
+    "NCCL_BUFFSIZE=8388608\n",
 }
 
 PLAYBOOK = textwrap.dedent(
@@ -185,7 +211,7 @@ def test_nccl_conf_exact_bytes(rendered: Path, host: str) -> None:
     assert (rendered / f"{host}.nccl.conf").read_bytes() == EXPECTED_NCCL[host].encode()
 
 
-@pytest.mark.parametrize("host", ["deb-ib", "deb-ib2", "ubu-roce", "ubu-eth"])
+@pytest.mark.parametrize("host", ["deb-ib", "deb-ib2", "ubu-roce", "ubu-eth", "aws-efa", "aws-efa2"])
 def test_nccl_conf_same_bytes_as_provision_render(rendered: Path, host: str) -> None:
     from provisioner.inventory import load_fleet
     from provisioner.render import host_variables, render_template
