@@ -93,6 +93,18 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
     ifname = opt("socket_ifname", socket_ifname_setting(host.bootstrap_interface))
     if ifname:
         argv += ["--socket-ifname", str(ifname)]
+    # node shapes (issue 18): EFA devices on fabric efa, NVLSM on its models, IMEX on NVL72 trays (catalog fields)
+    efa = opt("efa_devices", host.efa_device_count if host.fabric == "efa" else None)
+    if efa:
+        argv += ["--efa-devices", str(efa)]
+        if host.efa_devices:
+            argv += ["--efa-names", ",".join(host.efa_devices)]
+    argv += ["--nvlsm", str(opt("nvlsm", "required" if spec is not None and spec.nvlsm else "auto"))]
+    imex = spec is not None and spec.imex
+    argv += ["--imex", str(opt("imex", "required" if imex else "auto"))]
+    if imex and host.nvlink_domain:
+        trays = sum(1 for h in fleet.gpu_nodes if h.nvlink_domain == host.nvlink_domain and h.gpu_model == host.gpu_model)
+        argv += ["--imex-nodes", str(opt("imex_nodes", trays))]
     busbw = opt("busbw_min_gbps", None)
     if busbw in (None, "") and spec is not None and spec.allreduce_busbw_gbps and count == spec.all_reduce_gpus:
         busbw = spec.allreduce_busbw_gbps
@@ -224,7 +236,7 @@ def run_health(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_T
 
 # ------------------------------------------------------------------------------------------ reports
 CHECK_ORDER = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname",
-               "gpudirect", "allreduce")
+               "gpudirect", "efa", "nvlsm", "imex", "allreduce")
 _MARK = {"pass": "ok", "fail": "FAIL", "skip": "-", "warn": "warn"}
 
 

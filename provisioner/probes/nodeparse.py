@@ -425,3 +425,98 @@ def parse_xids(text: str) -> list[Xid]:
     return [Xid(m.group(1), int(m.group(2)), (m.group(3) or "").strip()) for m in map(_XID.search, text.splitlines())
             if m]
 
+
+
+# ------------------------------------------------------------------------------------------ EFA: fi_info
+@dataclass(frozen=True)
+class FiDomain:
+    provider: str
+    fabric: str | None
+    domain: str
+    ep_type: str | None  # FI_EP_RDM | FI_EP_DGRAM
+
+    @property
+    def device(self) -> str:
+        """The EFA device (rdmap79s0) behind a libfabric domain (rdmap79s0-rdm, rdmap79s0-dgrm)."""
+        return re.sub(r"-(rdm|dgrm)$", "", self.domain)
+
+
+def parse_fi_info(text: str) -> list[FiDomain]:
+    """`fi_info [-p efa] [-t FI_EP_RDM]` -> one FiDomain per `provider:` block (indented `fabric:`, `domain:`,
+    `type:` lines). `fi_getinfo: -61 (No data available)` (no device) and other lines give []."""
+    out: list[FiDomain] = []
+    cur: dict[str, str] | None = None
+
+    def flush() -> None:
+        if cur and cur.get("provider") and cur.get("domain"):
+            out.append(FiDomain(cur["provider"], cur.get("fabric"), cur["domain"], cur.get("type")))
+
+    for line in strip_ansi(text).splitlines():
+        m = re.match(r"^\s*(provider|fabric|domain|version|type|protocol):\s*(\S.*?)\s*$", line)
+        if not m:
+            continue
+        key, val = m.group(1), m.group(2)
+        if key == "provider" and not line[:1].isspace():
+            flush()
+            cur = {}
+        if cur is not None:
+            cur[key] = val
+    flush()
+    return out
+
+
+def efa_devices(domains: list[FiDomain]) -> list[str]:
+    """Sorted EFA devices with a reliable-datagram endpoint (what aws-ofi-nccl uses), each once (newer libfabric
+    lists a device under both fabrics `efa` and `efa-direct`)."""
+    return sorted({d.device for d in domains if d.provider == "efa" and d.ep_type in (None, "FI_EP_RDM")})
+
+
+# ------------------------------------------------------------------------------------------ IMEX: nvidia-imex-ctl -N
+@dataclass(frozen=True)
+class ImexNode:
+    index: int
+    address: str
+    status: str  # READY, UNAVAILABLE, ...
+    version: str | None
+
+
+@dataclass(frozen=True)
+class ImexDomain:
+    state: str | None  # UP | DEGRADED | DOWN (None: no "Domain State:" line)
+    nodes: tuple[ImexNode, ...]
+    links: dict[int, dict[int, str]]  # from -> to -> C (connected), N, I, R, D, A, !V!, !M!
+
+    def unconnected(self) -> list[tuple[int, int, str]]:
+        """(from, to, code) of every matrix cell that is not C."""
+        return [(a, b, c) for a, row in sorted(self.links.items()) for b, c in sorted(row.items()) if c != "C"]
+
+
+def parse_imex_ctl(text: str) -> ImexDomain:
+    """`nvidia-imex-ctl -N` (NVIDIA IMEX guide, "The nvidia-imex-ctl Tool"): the legend, a timestamp, `Nodes:` with
+    `Node #0   - 10.1.2.3   - READY   - Version: 580.95.05`, the `Nodes From\\To` connectivity matrix, then
+    `Domain State: UP`. Lines it does not know are skipped."""
+    nodes: list[ImexNode] = []
+    links: dict[int, dict[int, str]] = {}
+    state: str | None = None
+    cols: list[int] | None = None
+    for line in strip_ansi(text).splitlines():
+        m = re.match(r"^\s*Node\s*#\s*(\d+)\s*-\s*(\S+)\s*-\s*([A-Za-z_]+)(?:\s*-\s*Version:\s*(\S+))?", line)
+        if m:
+            nodes.append(ImexNode(int(m.group(1)), m.group(2), m.group(3).upper(), m.group(4)))
+            continue
+        m = re.match(r"^\s*Nodes From\\To\s+(.*)$", line)
+        if m:
+            cols = [int(x) for x in m.group(1).split() if x.isdigit()]
+            continue
+        m = re.match(r"^\s*Domain State:\s*(\S+)", line)
+        if m:
+            state = m.group(1).upper()
+            cols = None
+            continue
+        if cols is not None:
+            parts = line.split()
+            if parts and parts[0].isdigit() and len(parts) - 1 == len(cols):
+                links[int(parts[0])] = dict(zip(cols, parts[1:]))
+            elif line.strip():
+                cols = None
+    return ImexDomain(state, tuple(nodes), links)

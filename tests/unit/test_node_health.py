@@ -400,6 +400,9 @@ def test_role_mirrors_the_gpu_catalog() -> None:
         assert bool(v["__node_health_nvswitch"].get(name, False)) == bool(spec.nvswitch), name
         if spec.allreduce_busbw_gbps and name in v["__node_health_busbw"]:
             assert v["__node_health_busbw"][name] == spec.allreduce_busbw_gbps, name
+        assert v["__node_health_allreduce_gpus"][name] == spec.all_reduce_gpus, name
+        assert bool(v["__node_health_nvlsm"].get(name, False)) == spec.nvlsm, name
+        assert bool(v["__node_health_imex"].get(name, False)) == spec.imex, name
 
 
 def test_health_argv_from_inventory() -> None:
@@ -687,3 +690,108 @@ def test_health_table_shows_whole_check_names_in_aligned_columns() -> None:
         pos = row.index(m, pos)
         assert pos + len(m) == end, (m, pos, end)
         pos += len(m)
+
+
+# ------------------------------------------------------------------------------------------ node shapes (issue 18)
+def _efa_sysfs(root: Path, names: list[str], down: tuple[str, ...] = ()) -> None:
+    for n in names:
+        port = root / "sys" / "class" / "infiniband" / n / "ports" / "1"
+        port.mkdir(parents=True, exist_ok=True)
+        (port / "state").write_text("1: DOWN\n" if n in down else "4: ACTIVE\n")
+        (port / "phys_state").write_text("5: LinkUp\n")
+        (port / "rate").write_text("100 Gb/sec (4X EDR)\n")
+        (port / "link_layer").write_text("Unspecified\n")
+
+
+def _replay(node: Node, tool: str, fixture: Path, rc: int = 0) -> None:
+    _script(node.bin / tool, f'#!/bin/sh\ncat "{fixture}"\nexit {rc}\n')
+
+
+P5_DEVS = [f"rdmap{b}s0" for r in (79, 96, 113, 130) for b in range(r, r + 8)]
+
+
+def test_efa_healthy_p5(node: Node) -> None:
+    _efa_sysfs(node.hwsim, P5_DEVS)
+    _replay(node, "fi_info", PUB / "fi-info-efa-p5.txt")
+    rc, res, out = node.run("--only", "efa", "--efa-devices", "32")
+    assert rc == 0 and res["efa"]["status"] == "pass", out
+    assert len(res["efa"]["found"]["fi_info"]) == 32
+
+
+def test_efa_missing_device_is_named(node: Node, tmp_path: Path) -> None:
+    _efa_sysfs(node.hwsim, [d for d in P5_DEVS if d != "rdmap80s0"], down=("rdmap81s0",))
+    text = (PUB / "fi-info-efa-p5.txt").read_text().split("provider: efa\n")
+    kept = "".join("provider: efa\n" + b for b in text[1:] if "rdmap80s0" not in b)
+    (tmp_path / "fi.txt").write_text(kept)
+    _replay(node, "fi_info", tmp_path / "fi.txt")
+    rc, res, out = node.run("--only", "efa", "--efa-devices", "32", "--efa-names", "rdmap80s0,rdmap79s0")
+    assert rc == 1 and res["efa"]["status"] == "fail", out
+    msg = res["efa"]["message"]
+    assert "30 of 32 EFA devices ACTIVE" in msg and "rdmap81s0: port state DOWN" in msg
+    assert "fi_info -p efa lists 31 of 32" in msg and "missing or down: rdmap80s0" in msg
+
+
+def test_efa_without_fi_info_or_devices(node: Node) -> None:
+    _replay(node, "fi_info", PUB / "fi-info-efa-none.txt", rc=1)
+    rc, res, out = node.run("--only", "efa", "--efa-devices", "4")
+    assert rc == 1 and "0 of 4 EFA devices" in res["efa"]["message"] and "lists no EFA device" in res["efa"]["message"]
+    rc, res, _ = node.run("--only", "efa")
+    assert rc == 0 and res["efa"]["status"] == "skip"
+
+
+def test_nvlsm_required_and_inactive_fails(node: Node) -> None:
+    _script(node.bin / "nvlsm", "#!/bin/sh\nexit 0\n")
+    rc, res, out = node.run("--only", "nvlsm", "--nvlsm", "required")
+    assert rc == 1 and "nvlsm is inactive" in res["nvlsm"]["message"], out
+    node.fm_state.write_text("active\n")
+    rc, res, out = node.run("--only", "nvlsm", "--nvlsm", "required")
+    assert rc == 0 and res["nvlsm"]["status"] == "pass", out
+    (node.bin / "nvlsm").unlink()
+    assert node.run("--only", "nvlsm")[1]["nvlsm"]["status"] == "skip"
+    rc, res, _ = node.run("--only", "nvlsm", "--nvlsm", "required")
+    assert rc == 1 and "nvlsm not installed" in res["nvlsm"]["message"]
+
+
+def test_imex_up_with_channel_passes(node: Node, tmp_path: Path) -> None:
+    chans = tmp_path / "imex-channels"
+    chans.mkdir()
+    (chans / "channel0").write_text("")
+    node.fm_state.write_text("active\n")
+    _replay(node, "nvidia-imex-ctl", PUB / "imex-ctl-N-up.txt")
+    rc, res, out = node.run("--only", "imex", "--imex", "required", "--imex-nodes", "4",
+                            "--imex-channel-dir", str(chans))
+    assert rc == 0 and res["imex"]["status"] == "pass", out
+    rc, res, out = node.run("--only", "imex", "--imex", "required", "--imex-nodes", "18",
+                            "--imex-channel-dir", str(chans))
+    assert rc == 1 and "4 nodes, expected 18" in res["imex"]["message"], out
+
+
+def test_imex_degraded_and_no_channel_fail_naming_the_tray(node: Node, tmp_path: Path) -> None:
+    node.fm_state.write_text("active\n")
+    _replay(node, "nvidia-imex-ctl", PUB / "imex-ctl-N-degraded.txt")
+    rc, res, out = node.run("--only", "imex", "--imex-channel-dir", str(tmp_path / "none"))
+    assert rc == 1, out
+    msg = res["imex"]["message"]
+    assert "IMEX domain DEGRADED: not ready 10.50.0.14" in msg and "channel0 missing" in msg
+    (node.bin / "nvidia-imex-ctl").unlink()
+    assert node.run("--only", "imex")[1]["imex"]["status"] == "skip"
+
+
+@pytest.mark.parametrize("shape,host,want,unwanted", [
+    ("p5-pair", "p5-a", ["--efa-devices 32", "--nvlsm auto", "--imex auto", "--busbw-min 460",
+                         "--gpu-name NVIDIA H100 80GB HBM3"], ["--ib-hca", "--imex-nodes", "--socket-ifname"]),
+    ("b200-rack", "b200-01", ["--nvlsm required", "--imex auto", "--fabricmanager required", "--busbw-min 650",
+                              "--gpu-name NVIDIA B200"], ["--efa-devices"]),
+    ("gb200-nvl72", "tray05", ["--imex required", "--imex-nodes 18", "--nvlsm auto", "--fabricmanager auto",
+                               "--gpu-count 4", "--busbw-min 650", "--gpu-name NVIDIA GB200"], ["--efa-devices"]),
+])
+def test_health_argv_per_shape(shape: str, host: str, want: list[str], unwanted: list[str]) -> None:
+    """`provision health` asks each shape for its own checks: EFA count, NVLSM, IMEX domain size, the busbw gate of
+    the model's full node (4 GPUs on a GB200 tray)."""
+    from provisioner.inventory import load_fleet
+    from provisioner.probes.health import health_argv
+
+    fleet = load_fleet(PROJECT_ROOT / "inventories" / shape / "hosts.ini")
+    joined = " ".join(health_argv(fleet, fleet.hosts[host]))
+    assert all(w in joined for w in want), joined
+    assert not any(u in joined for u in unwanted), joined

@@ -367,3 +367,34 @@ def test_select_ib_hcas() -> None:
     assert p.select_ib_hcas("^mlx5_1", present) == ([("mlx5_0", None), ("mlx5_2", None)], [])
     assert p.select_ib_hcas("^=mlx5_1", present) == ([("mlx5_0", None), ("mlx5_10", None), ("mlx5_2", None)], [])
     assert p.select_ib_hcas("", present) == ([], [])
+
+
+def test_fi_info_p5_counts_each_efa_device_once() -> None:
+    doms = p.parse_fi_info((PUB / "fi-info-efa-p5.txt").read_text())
+    assert len(doms) == 96 and doms[0] == p.FiDomain("efa", "efa-direct", "rdmap79s0-rdm", "FI_EP_RDM")
+    devs = p.efa_devices(doms)
+    assert len(devs) == 32 and devs[0] == "rdmap100s0" and "rdmap86s0" in devs and "rdmap87s0" not in devs
+    assert p.efa_devices([d for d in doms if d.device != "rdmap80s0"]) == [x for x in devs if x != "rdmap80s0"]
+
+
+def test_fi_info_without_a_device_and_other_providers() -> None:
+    assert p.parse_fi_info((PUB / "fi-info-efa-none.txt").read_text()) == []
+    tcp = "provider: tcp\n    fabric: 10.0.0.0/24\n    domain: ens5\n    type: FI_EP_MSG\n"
+    assert p.efa_devices(p.parse_fi_info(tcp)) == []
+    assert p.parse_fi_info("garbage\n  domain: x\n") == []
+
+
+def test_imex_ctl_up() -> None:
+    d = p.parse_imex_ctl((PUB / "imex-ctl-N-up.txt").read_text())
+    assert d.state == "UP" and [n.address for n in d.nodes] == [f"10.50.0.{i}" for i in range(11, 15)]
+    assert {n.status for n in d.nodes} == {"READY"} and d.nodes[0].version == "580.95.05"
+    assert set(d.links) == {0, 1, 2, 3} and d.unconnected() == []
+
+
+def test_imex_ctl_degraded_names_the_missing_tray() -> None:
+    d = p.parse_imex_ctl((PUB / "imex-ctl-N-degraded.txt").read_text())
+    assert d.state == "DEGRADED" and d.nodes[3] == p.ImexNode(3, "10.50.0.14", "UNAVAILABLE", "580.95.05")
+    assert (0, 3, "N") in d.unconnected() and (3, 0, "I") in d.unconnected()
+    down = p.parse_imex_ctl("IMEX daemon is not running (nvidia-imex.service)\nDomain State: DOWN\n")
+    assert down.state == "DOWN" and down.nodes == () and down.links == {}
+    assert p.parse_imex_ctl("") == p.ImexDomain(None, (), {})

@@ -45,7 +45,10 @@ import time
 from nodeparse import (
     CRITICAL_XIDS,
     dig,
+    efa_devices,
+    parse_fi_info,
     parse_ib_sysfs,
+    parse_imex_ctl,
     parse_nccl_conf,
     parse_nvlink_status,
     parse_query_csv,
@@ -58,7 +61,7 @@ from nodeparse import (
 VERSION = "1.0"
 
 CHECKS = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname", "gpudirect",
-          "allreduce")
+          "efa", "nvlsm", "imex", "allreduce")
 
 QUERY_FIELDS = "index,name,memory.total,driver_version,persistence_mode,pci.bus_id"
 ECC_FIELDS = "index,ecc.mode.current,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,remapped_rows.failure"
@@ -547,10 +550,136 @@ def check_gpudirect(ctx):
                   % (open_km, rel), "nvidia-peermem or DMA-BUF", found)
 
 
+# ----------------------------------------------------------------------------------------------------- node shapes
+def _present(ctx, prog):
+    """prog itself when it runs here (a path or on PATH), else None."""
+    return prog if (os.path.isabs(prog) and os.access(prog, os.X_OK)) or shutil.which(prog) else None
+
+
+def check_efa(ctx):
+    """AWS EFA: every expected device is in sysfs (rdmap*, port ACTIVE) and in `fi_info -p efa` (what aws-ofi-nccl
+    opens). Skipped unless --efa-devices N (the inventory's efa_device_count on fabric efa)."""
+    a = ctx.args
+    if not a.efa_devices:
+        return result("efa", "skip", "no EFA devices expected (--efa-devices)")
+    want_names = [x for x in (a.efa_names or "").split(",") if x]
+    exp = {"devices": a.efa_devices, "names": want_names or None, "state": "ACTIVE"}
+    ibdir = os.path.join(a.sysfs_root, "sys/class/infiniband")
+    try:
+        sysfs = sorted(n for n in os.listdir(ibdir) if n.startswith("rdmap"))
+    except OSError:
+        sysfs = []
+    problems = []
+    active = []
+    for dev in sysfs:
+        base = os.path.join(ibdir, dev, "ports", "1")
+        raw = {n: _read(os.path.join(base, n)) for n in ("state", "phys_state", "rate", "link_layer")}
+        port = parse_ib_sysfs({os.path.join(base, n): v for n, v in raw.items() if v is not None}).get(dev, {}).get(1)
+        if port is not None and port.active:
+            active.append(dev)
+        else:
+            problems.append("%s: port state %s" % (dev, port.state if port else "missing"))
+    fi = _present(ctx, a.fi_info) or _present(ctx, "/opt/amazon/efa/bin/fi_info")
+    if fi is None:
+        problems.append("fi_info not found (%s, /opt/amazon/efa/bin/fi_info): is the EFA software installed?"
+                        % a.fi_info)
+        libfabric = []
+    else:
+        rc, out, err = ctx.run([fi, "-p", "efa", "-t", "FI_EP_RDM"])
+        libfabric = efa_devices(parse_fi_info(out))
+        if not libfabric:
+            problems.append("fi_info -p efa lists no EFA device (rc %d: %s)" % (rc, _first(out or err)))
+    found = {"sysfs": sysfs, "active": active, "fi_info": libfabric}
+    if len(active) < a.efa_devices:
+        problems.insert(0, "%d of %d EFA devices ACTIVE in sysfs" % (len(active), a.efa_devices))
+    if fi is not None and libfabric and len(libfabric) < a.efa_devices:
+        problems.append("fi_info -p efa lists %d of %d EFA devices" % (len(libfabric), a.efa_devices))
+    missing = [n for n in want_names if n not in active or (fi is not None and n not in libfabric)]
+    if missing:
+        problems.append("missing or down: %s" % ",".join(missing))
+    if problems:
+        return result("efa", "fail", "; ".join(problems), exp, found)
+    return result("efa", "pass", "%d EFA devices ACTIVE and listed by fi_info" % len(active), exp, found)
+
+
+def check_nvlsm(ctx):
+    """HGX B200/B300: NVLSM (the NVLink subnet manager) runs, with mlx5_ib and ib_umad loaded; without it Fabric
+    Manager cannot finish the fabric (state In Progress, CUDA SYSTEM_NOT_READY: the fabricmanager check)."""
+    a = ctx.args
+    if a.nvlsm == "off":
+        return result("nvlsm", "skip", "not checked (--nvlsm off)")
+    installed = _present(ctx, a.nvlsm_bin)
+    if a.nvlsm == "auto" and not installed:
+        return result("nvlsm", "skip", "NVLSM not installed (not an NVLSM model)")
+    exp = {"service": "active", "modules": ["mlx5_ib", "ib_umad"]}
+    rc, out, _ = ctx.run(["systemctl", "is-active", a.nvlsm_unit])
+    state = out.strip() or ("unknown" if rc == 127 else "inactive")
+    mods = set()
+    text = _read(os.path.join(a.sysfs_root, "proc/modules")) or _read("/proc/modules") or ""
+    for line in text.splitlines():
+        mods.add(line.split(" ", 1)[0])
+    found = {"service": state, "installed": bool(installed),
+             "modules": sorted(m for m in ("mlx5_ib", "ib_umad") if m in mods)}
+    problems = []
+    if not installed:
+        problems.append("nvlsm not installed (%s)" % a.nvlsm_bin)
+    if state != "active":
+        problems.append("%s is %s: Fabric Manager cannot bring the NVLink fabric up" % (a.nvlsm_unit, state))
+    if mods and len(found["modules"]) < 2:
+        problems.append("kernel modules not loaded: %s" % ",".join(m for m in ("mlx5_ib", "ib_umad") if m not in mods))
+    if problems:
+        return result("nvlsm", "fail", "; ".join(problems), exp, found)
+    return result("nvlsm", "pass", "%s active" % a.nvlsm_unit, exp, found)
+
+
+def check_imex(ctx):
+    """GB200/GB300 NVL72 trays: the IMEX daemon runs, `nvidia-imex-ctl -N` reports the domain UP with every tray
+    READY and connected, and IMEX channel 0 exists."""
+    a = ctx.args
+    if a.imex == "off":
+        return result("imex", "skip", "not checked (--imex off)")
+    ctl = _present(ctx, a.imex_ctl)
+    if a.imex == "auto" and not ctl:
+        return result("imex", "skip", "nvidia-imex-ctl not installed (not an IMEX model)")
+    exp = {"domain": "UP", "nodes": a.imex_nodes, "channel": os.path.join(a.imex_channel_dir, "channel0")}
+    problems = []
+    found = {}
+    rc, out, _ = ctx.run(["systemctl", "is-active", a.imex_unit])
+    found["service"] = out.strip() or ("unknown" if rc == 127 else "inactive")
+    if found["service"] != "active":
+        problems.append("%s is %s" % (a.imex_unit, found["service"]))
+    if not ctl:
+        problems.append("nvidia-imex-ctl not installed (%s)" % a.imex_ctl)
+    else:
+        rc, out, err = ctx.run([ctl, "-N"])
+        dom = parse_imex_ctl(out)
+        found["domain"] = dom.state
+        found["nodes"] = {n.address: n.status for n in dom.nodes}
+        if dom.state != "UP":
+            bad = [n.address for n in dom.nodes if n.status != "READY"]
+            problems.append("IMEX domain %s%s" % (dom.state or "unknown (rc %d: %s)" % (rc, _first(err or out)),
+                                                  ": not ready %s" % ",".join(bad) if bad else ""))
+        elif dom.unconnected():
+            pairs = ["%s->%s %s" % (dom.nodes[f].address if f < len(dom.nodes) else f,
+                                    dom.nodes[t].address if t < len(dom.nodes) else t, c)
+                     for f, t, c in dom.unconnected()[:6]]
+            problems.append("IMEX links not connected: %s" % ", ".join(pairs))
+        if a.imex_nodes and dom.nodes and len(dom.nodes) != a.imex_nodes:
+            problems.append("IMEX domain has %d nodes, expected %d (nodes_config.cfg)" % (len(dom.nodes), a.imex_nodes))
+    chan = os.path.join(a.imex_channel_dir, "channel0")
+    found["channel0"] = os.path.exists(chan)
+    if not found["channel0"]:
+        problems.append("%s missing (NVreg_CreateImexChannel0=1 not in effect)" % chan)
+    if problems:
+        return result("imex", "fail", "; ".join(problems), exp, found)
+    return result("imex", "pass", "IMEX domain UP, %d nodes READY, channel0 present" % len(found.get("nodes", {})),
+                  exp, found)
+
 # ---- all-reduce
 _TORCH_WORKER = r'''
 import json, os, sys, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
+
 
 def parse_size(s):
     s = s.strip().upper(); mult = 1
@@ -750,7 +879,7 @@ def check_allreduce(ctx):
 CHECK_FUNCS = {
     "gpu": check_gpu, "driver": check_driver, "persistence": check_persistence, "fabricmanager": check_fabricmanager,
     "ecc": check_ecc, "xid": check_xid, "nvlink": check_nvlink, "ib": check_ib, "socket_ifname": check_socket_ifname,
-    "gpudirect": check_gpudirect,
+    "gpudirect": check_gpudirect, "efa": check_efa, "nvlsm": check_nvlsm, "imex": check_imex,
     "allreduce": check_allreduce,
 }
 
@@ -777,6 +906,20 @@ def build_parser():
     p.add_argument("--net-dir", default="/sys/class/net",
                    help="where the node's network interfaces are listed (default /sys/class/net)")
     p.add_argument("--sysfs-root", default="/", help="root under which sys/class/infiniband, proc/ and dev/ are read")
+    p.add_argument("--efa-devices", type=int, default=0,
+                   help="expected EFA devices (rdmap*) on fabric efa; 0: check skipped")
+    p.add_argument("--efa-names", help="comma list of the EFA devices that must be present (optional)")
+    p.add_argument("--fi-info", default="fi_info", help="libfabric's fi_info (default: PATH, then /opt/amazon/efa/bin)")
+    p.add_argument("--nvlsm", choices=("auto", "required", "off"), default="auto",
+                   help="NVLSM (HGX B200/B300): required, auto (checked where installed), off")
+    p.add_argument("--nvlsm-unit", default="nvlsm")
+    p.add_argument("--nvlsm-bin", default="nvlsm")
+    p.add_argument("--imex", choices=("auto", "required", "off"), default="auto",
+                   help="IMEX (GB200/GB300 NVL72 trays): required, auto (checked where installed), off")
+    p.add_argument("--imex-unit", default="nvidia-imex")
+    p.add_argument("--imex-ctl", default="nvidia-imex-ctl")
+    p.add_argument("--imex-nodes", type=int, default=0, help="trays the IMEX domain must list (0: not checked)")
+    p.add_argument("--imex-channel-dir", default="/dev/nvidia-caps-imex-channels")
     p.add_argument("--allreduce", choices=("auto", "required", "off"), default="auto",
                    help="auto: run when nccl-tests or torch+CUDA is present and the node has >= 2 GPUs, skip "
                    "otherwise; required: fail when it cannot run (no GPU, 1 GPU, no tool)")
