@@ -144,6 +144,7 @@ PCI_GPU_NAMES = {
     "0x20b2": "NVIDIA A100-SXM4-80GB",
     "0x2237": "NVIDIA A10G",
     "0x26b9": "NVIDIA L40S",
+    "0x2901": "NVIDIA B200",  # NVIDIA mig-parted/gpu-operator B200 profiles (device 0x2901)
 }
 
 
@@ -171,6 +172,7 @@ class NodeFacts:
     gpu_numa: dict[str, int | None] = field(default_factory=dict)  # pci bus id (lower case) -> NUMA node
     os_release: dict[str, str] = field(default_factory=dict)
     kernel: str | None = None
+    arch: str | None = None  # uname -m (x86_64, aarch64)
     disk: DfEntry | None = None
     disk_path: str | None = None
     net_ifaces: list[str] | None = None  # /sys/class/net entries; None when the probe did not list them
@@ -214,6 +216,8 @@ def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
         f.os_release = parse_os_release(s["os-release"].text)
     if "kernel" in s and s["kernel"].text.strip():
         f.kernel = s["kernel"].text.strip().splitlines()[0]
+    if "arch" in s and s["arch"].rc == 0 and s["arch"].text.strip():
+        f.arch = s["arch"].text.strip().splitlines()[0]
     if "df" in s:
         entries = parse_df(s["df"].text)
         f.disk = entries[0] if entries else None

@@ -53,6 +53,7 @@ b gpu-numa; dump /sys/bus/pci/drivers/nvidia/*/numa_node; e gpu-numa $?
 b net; for i in /sys/class/net/*; do [ -e "$i" ] && echo "${i##*/}"; done; e net 0
 b os-release; if [ -r /etc/os-release ]; then while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done </etc/os-release; else echo "/etc/os-release: not readable"; false; fi; e os-release $?
 b kernel; k=; { read -r k </proc/sys/kernel/osrelease; } 2>/dev/null; if [ -n "$k" ]; then echo "$k"; else uname -r; fi; e kernel $?
+b arch; a=; { read -r a </proc/sys/kernel/arch; } 2>/dev/null; if [ -n "$a" ]; then echo "$a"; else uname -m; fi; e arch $?
 D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do case $D in */*) D=${D%/*}; D=${D:-/};; *) D=.;; esac; done
 b df; df -P -B1 "$D" 2>&1; e df $?
 wait; b topo; cat "$T/topo"; rc=1; { read -r rc <"$T/rc"; } 2>/dev/null; e topo "$rc"; rm -rf "$T"
@@ -256,6 +257,7 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
             if port.rate_gbps is not None and port.rate_gbps != rate:
                 sev = "error" if port.rate_gbps < rate else "warning"
                 out.append(Mismatch("ib_rate", f"{key} {rate:g} Gb/s", f"{port.rate_gbps:g} Gb/s", sev))
+    out.extend(_shape(host, facts))
     # NUMA affinity, NCCL bootstrap interface
     out.extend(_numa(host, facts))
     out.extend(_socket_ifname(host, facts))
@@ -275,6 +277,32 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
         sev = "warning" if host.get("testbed_rack") is not None else "error"
         out.append(Mismatch("disk", f">= {need / 1e9:.0f} GB free under {facts.disk_path}",
                             f"{facts.disk.avail / 1e9:.0f} GB free on {facts.disk.mount}", sev))
+    return out
+
+
+def _shape(host: Host, facts: NodeFacts) -> list[Mismatch]:
+    """What the node shape needs before anything is installed: the CPU architecture of the GPU model (GB200/GB300
+    trays are aarch64) and, on fabric efa, the EFA devices (rdmap* in sysfs: the kernel's efa driver shows them before
+    the EFA installer runs)."""
+    from provisioner import catalog
+
+    out: list[Mismatch] = []
+    spec = catalog.gpu(host.gpu_model)
+    if spec is not None and facts.arch:
+        arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(facts.arch, facts.arch)
+        if arch != spec.cpu_arch:
+            out.append(Mismatch("cpu_arch", f"{spec.cpu_arch} ({host.gpu_model})", facts.arch))
+    want = host.efa_device_count if host.fabric == "efa" else None
+    if want:
+        efa = {n: ports.get(1) for n, ports in facts.ib_ports.items() if n.startswith("rdmap")}
+        up = sorted(n for n, p in efa.items() if p is not None and p.active)
+        if len(up) < want:
+            down = sorted(set(efa) - set(up))
+            out.append(Mismatch("efa_devices", f"{want} EFA devices ACTIVE", f"{len(up)} ACTIVE"
+                                + (f" ({', '.join(down)} not ACTIVE)" if down else "")))
+        missing = [n for n in host.efa_devices if n not in up]
+        if missing:
+            out.append(Mismatch("efa_devices", ", ".join(host.efa_devices), f"missing or down: {', '.join(missing)}"))
     return out
 
 

@@ -398,3 +398,56 @@ def test_imex_ctl_degraded_names_the_missing_tray() -> None:
     down = p.parse_imex_ctl("IMEX daemon is not running (nvidia-imex.service)\nDomain State: DOWN\n")
     assert down.state == "DOWN" and down.nodes == () and down.links == {}
     assert p.parse_imex_ctl("") == p.ImexDomain(None, (), {})
+
+
+def test_parse_probe_arch() -> None:
+    f = p.parse_probe("@@pv@@ begin arch\naarch64\n@@pv@@ end arch 0\n")
+    assert f.arch == "aarch64"
+    assert p.parse_probe("@@pv@@ begin arch\nsh: uname: not found\n@@pv@@ end arch 127\n").arch is None
+
+
+def _shape_fleet(shape: str):
+    from provisioner import PROJECT_ROOT
+    from provisioner.inventory import load_fleet
+
+    return load_fleet(PROJECT_ROOT / "inventories" / shape / "hosts.ini")
+
+
+def test_preflight_efa_devices_counted_from_sysfs() -> None:
+    """A p5 node before the EFA installer: the kernel's efa driver shows rdmap* under /sys/class/infiniband."""
+    from provisioner.probes.preflight import compare
+
+    fleet = _shape_fleet("p5-pair")
+    devs = [f"rdmap{b}s0" for r in (79, 96, 113, 130) for b in range(r, r + 8)]
+
+    def facts(down: tuple[str, ...] = (), gone: tuple[str, ...] = ()) -> p.NodeFacts:
+        dump = []
+        for d in devs:
+            if d in gone:
+                continue
+            base = f"/sys/class/infiniband/{d}/ports/1"
+            dump += [f"{base}/state\t{'1: DOWN' if d in down else '4: ACTIVE'}", f"{base}/phys_state\t5: LinkUp",
+                     f"{base}/rate\t100 Gb/sec (4X EDR)", f"{base}/link_layer\tUnspecified"]
+        return _hgx_facts(ib_ports=p.parse_ib_sysfs(p.parse_file_dump("\n".join(dump))), hca_numa={}, arch="x86_64")
+
+    assert compare(fleet, fleet.hosts["p5-a"], facts()) == []
+    (m,) = compare(fleet, fleet.hosts["p5-a"], facts(down=("rdmap80s0",), gone=("rdmap81s0",)))
+    assert m.check == "efa_devices" and m.expected == "32 EFA devices ACTIVE"
+    assert m.found == "30 ACTIVE (rdmap80s0 not ACTIVE)"
+
+
+def test_preflight_gb200_tray_must_be_aarch64() -> None:
+    from provisioner.probes.preflight import compare
+
+    fleet = _shape_fleet("gb200-nvl72")
+    h = fleet.hosts["tray01"]
+    gpus = "\n".join(f"{i}, NVIDIA GB200, 189471, 580.95.05, Enabled, 00000008:0{i}:00.0" for i in range(4))
+    dump = [f"/sys/class/infiniband/mlx5_{i}/ports/1/{k}\t{v}" for i in range(4)
+            for k, v in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("rate", "400 Gb/sec (4X NDR)"))]
+    f = _hgx_facts(gpus=p.parse_query_gpu(gpus), topology=None, hca_numa={},
+                   ib_ports=p.parse_ib_sysfs(p.parse_file_dump("\n".join(dump))), arch="aarch64",
+                   net_ifaces=["lo", "enP6p3s0f0np0"])
+    assert compare(fleet, h, f) == []
+    f.arch = "x86_64"
+    assert [(m.check, m.expected, m.found) for m in compare(fleet, h, f)] == [
+        ("cpu_arch", "aarch64 (GB200-186GB)", "x86_64")]
