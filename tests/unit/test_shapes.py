@@ -95,3 +95,13 @@ def test_h100_rack_is_unchanged_by_the_new_shapes() -> None:
     assert "/etc/nvidia-imex/nodes_config.cfg" not in f
     conf = settings(f["/etc/nccl.conf"])
     assert "FI_PROVIDER" not in conf and conf["NCCL_ALGO"] == "Ring" and conf["NCCL_IB_HCA"].startswith("=mlx5_0:1")
+
+
+@pytest.mark.parametrize("shape,cluster,mib", [("gb200-nvl72", "llama31_405b", 189471), ("b200-rack", "qwen2_72b", 183359)])
+def test_sizing_uses_the_new_memory_figures(shape: str, cluster: str, mib: int) -> None:
+    """The KV cache a GPU gets is its catalog memory (nvidia-smi's memory.total) x gpu_memory_utilization - weights."""
+    from provisioner.rules.result import validate
+
+    (c,) = [c for c in validate(load_fleet(inventory(shape))).clusters if c.name == cluster]
+    assert c.weight_bytes_per_gpu and c.kv_cache_bytes_per_gpu
+    assert abs(c.weight_bytes_per_gpu + c.kv_cache_bytes_per_gpu - int(mib * 2**20 * 0.9)) <= 1
