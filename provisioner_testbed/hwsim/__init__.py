@@ -168,6 +168,17 @@ def _driver_files(spec: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def _modules(spec: Mapping[str, Any]) -> str:
+    """`/proc/modules` of the simulated kernel: the NVIDIA modules, the mlx5/IB stack where the node has HCAs (with
+    ib_umad, which NVLSM needs), `efa` where it has EFA devices."""
+    mods = ["nvidia_uvm", "nvidia_modeset", "nvidia"]
+    if spec["hcas"]:
+        mods += ["mlx5_ib", "ib_umad", "ib_uverbs", "ib_core", "mlx5_core"]
+    if spec.get("efa"):
+        mods += ["efa", "ib_uverbs", "ib_core"] if not spec["hcas"] else ["efa"]
+    return "".join(f"{m} 1 0 - Live 0x0000000000000000\n" for m in dict.fromkeys(mods))
+
+
 def _prune(dest: Path, written: set[Path]) -> None:
     """Remove derived files a previous spec wrote that this one does not (an HCA that is gone)."""
     for tree in _DERIVED_TREES:
@@ -191,7 +202,8 @@ def materialize(spec: Mapping[str, Any] | None, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     dest.chmod(0o755)
     written: set[Path] = set()
-    files = {**_ib_files(resolved), **_efa_files(resolved), **_driver_files(resolved)}
+    files = {**_ib_files(resolved), **_efa_files(resolved), **_driver_files(resolved),
+             "proc/modules": _modules(resolved)}
     kmsg, dmesg = _kmsg_and_dmesg(resolved)
     files["kmsg"] = kmsg
     files["dmesg"] = dmesg

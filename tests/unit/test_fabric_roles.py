@@ -1,6 +1,6 @@
 """The roles of the new shapes, rendered locally with Ansible (no root, no network): the IMEX tray list of an NVL72
-domain (roles/imex template, the domain taken from the inventory), and the cluster firewall opening IMEX's port to
-the domain's trays only (other hosts' rules byte-identical to a rack without NVLink domains)."""
+domain (the shared template with the imex role's imex_nodes), and the cluster firewall opening IMEX's port to the
+domain's trays only (hosts that are no NVL72 tray get no domain rule)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ PLAYBOOK = textwrap.dedent(
       tasks:
         - name: IMEX tray list (the imex role's template and default)
           ansible.builtin.template:
-            src: "{{ lookup('env', 'ROLES') }}/imex/templates/nodes_config.cfg.j2"
+            src: "{{ lookup('env', 'ROLES') }}/../templates/nvidia-imex-nodes_config.cfg.j2"
             dest: "{{ out }}/{{ inventory_hostname }}.nodes"
             mode: "0644"
           when: nvlink_domain is defined
@@ -98,13 +98,12 @@ def test_imex_nodes_config_lists_the_domains_trays(rendered: Path) -> None:
     for tray in ("tray01", "tray02", "tray03"):
         assert _addresses(rendered / f"{tray}.nodes") == ["10.20.0.21", "10.20.0.22", "10.30.0.23"]
     assert _addresses(rendered / "tray11.nodes") == ["10.20.0.31"]
-    assert "NVLink domain nvl72-a" in (rendered / "tray01.nodes").read_text()
 
 
 def test_firewall_opens_imex_to_the_domain_only(rendered: Path) -> None:
-    # a tray in no vLLM cluster: IMEX's port open to the domain's trays (inventory addresses), dropped otherwise
+    # a tray in no vLLM cluster: IMEX's port open to the domain's trays (their IMEX addresses), dropped otherwise
     t3 = (rendered / "tray03.nft").read_text()
-    assert "\t\telements = { 10.20.0.21, 10.20.0.22, 10.20.0.23 }\n" in t3
+    assert "\t\telements = { 10.20.0.21, 10.20.0.22, 10.30.0.23 }\n" in t3
     assert '\t\ttcp dport 50000 ip saddr @domain4 accept comment "IMEX: the trays of this NVLink domain"\n' in t3
     assert '\t\ttcp dport 50000 counter drop comment "cluster ports, any other source"\n' in t3
     # a tray of a vLLM cluster: the guarded ephemeral range already holds 50000 (no overlapping set elements)
