@@ -53,7 +53,7 @@ b gpu-numa; dump /sys/bus/pci/drivers/nvidia/*/numa_node; e gpu-numa $?
 b net; for i in /sys/class/net/*; do [ -e "$i" ] && echo "${i##*/}"; done; e net 0
 b os-release; if [ -r /etc/os-release ]; then while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done </etc/os-release; else echo "/etc/os-release: not readable"; false; fi; e os-release $?
 b kernel; k=; { read -r k </proc/sys/kernel/osrelease; } 2>/dev/null; if [ -n "$k" ]; then echo "$k"; else uname -r; fi; e kernel $?
-b arch; a=; { read -r a </proc/sys/kernel/arch; } 2>/dev/null; if [ -n "$a" ]; then echo "$a"; else uname -m; fi; e arch $?
+b arch; a=; for f in /var/lib/hwsim/proc/sys/kernel/arch /proc/sys/kernel/arch; do [ -z "$a" ] && { read -r a <"$f"; } 2>/dev/null; done; if [ -n "$a" ]; then echo "$a"; else uname -m; fi; e arch $?
 D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do case $D in */*) D=${D%/*}; D=${D:-/};; *) D=.;; esac; done
 b df; df -P -B1 "$D" 2>&1; e df $?
 wait; b topo; cat "$T/topo"; rc=1; { read -r rc <"$T/rc"; } 2>/dev/null; e topo "$rc"; rm -rf "$T"

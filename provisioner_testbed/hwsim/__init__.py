@@ -203,7 +203,9 @@ def materialize(spec: Mapping[str, Any] | None, dest: Path) -> None:
     dest.chmod(0o755)
     written: set[Path] = set()
     files = {**_ib_files(resolved), **_efa_files(resolved), **_driver_files(resolved),
-             "proc/modules": _modules(resolved)}
+             "proc/modules": _modules(resolved),
+             # the CPU the simulated node has (GB200 trays: aarch64, though the host running it is x86-64)
+             "proc/sys/kernel/arch": resolved["cpu_arch"] + "\n"}
     kmsg, dmesg = _kmsg_and_dmesg(resolved)
     files["kmsg"] = kmsg
     files["dmesg"] = dmesg
