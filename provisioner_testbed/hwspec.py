@@ -45,6 +45,9 @@ class GpuModel:
     board_part: str
     max_sm_mhz: int
     max_mem_mhz: int
+    nvlsm: bool = False  # NVSwitches behind the IB stack: fabric "In Progress" until NVLSM runs (HGX B200)
+    imex: bool = False  # NVL72 compute tray: no NVSwitch on the tray, IMEX daemon instead of Fabric Manager
+    cpu_arch: str = "x86_64"  # what the real node is (the simulated host is always x86-64)
 
 
 GPU_MODELS: Mapping[str, GpuModel] = {
@@ -52,7 +55,19 @@ GPU_MODELS: Mapping[str, GpuModel] = {
                                "692-2G520-0200-000", 1980, 2619),
     "H200-SXM-141GB": GpuModel("NVIDIA H200", 143771, 630, 700, "0x233510DE", "96.00.A5.00.01",
                                 "692-2G520-0280-000", 1980, 3201),
+    # Blackwell: names/memory as nvidia-smi prints them (the catalog's smi_name/memory_bytes).
+    "B200-SXM-180GB": GpuModel("NVIDIA B200", 183359, 1024, 1000, "0x290110DE", "97.00.6C.00.01",
+                               "692-2G525-0220-000", 1965, 3996, nvlsm=True),
+    # GB200 compute tray (Grace, aarch64): the rack simulates it on an x86-64 host (a stand-in: say so).
+    "GB200-186GB": GpuModel("NVIDIA GB200", 189471, 1024, 1200, "0x294110DE", "97.00.82.00.02",
+                            "699-2G548-1200-000", 2062, 3996, imex=True, cpu_arch="aarch64"),
 }
+#: GPUs per GB200 compute tray (2 Grace + 4 Blackwell); NVLink goes to the rack's switch trays.
+NVL72_TRAY_GPUS = 4
+EFA_RATE = 100  # Gb/s per EFA device as sysfs shows it on p5 (32 x 100 = 3,200 Gb/s)
+#: PCI buses of a p5.48xlarge's 32 EFA devices (rdmap<bus>s0), four per GPU.
+_EFA_BUSES = [79, 80, 81, 82, 96, 97, 98, 99, 113, 114, 115, 116, 130, 131, 132, 133,
+              147, 148, 149, 150, 164, 165, 166, 167, 181, 182, 183, 184, 198, 199, 200, 201]
 
 # DGX/HGX H100 PCI layout: GPUs and their PIX-attached compute NICs, socket 0 first.
 _GPU_BUSES = ["1B", "43", "52", "61", "9D", "C3", "D1", "DF"]
@@ -89,10 +104,10 @@ XID_TEXT: Mapping[int, str] = {
 }
 
 FAULTS = ("missing_gpu", "hca_down", "hca_rate", "xid", "ecc_uncorrectable", "row_remap_pending", "nvlink_down",
-          "fm_mismatch", "persistence_off")
+          "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded")
 
 _TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "cuda_version", "hcas", "hca_rate", "faults",
-             "gpus"}
+             "gpus", "efa"}
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 
@@ -186,6 +201,27 @@ def _default_hcas(names: list[str], rate: int, node: str) -> list[dict[str, Any]
                        "link_layer": "InfiniBand", "lid": 0x10 + i, "sm_lid": 1}],
         })
     return hcas
+
+
+def _efa_devices(where: str, value: Any, node: str) -> list[dict[str, Any]]:
+    """EFA devices (AWS p4d/p5): a count (`rdmap79s0`.. as on a p5.48xlarge) or a list of names."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        names = [f"rdmap{_EFA_BUSES[i] if i < len(_EFA_BUSES) else 210 + i}s0"
+                 for i in range(_int(where, value, maximum=64))]
+    elif isinstance(value, list) and all(isinstance(x, str) and x.startswith("rdmap") for x in value):
+        if len(set(value)) != len(value):
+            raise _err(where, f"duplicate EFA device names in {value!r}")
+        names = list(value)
+    else:
+        raise _err(where, f"expected a count or a list of EFA device names such as ['rdmap79s0'], got {value!r}")
+    out = []
+    for i, name in enumerate(names):
+        m = re.match(r"^rdmap(\d+)s(\d+)$", name)
+        bus = int(m.group(1)) if m else 0xF0 + i
+        out.append({"name": name, "pci": f"0000:{bus:02x}:00.0", "numa_node": 0 if i < max(len(names) // 2, 1) else 1,
+                    "node_guid": _guid(f"{node}/efa/{name}"), "fw_ver": "0.0.0.0", "state": "ACTIVE",
+                    "phys_state": "LinkUp", "rate": EFA_RATE})
+    return out
 
 
 def _hca_names(where: str, value: Any) -> list[str]:
@@ -292,6 +328,35 @@ def _apply_faults(spec: dict[str, Any], faults: Mapping[str, Any]) -> None:
     if faults.get("persistence_off"):
         spec["persistence"]["forced_off"] = True
 
+    if faults.get("efa_missing"):
+        value = faults["efa_missing"]
+        efa = spec["efa"]
+        if value is True or (isinstance(value, int) and not isinstance(value, bool)):
+            n = _int("faults.efa_missing", 1 if value is True else value, minimum=1, maximum=max(len(efa), 1))
+            if not efa:
+                raise _err("faults.efa_missing", "this node has no EFA devices (set `efa:`)")
+            gone = {d["name"] for d in efa[len(efa) - n:]}
+        else:
+            gone = set(_as_list(value))
+            for name in gone:
+                if name not in {d["name"] for d in efa}:
+                    have = ", ".join(d["name"] for d in efa) or "none"
+                    raise _err("faults.efa_missing", f"unknown EFA device {name!r} (this node has {have})")
+        spec["efa"] = [d for d in efa if d["name"] not in gone]
+    if faults.get("nvlsm_fail"):
+        if not spec["nvlsm"]:
+            raise _err("faults.nvlsm_fail", f"{spec['gpu_model']} has no NVLSM (an HGX B200 fault)")
+        spec["nvlsm_fail"] = True
+    if faults.get("imex_degraded"):
+        if not spec["imex"]:
+            raise _err("faults.imex_degraded", f"{spec['gpu_model']} runs no IMEX (a GB200 tray fault)")
+        # the tray lost its NVLinks to the switch trays: its GPUs leave the fabric, its IMEX daemon cannot join the
+        # domain, and every other tray of the domain sees it as not connected (domain DEGRADED)
+        spec["imex_fail"] = True
+        for gpu in gpus:
+            for link in gpu["nvlinks"]:
+                link["active"] = False
+
     if faults.get("missing_gpu"):
         value = faults["missing_gpu"]
         if value is True or (isinstance(value, int) and not isinstance(value, bool)):
@@ -321,7 +386,8 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Validate an operator's spec and return the explicit form the simulators read (raises HwSpecError).
 
     Keys (all optional): `node` (seed for UUIDs, GUIDs, serials), `gpu_model` (one of GPU_MODELS), `gpu_count`,
-    `driver_version`, `cuda_version`, `hcas` (count or list of names), `hca_rate` (Gb/s), `faults` (see FAULTS).
+    `driver_version`, `cuda_version`, `hcas` (count or list of names), `hca_rate` (Gb/s), `efa` (EFA devices: count
+    or list of rdmap* names), `faults` (see FAULTS).
     """
     src = dict(spec or {})
     if src.get("schema") == SCHEMA and "input" in src:  # an already resolved spec: resolve its input again
@@ -337,7 +403,8 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     model_key = src.get("gpu_model", DEFAULT_MODEL)
     if model_key not in GPU_MODELS:
         raise _err("gpu_model", f"unknown model {model_key!r} (known: {', '.join(GPU_MODELS)})")
-    count = _int("gpu_count", src.get("gpu_count", DEFAULT_GPU_COUNT), minimum=1, maximum=16)
+    default_count = NVL72_TRAY_GPUS if GPU_MODELS[model_key].imex else DEFAULT_GPU_COUNT
+    count = _int("gpu_count", src.get("gpu_count", default_count), minimum=1, maximum=16)
     driver = src.get("driver_version", DEFAULT_DRIVER)
     if not isinstance(driver, str) or not _VERSION.match(driver):
         raise _err("driver_version", f"expected a version such as '580.95.05', got {driver!r}")
@@ -348,6 +415,7 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if rate not in IB_RATES:
         raise _err("hca_rate", f"{rate!r} is not an InfiniBand rate ({sorted(IB_RATES)})")
     names = _hca_names("hcas", src.get("hcas", DEFAULT_HCA_COUNT))
+    efa = _efa_devices("efa", src.get("efa", 0), node)
     faults = src.get("faults") or {}
     if not isinstance(faults, Mapping):
         raise _err("faults", f"expected a mapping of fault name to value, got {faults!r}")
@@ -362,6 +430,12 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "gpus": _default_gpus(model, count, node),
         "gpus_missing": [],
         "hcas": _default_hcas(names, rate, node),
+        "efa": efa,
+        "nvlsm": model.nvlsm,
+        "nvlsm_fail": False,
+        "imex": model.imex,
+        "imex_fail": False,
+        "cpu_arch": model.cpu_arch,
         "xids": [],
         "faults": copy.deepcopy(dict(faults)),
         "input": copy.deepcopy(src),

@@ -145,7 +145,8 @@ def _inv_host(h: HostState, spec: dict[str, Any]) -> invw.InvHost:
     clean = {k: v for k, v in spec.items() if k != "faults"}
     r = hwspec.resolve(clean)
     return invw.InvHost(name=h.name, address=h.address, gpu_model=r["gpu_model"], gpu_count=len(r["gpus"]),
-                        ib_hcas=tuple(x["name"] for x in r["hcas"]))
+                        ib_hcas=tuple(x["name"] for x in r["hcas"]), efa_devices=len(r["efa"]),
+                        nvlink_domain=invw.NVL72_DOMAIN if r["imex"] else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,6 +397,15 @@ def _write_inventory(st: RackState) -> None:
         extra, cluster_vars = vllm_image.testbed_rack_inventory(
             invw.clusters([h.name for h in st.hosts]), {h.name: h.gpu_count for h in inv_hosts},
             f"{st.gateway}/{st.prefix}")
+    if any(h.efa_devices for h in inv_hosts):  # the stand-in EFA installer, from the rack's repo server
+        from provisioner_testbed import repo
+
+        version = repo.efa_installer()[0]
+        name = repo.efa_tarball_name(version)
+        served = _ensure_repo(rootfs.cache_dir(), _nolog)  # this checkout's build (built already: cheap)
+        sha = (served / repo.EFA_DIR / (name + ".sha256")).read_text().split()[0] if served else ""
+        extra = {"efa_installer_url": f"{st.repo_url}{repo.EFA_DIR}/{name}", "efa_installer_version": version,
+                 "efa_installer_sha256": sha, **extra}
     inv = invw.InvRack(
         name=st.name,
         hosts=inv_hosts,
@@ -618,6 +628,7 @@ def parse_fault(arg: str) -> dict[str, Any]:
 
     hca_down=mlx5_3[,mlx5_4]  hca_rate=mlx5_2:200  xid=79 | xid=GPU:79  ecc_uncorrectable=GPU[:COUNT]
     missing_gpu[=N]  nvlink_down[=GPU]  row_remap_pending[=GPU]  fm_mismatch[=VERSION]  persistence_off
+    efa_missing[=N|=rdmap79s0,...]  nvlsm_fail  imex_degraded
     """
     name, eq, value = arg.partition("=")
     name = name.strip().replace("-", "_")
@@ -655,6 +666,12 @@ def parse_fault(arg: str) -> dict[str, Any]:
         return {"fm_mismatch": value if value else True}
     if name == "persistence_off":
         return {"persistence_off": True}
+    if name == "efa_missing":
+        if value and not value.isdigit():
+            return {"efa_missing": value.split(",")}
+        return {"efa_missing": ints(value, "the count")[0] if value else 1}
+    if name in ("nvlsm_fail", "imex_degraded"):
+        return {name: True}
     from provisioner_testbed import hwspec
 
     raise UsageError(f"unknown fault {name!r} (known: {', '.join(hwspec.FAULTS)})")

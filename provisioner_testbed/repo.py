@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +32,9 @@ KEYRING = "testbed-archive-keyring.gpg"
 KEY_UID = "provisioner testbed archive <testbed-archive@provisioner.invalid>"
 SOURCE_DATE_EPOCH = 1_767_225_600  # fixed file times: identical sources give identical .debs
 _TOOLS = {"dpkg-deb": "dpkg", "apt-ftparchive": "apt-utils", "gpg": "gnupg", "gpgconf": "gnupg"}
-_EXECUTABLE_DIRS = ("usr/bin/", "usr/sbin/", "bin/", "sbin/")
+_EXECUTABLE_DIRS = ("usr/bin/", "usr/sbin/", "bin/", "sbin/", "opt/amazon/efa/bin/")
+#: Where the stand-in EFA installer tarball lands in the served directory (`<repo URL>efa/<name>`).
+EFA_DIR = "efa"
 _MAINTAINER_SCRIPTS = {"preinst", "postinst", "prerm", "postrm", "config"}
 
 
@@ -60,14 +63,18 @@ class PackageDef:
             "@UPSTREAM@", self.upstream)
 
 
-def load_manifest(sources: Path = SOURCES) -> list[PackageDef]:
+def _manifest(sources: Path) -> dict:
     path = sources / "packages.toml"
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise RepoError(f"cannot read the package manifest: {exc}", path=str(path)) from exc
+
+
+def load_manifest(sources: Path = SOURCES, *, items: list | None = None) -> list[PackageDef]:
+    path = sources / "packages.toml"
     out = []
-    for n, item in enumerate(data.get("package", [])):
+    for n, item in enumerate(_manifest(sources).get("package", []) if items is None else items):
         unknown = set(item) - {"name", "version", "source", "runtime", "links", "empty"}
         if unknown or not all(isinstance(item.get(k), str) for k in ("name", "version", "source")):
             raise RepoError(f"package[{n}]: needs name, version, source (strings); unknown keys {sorted(unknown)}",
@@ -197,6 +204,54 @@ def build_deb(pkg: PackageDef, workdir: Path, outdir: Path, sources: Path = SOUR
     return out
 
 
+# --- the stand-in EFA installer tarball -------------------------------------------------------------------------
+def efa_installer(sources: Path = SOURCES) -> tuple[str, str, list[PackageDef]]:
+    """(version, installer source dir, the .debs it carries) from `[efa_installer]` of packages.toml."""
+    section = _manifest(sources).get("efa_installer") or {}
+    if not isinstance(section.get("version"), str) or not isinstance(section.get("source"), str):
+        raise RepoError("[efa_installer] needs version and source (strings)", path=str(sources / "packages.toml"))
+    return section["version"], section["source"], load_manifest(sources, items=section.get("package", []))
+
+
+def efa_tarball_name(version: str) -> str:
+    return f"aws-efa-installer-{version}.tar.gz"
+
+
+def build_efa_installer(out: Path, work: Path, sources: Path = SOURCES) -> Path:
+    """`out/efa/aws-efa-installer-<version>.tar.gz` (+ `.sha256`): aws-efa-installer/efa_installer.sh, README and
+    DEBS/*.deb, the real tarball's layout, with fixed times and owners so identical sources give identical bytes."""
+    import tarfile
+
+    version, source, debs = efa_installer(sources)
+    tree = work / "aws-efa-installer"
+    shutil.rmtree(tree, ignore_errors=True)
+    (tree / "DEBS").mkdir(parents=True)
+    for pkg in debs:
+        build_deb(pkg, work / "efa-stage", tree / "DEBS", sources)
+    for p in sorted((sources / source).iterdir()):
+        text = p.read_text().replace("@UPSTREAM@", version)
+        (tree / p.name).write_text(text)
+        (tree / p.name).chmod(0o755 if p.suffix == ".sh" else 0o644)
+    dest = out / EFA_DIR
+    dest.mkdir(parents=True, exist_ok=True)
+    tarball = dest / efa_tarball_name(version)
+
+    def norm(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+        ti.uid = ti.gid = 0
+        ti.uname = ti.gname = "root"
+        ti.mtime = SOURCE_DATE_EPOCH
+        return ti
+
+    with open(tarball, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
+        tar.add(tree, arcname="aws-efa-installer", filter=norm, recursive=False)
+        for p in sorted(tree.rglob("*")):
+            tar.add(p, arcname=f"aws-efa-installer/{p.relative_to(tree).as_posix()}", filter=norm, recursive=False)
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    (dest / (tarball.name + ".sha256")).write_text(f"{digest}  {tarball.name}\n")
+    return tarball
+
+
 # --- signing key -----------------------------------------------------------------------------------------------
 def _gpg(home: Path, *args: str) -> str:
     return _run(["gpg", "--homedir", str(home), "--batch", "--yes", "--pinentry-mode", "loopback",
@@ -229,6 +284,7 @@ def build_repo(out: Path, key_home: Path, fingerprint: str, sources: Path = SOUR
     try:
         for pkg in load_manifest(sources):
             build_deb(pkg, work, out, sources)
+        build_efa_installer(out, work, sources)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     packages = _run(["apt-ftparchive", "packages", "."], cwd=out)
@@ -248,7 +304,7 @@ def build_repo(out: Path, key_home: Path, fingerprint: str, sources: Path = SOUR
          "--output", str(out / "Release.gpg"), str(out / "Release"))
     _gpg(key_home, "--output", str(out / KEYRING), "--export", fingerprint)
     _gpg(key_home, "--armor", "--output", str(out / "testbed-archive-keyring.asc"), "--export", fingerprint)
-    for p in [out, *out.iterdir()]:
+    for p in [out, *out.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return out
 
@@ -264,11 +320,18 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+#: Builds other than the current one are kept this long after their last use: racks started from another checkout
+#: (other package sources) keep serving their own build while this one builds and serves its own.
+KEEP_OTHER_BUILDS_S = 24 * 3600
+
+
 def ensure_repo(cache: Path) -> Path:
     """Build the stand-in repo under `cache/nvidia-repo/` unless an identical build exists; return the served dir.
 
-    The returned path (`cache/nvidia-repo/nvidia`) is a symlink switched atomically to the current build, so a
-    server started on it keeps serving across rebuilds. Safe to call from several processes at once.
+    The returned path is the build's own directory (`cache/nvidia-repo/builds/<id>`, keyed by the package sources),
+    so a rack keeps serving the packages it was started with when another checkout with other sources builds and
+    serves its own build from the same cache. `cache/nvidia-repo/nvidia` is a symlink switched atomically to the
+    latest build; builds unused for KEEP_OTHER_BUILDS_S are removed. Safe to call from several processes at once.
     """
     root = Path(cache) / "nvidia-repo"
     served = root / "nvidia"
@@ -287,12 +350,14 @@ def ensure_repo(cache: Path) -> Path:
                 tmp.rename(current)
         finally:
             _stop_agent(root / "gnupg")  # gpg starts an agent for secret-key operations: leave none running
+        os.utime(current)  # last use: keeps it from the pruning below in other processes
         if not served.is_symlink() or os.readlink(served) != f"builds/{build_id}":
             link = root / f".nvidia.{os.getpid()}"
             link.unlink(missing_ok=True)
             link.symlink_to(f"builds/{build_id}")
             os.replace(link, served)
+        now = time.time()
         for old in builds.iterdir():
-            if old.name != build_id:
+            if old.name != build_id and now - old.stat().st_mtime > KEEP_OTHER_BUILDS_S:
                 shutil.rmtree(old, ignore_errors=True)
-    return served
+    return current

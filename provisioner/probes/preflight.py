@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping
 
 from provisioner.model import Fleet, Host
 from provisioner.probes import parsers
@@ -54,7 +53,7 @@ b gpu-numa; dump /sys/bus/pci/drivers/nvidia/*/numa_node; e gpu-numa $?
 b net; for i in /sys/class/net/*; do [ -e "$i" ] && echo "${i##*/}"; done; e net 0
 b os-release; if [ -r /etc/os-release ]; then while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done </etc/os-release; else echo "/etc/os-release: not readable"; false; fi; e os-release $?
 b kernel; k=; { read -r k </proc/sys/kernel/osrelease; } 2>/dev/null; if [ -n "$k" ]; then echo "$k"; else uname -r; fi; e kernel $?
-b arch; a=; { read -r a </proc/sys/kernel/arch; } 2>/dev/null; if [ -n "$a" ]; then echo "$a"; else uname -m; fi; e arch $?
+b arch; a=; for f in /var/lib/hwsim/proc/sys/kernel/arch /proc/sys/kernel/arch; do [ -z "$a" ] && { read -r a <"$f"; } 2>/dev/null; done; if [ -n "$a" ]; then echo "$a"; else uname -m; fi; e arch $?
 D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do case $D in */*) D=${D%/*}; D=${D:-/};; *) D=.;; esac; done
 b df; df -P -B1 "$D" 2>&1; e df $?
 wait; b topo; cat "$T/topo"; rc=1; { read -r rc <"$T/rc"; } 2>/dev/null; e topo "$rc"; rm -rf "$T"
@@ -231,11 +230,11 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
             out.append(Mismatch("gpu_count", str(host.gpu_count), str(len(facts.gpus))))
         names = _smi_names(host.gpu_model)
         if names:
-            wrong = [g for g in facts.gpus if g.name not in names]
-            if wrong:
-                found = ", ".join(sorted({f"{g.name!r}" for g in wrong}))
+            bad = [g for g in facts.gpus if g.name not in names]
+            if bad:
+                found = ", ".join(sorted({f"{g.name!r}" for g in bad}))
                 out.append(Mismatch("gpu_model", f"{host.gpu_model} ({' or '.join(repr(n) for n in names)})",
-                                    f"{found} on GPU {','.join(str(g.index) for g in wrong)}"))
+                                    f"{found} on GPU {','.join(str(g.index) for g in bad)}"))
     # InfiniBand
     rate = expected_ib_rate(host)
     for hca in host.ib_hcas:

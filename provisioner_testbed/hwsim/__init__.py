@@ -5,7 +5,8 @@ atomically in place (so a live read-only bind mount sees the change at once, nev
 
 - `spec.json`: the resolved spec the stand-in tools read (written last);
 - `sys/class/infiniband/<hca>/...`: sysfs-shaped HCA files (`ports/1/state` = `4: ACTIVE`, `rate` =
-  `400 Gb/sec (4X NDR)`, `node_guid`, ...);
+  `400 Gb/sec (4X NDR)`, `node_guid`, ...), and the EFA devices `sys/class/infiniband/rdmap*/...` (link layer
+  `Unspecified`);
 - `sys/module/nvidia/version`, `proc/driver/nvidia/version`: what the loaded kernel module reports;
 - `kmsg` (records as `/dev/kmsg` yields them) and `dmesg` (as `dmesg` prints them): driver load lines, NVRM Xid
   lines, failed-GPU init lines.
@@ -132,6 +133,27 @@ def _ib_files(spec: Mapping[str, Any]) -> dict[str, str]:
     return files
 
 
+def _efa_files(spec: Mapping[str, Any]) -> dict[str, str]:
+    """EFA devices as the efa kernel module shows them: `rdmap*` under /sys/class/infiniband, link layer
+    `Unspecified` (not InfiniBand, not Ethernet), one port each."""
+    files: dict[str, str] = {}
+    for dev in spec.get("efa", []):
+        base = f"sys/class/infiniband/{dev['name']}"
+        files.update({
+            f"{base}/node_guid": dev["node_guid"] + "\n",
+            f"{base}/fw_ver": dev["fw_ver"] + "\n",
+            f"{base}/node_type": "1: CA\n",
+            f"{base}/node_desc": f"{spec['node']} {dev['name']}\n",
+            f"{base}/device/numa_node": f"{dev['numa_node']}\n",
+            f"{base}/device/uevent": f"DRIVER=efa\nPCI_SLOT_NAME={dev['pci']}\n",
+            f"{base}/ports/1/state": f"{hspec_state(dev['state'])}\n",
+            f"{base}/ports/1/phys_state": f"{hwspec.PHYS_STATES[dev['phys_state']]}: {dev['phys_state']}\n",
+            f"{base}/ports/1/rate": f"{dev['rate']} Gb/sec ({hwspec.IB_RATES[dev['rate']]})\n",
+            f"{base}/ports/1/link_layer": "Unspecified\n",
+        })
+    return files
+
+
 def hspec_state(state: str) -> str:
     return f"{hwspec.PORT_STATES[state]}: {state}"
 
@@ -144,6 +166,17 @@ def _driver_files(spec: Mapping[str, Any]) -> dict[str, str]:
             f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {module}  Release Build  {_BUILD}\n"
             "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"),
     }
+
+
+def _modules(spec: Mapping[str, Any]) -> str:
+    """`/proc/modules` of the simulated kernel: the NVIDIA modules, the mlx5/IB stack where the node has HCAs (with
+    ib_umad, which NVLSM needs), `efa` where it has EFA devices."""
+    mods = ["nvidia_uvm", "nvidia_modeset", "nvidia"]
+    if spec["hcas"]:
+        mods += ["mlx5_ib", "ib_umad", "ib_uverbs", "ib_core", "mlx5_core"]
+    if spec.get("efa"):
+        mods += ["efa", "ib_uverbs", "ib_core"] if not spec["hcas"] else ["efa"]
+    return "".join(f"{m} 1 0 - Live 0x0000000000000000\n" for m in dict.fromkeys(mods))
 
 
 def _prune(dest: Path, written: set[Path]) -> None:
@@ -169,7 +202,10 @@ def materialize(spec: Mapping[str, Any] | None, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     dest.chmod(0o755)
     written: set[Path] = set()
-    files = {**_ib_files(resolved), **_driver_files(resolved)}
+    files = {**_ib_files(resolved), **_efa_files(resolved), **_driver_files(resolved),
+             "proc/modules": _modules(resolved),
+             # the CPU the simulated node has (GB200 trays: aarch64, though the host running it is x86-64)
+             "proc/sys/kernel/arch": resolved["cpu_arch"] + "\n"}
     kmsg, dmesg = _kmsg_and_dmesg(resolved)
     files["kmsg"] = kmsg
     files["dmesg"] = dmesg

@@ -413,3 +413,141 @@ def test_every_query_field_exists_in_the_real_tool(node: Node) -> None:
     exe = node.tools["nvidia-utils-580"] / "usr/bin/nvidia-smi"
     ours = re.findall(r'^    "([a-z0-9_.]+)": [("]', exe.read_text(), re.M)
     assert ours and [f for f in ours if f not in real] == []
+
+
+# --- beyond HGX H100 + InfiniBand: EFA, B200 + NVLSM, GB200 + IMEX ---------------------------------------------------
+def test_efa_devices_in_sysfs_and_the_efa_missing_fault(tmp_path: Path) -> None:
+    spec = hwspec.resolve({"hcas": 0, "efa": 32, "faults": {"efa_missing": 2}})
+    assert spec["hcas"] == [] and len(spec["efa"]) == 30
+    assert [d["name"] for d in spec["efa"][:2]] == ["rdmap79s0", "rdmap80s0"]
+    hwsim.materialize({"hcas": 0, "efa": ["rdmap79s0", "rdmap80s0"]}, tmp_path)
+    port = tmp_path / "sys/class/infiniband/rdmap80s0/ports/1"
+    assert (port / "state").read_text() == "4: ACTIVE\n"
+    assert (port / "link_layer").read_text() == "Unspecified\n"
+    assert (port / "rate").read_text() == "100 Gb/sec (4X EDR)\n"
+    assert "DRIVER=efa" in (tmp_path / "sys/class/infiniband/rdmap80s0/device/uevent").read_text()
+    hwsim.materialize({"hcas": 0, "efa": ["rdmap79s0", "rdmap80s0"], "faults": {"efa_missing": "rdmap80s0"}},
+                      tmp_path)
+    assert sorted(p.name for p in (tmp_path / "sys/class/infiniband").iterdir()) == ["rdmap79s0"]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"faults": {"efa_missing": 1}}, "no EFA devices"),
+    ({"efa": 2, "faults": {"efa_missing": "rdmap1s0"}}, "unknown EFA device 'rdmap1s0'"),
+    ({"faults": {"nvlsm_fail": True}}, "H100-SXM5-80GB has no NVLSM"),
+    ({"gpu_model": "B200-SXM-180GB", "faults": {"imex_degraded": True}}, "runs no IMEX"),
+    ({"efa": ["mlx5_0"]}, "efa: expected a count or a list of EFA device names"),
+])
+def test_new_faults_on_the_wrong_shape_are_usage_errors(spec: dict, message: str) -> None:
+    with pytest.raises(hwspec.HwSpecError, match=re.escape(message)):
+        hwspec.resolve(spec)
+
+
+def test_gb200_tray_defaults_to_4_gpus_and_imex_degraded_downs_its_nvlinks() -> None:
+    spec = hwspec.resolve({"gpu_model": "GB200-186GB", "faults": {"imex_degraded": True}})
+    assert len(spec["gpus"]) == 4 and spec["imex"] and spec["imex_fail"] and spec["cpu_arch"] == "aarch64"
+    assert not any(link["active"] for g in spec["gpus"] for link in g["nvlinks"])
+
+
+@pytest.fixture(scope="module")
+def efa_tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pkg = next(p for p in repo.efa_installer()[2] if p.name == "libfabric1-aws")
+    return repo.stage(pkg, tmp_path_factory.mktemp("efa") / "libfabric")
+
+
+def test_fi_info_lists_the_efa_devices_like_fi_info_p_efa(node: Node, efa_tools: Path) -> None:
+    node.spec({"hcas": 0, "efa": 2})
+    exe = efa_tools / "opt/amazon/efa/bin/fi_info"
+    res = subprocess.run([PY3, str(exe), "-p", "efa"], capture_output=True, text=True, env=node.env, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("provider: efa\n    fabric: efa\n    domain: rdmap79s0-rdm\n    version: 122.0\n"
+                                 "    type: FI_EP_RDM\n    protocol: FI_PROTO_EFA\n")
+    assert res.stdout.count("provider: efa") == 4 and "domain: rdmap80s0-dgrm" in res.stdout
+    rdm = subprocess.run([PY3, str(exe), "-p", "efa", "-t", "FI_EP_RDM"], capture_output=True, text=True,
+                         env=node.env, timeout=30)
+    assert rdm.stdout.count("provider: efa") == 2
+    node.spec({"hcas": 0, "efa": 2, "faults": {"efa_missing": 2}})
+    none = subprocess.run([PY3, str(exe), "-p", "efa"], capture_output=True, text=True, env=node.env, timeout=30)
+    assert none.returncode == 1 and none.stdout == "fi_getinfo: -61 (No data available)\n"
+
+
+def _nvlsm(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = node.tools["nvlsm"] / "usr/sbin/nvlsm"
+    return subprocess.run([PY3, str(exe), *args], capture_output=True, text=True, timeout=30,
+                          env={**node.env, "NVLSM_LOG": str(node.run_dir.parent / "nvlsm.log")})
+
+
+def test_b200_fabric_stays_in_progress_until_nvlsm_runs(node: Node) -> None:
+    node.pidfiles.append(node.run_dir / "nvlsm/nvlsm.pid")
+    node.spec({"gpu_model": "B200-SXM-180GB"})
+    assert node.query("name,memory.total")[0] == ["NVIDIA B200", "183359"]
+    assert node.run("fm-580.95.05", "nv-fabricmanager", "-c", str(fm_cfg(node))).returncode == 0
+    assert node.query("fabric.state") == [["In Progress"]] * 8  # FM alone: NV_WARN_NOTHING_TO_DO
+    res = _nvlsm(node, "-B")
+    assert res.returncode == 0, res.stderr
+    assert node.query("fabric.state,fabric.status") == [["Completed", "Success"]] * 8
+    pid = int((node.run_dir / "nvlsm/nvlsm.pid").read_text())
+    node.spec({"gpu_model": "B200-SXM-180GB", "faults": {"nvlsm_fail": True}})  # live: the daemon notices
+    wait_gone_s(pid, 10)
+    assert node.query("fabric.state") == [["In Progress"]] * 8
+    again = _nvlsm(node, "-B")
+    assert again.returncode == 1 and "cannot open umad port" in again.stderr
+
+
+def wait_gone_s(pid: int, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} still running after {seconds} s")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_imex_joins_its_domain_creates_channel0_and_leaves_on_imex_degraded(node: Node, tmp_path: Path) -> None:
+    node.pidfiles.append(node.run_dir / "nvidia-imex/nvidia-imex.pid")
+    node.spec({"gpu_model": "GB200-186GB"})
+    etc = tmp_path / "etc"
+    (etc / "modprobe.d").mkdir(parents=True)
+    (etc / "modprobe.d/nvidia-imex-channel.conf").write_text("options nvidia NVreg_CreateImexChannel0=1\n")
+    (etc / "nodes_config.cfg").write_text("127.0.0.1\n127.0.0.2\n")
+    cfg = etc / "config.cfg"
+    cfg.write_text(f"LOG_FILE_NAME={tmp_path / 'imex.log'}\nSERVER_PORT={_free_port()}\n"
+                   f"IMEX_NODE_CONFIG_FILE={etc / 'nodes_config.cfg'}\n")
+    env = {"HWSIM_DEV_DIR": str(tmp_path / "dev"), "HWSIM_MODPROBE_DIR": str(etc / "modprobe.d")}
+    assert node.run("nvidia-imex-580", "nvidia-imex-ctl", "-N").stdout.splitlines()[-1] == "Domain State: DOWN"
+    res = node.run("nvidia-imex-580", "nvidia-imex", "-c", str(cfg), **env)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "dev/nvidia-caps-imex-channels/channel0").exists()
+    for _ in range(50):
+        out = node.run("nvidia-imex-580", "nvidia-imex-ctl", "-N").stdout
+        if "Domain State: UP" in out:
+            break
+        time.sleep(0.2)
+    assert "Domain State: UP" in out and out.count("READY") == 2, out
+    assert re.search(r"^Node #0   - 127\.0\.0\.1\s+- READY\s+- Version: 580\.95\.05$", out, re.M), out
+    pid = int((node.run_dir / "nvidia-imex/nvidia-imex.pid").read_text())
+    node.spec({"gpu_model": "GB200-186GB", "faults": {"imex_degraded": True}})
+    wait_gone_s(pid, 10)
+    assert node.run("nvidia-imex-580", "nvidia-imex-ctl", "-N").stdout.splitlines()[-1] == "Domain State: DOWN"
+    refused = node.run("nvidia-imex-580", "nvidia-imex", "-c", str(cfg), **env)
+    assert refused.returncode == 1 and "NVLinks to the switch trays are down" in refused.stderr
+
+
+def test_imex_refuses_another_driver_version_and_a_node_without_imex(node: Node, tmp_path: Path) -> None:
+    cfg = tmp_path / "config.cfg"
+    (tmp_path / "nodes.cfg").write_text("127.0.0.1\n")
+    cfg.write_text(f"LOG_FILE_NAME={tmp_path / 'imex.log'}\nIMEX_NODE_CONFIG_FILE={tmp_path / 'nodes.cfg'}\n")
+    node.spec({"gpu_model": "GB200-186GB", "faults": {"fm_mismatch": True}})
+    res = node.run("nvidia-imex-580", "nvidia-imex", "-c", str(cfg))
+    assert res.returncode == 1 and "does not match the loaded NVIDIA driver version 580.82.07" in res.stderr
+    node.spec({})
+    res = node.run("nvidia-imex-580", "nvidia-imex", "-c", str(cfg))
+    assert res.returncode == 1 and "no multi-node NVLink" in res.stderr

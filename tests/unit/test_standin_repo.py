@@ -28,6 +28,9 @@ PINNED = {  # docs/development.md "Pinned NVIDIA stack"
     "libnccl2": ["2.27.7-1+cuda12.8"],
     "libnccl-dev": ["2.27.7-1+cuda12.8"],
     "datacenter-gpu-manager-4-core": ["1:4.4.1-1"],
+    "nvlsm": ["580.95.05-1"],  # HGX B200 (roles/nvlsm defaults: the driver's version)
+    "libnvsdm-580": ["580.95.05-1"],
+    "nvidia-imex-580": ["580.95.05-1"],  # GB200 trays (roles/imex: the driver's exact version)
 }
 TOOLS = ("dpkg-deb", "apt-ftparchive", "gpg", "gpgv", "apt-get", "dpkg")
 pytestmark = pytest.mark.skipif(any(shutil.which(t) is None for t in TOOLS),
@@ -96,10 +99,11 @@ def test_release_is_signed_by_the_exported_key_and_tampering_is_caught(served: P
 
 def test_second_call_reuses_the_build_and_a_source_change_rebuilds(cache: Path, served: Path,
                                                                    tmp_path: Path) -> None:
-    target = os.readlink(served)
+    link = cache / "nvidia-repo" / "nvidia"
+    assert os.readlink(link) == f"builds/{served.name}"
     stamp = (served / "InRelease").stat().st_mtime_ns
     assert repo.ensure_repo(cache) == served
-    assert os.readlink(served) == target and (served / "InRelease").stat().st_mtime_ns == stamp
+    assert os.readlink(link) == f"builds/{served.name}" and (served / "InRelease").stat().st_mtime_ns == stamp
 
     # A changed package source (copied tree) gives another source hash.
     src = tmp_path / "packages"
@@ -230,3 +234,29 @@ def test_missing_tool_is_a_clear_usage_error(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("PATH", str(tmp_path))  # no tools at all
     with pytest.raises(repo.RepoError, match="apt-get install .*apt-utils.*gnupg"):
         repo.ensure_repo(tmp_path / "cache")
+
+
+def test_efa_installer_tarball_is_served_with_its_sha256(served: Path, tmp_path: Path) -> None:
+    """The stand-in EFA installer: a real tarball beside the repo (the layout of aws-efa-installer), its sha256 in a
+    side file the inventory writer reads, and an installer script that refuses to run without -y."""
+    import hashlib
+    import tarfile
+
+    version = repo.efa_installer()[0]
+    tarball = served / repo.EFA_DIR / repo.efa_tarball_name(version)
+    digest, name = (served / repo.EFA_DIR / (tarball.name + ".sha256")).read_text().split()
+    assert name == tarball.name and hashlib.sha256(tarball.read_bytes()).hexdigest() == digest
+    with tarfile.open(tarball) as tar:
+        names = set(tar.getnames())
+        tar.extractall(tmp_path, filter="data")
+    assert {"aws-efa-installer/efa_installer.sh", "aws-efa-installer/README"} <= names
+    debs = sorted(n.split("/")[-1].split("_")[0] for n in names if n.endswith(".deb"))
+    assert debs == ["efa-config", "libfabric1-aws", "libnccl-ofi"]
+    script = tmp_path / "aws-efa-installer" / "efa_installer.sh"
+    assert f'VERSION="{version}"' in script.read_text()
+    bad = subprocess.run(["bash", str(script), "--no-such-flag"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "Unknown option: --no-such-flag" in bad.stderr
+    contents = subprocess.run(["dpkg-deb", "-c", str(next((tmp_path / "aws-efa-installer" / "DEBS").glob("libnccl-ofi_*")))],
+                              capture_output=True, text=True, check=True).stdout
+    assert "./opt/amazon/ofi-nccl/lib/libnccl-ofi-tuner.so" in contents
+    assert "./opt/amazon/ofi-nccl/lib/libnccl-net.so -> libnccl-net-ofi.so" in contents

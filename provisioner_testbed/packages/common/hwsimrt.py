@@ -199,12 +199,25 @@ def fabricmanager_pidfile() -> Path:
     return _path(_fabricmanager_pidfile())
 
 
+def nvlsm_running() -> bool:
+    return pid_alive(os.path.join(_run_root(), "nvlsm", "nvlsm.pid"), "nvlsm") is not None
+
+
 def fabric_state(spec: dict[str, Any], gpu: dict[str, Any]) -> tuple[str, str]:
-    """(State, Status) as `nvidia-smi -q` prints them under Fabric. NVSwitch systems only (>= 2 GPUs)."""
+    """(State, Status) as `nvidia-smi -q` prints them under Fabric. NVSwitch systems only (>= 2 GPUs).
+
+    HGX B200 (`nvlsm`): Fabric Manager alone gets no further than "In Progress" (NV_WARN_NOTHING_TO_DO) until NVLSM
+    runs. GB200 trays (`imex`): the rack's switch trays (NMX) own the fabric, no Fabric Manager on the tray: Completed
+    while the tray's NVLinks are up."""
     if len(spec.get("gpus", [])) < 2:
         return "N/A", "N/A"
+    links_up = any(link["active"] for link in gpu.get("nvlinks", []))
+    if spec.get("imex"):
+        return ("Completed", "Success") if links_up else ("In Progress", "N/A")
     if pid_alive(_fabricmanager_pidfile(), "nv-fabricmanager") is not None:
-        if not any(link["active"] for link in gpu.get("nvlinks", [])):
+        if spec.get("nvlsm") and not nvlsm_running():
+            return "In Progress", "N/A"
+        if not links_up:
             return "Completed", "Unexpected Error"  # registered, but no trained link to the NVSwitches
         return "Completed", "Success"
     return "Not Started", "N/A"
