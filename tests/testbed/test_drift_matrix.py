@@ -61,7 +61,7 @@ for u in nvidia-persistenced nvidia-fabricmanager provisioner-firewall vllm vllm
   echo "$u $(systemctl is-active $u) $(systemctl is-enabled $u 2>&1)"
 done
 echo "## nft"
-nft list ruleset 2>&1
+nft list ruleset 2>&1 || echo "(no nft)"
 """
 
 FW_UNIT = "/etc/systemd/system/provisioner-firewall.service"
