@@ -36,8 +36,16 @@ set -u
 cd /var/lib/vllm
 set -a; . /etc/vllm/vllm.env; set +a
 as_vllm() {{ runuser -u vllm -- env HOME=/var/lib/vllm "$@"; }}
-as_vllm {VENV}/bin/ray start --head --node-ip-address=$VLLM_HOST_IP --port={RAY_PORT} --num-gpus=1 \\
-    --include-dashboard=false --disable-usage-stats >/tmp/ray-start.log 2>&1 || {{ tail -5 /tmp/ray-start.log; exit 3; }}
+# Ray waits only 30 s (hard-coded, ray/_private/node.py) for its raylet to register: on a loaded shared controller
+# the first start can time out. Retried, as the Ray unit's Restart=always would.
+export RAY_agent_register_timeout_ms=600000
+for try in 1 2 3 4 5; do
+    as_vllm {VENV}/bin/ray start --head --node-ip-address=$VLLM_HOST_IP --port={RAY_PORT} --num-gpus=1 \\
+        --include-dashboard=false --disable-usage-stats >/tmp/ray-start.log 2>&1 && break
+    echo "ray start attempt $try failed: $(tail -1 /tmp/ray-start.log)"
+    as_vllm {VENV}/bin/ray stop --force >/dev/null 2>&1
+    [ $try = 5 ] && exit 3
+done
 as_vllm env RAY_ADDRESS=$VLLM_HOST_IP:{RAY_PORT} timeout 900 {VENV}/bin/vllm serve /opt/models/tiny-llama \\
     -tp 1 -pp 1 --port 8190 --dtype float32 --max-model-len 1024 --max-num-seqs 16 --block-size 32 \\
     --compilation-config '{{"mode": 2, "backend": "eager"}}' --distributed-executor-backend ray 2>&1 | tail -40
