@@ -83,9 +83,9 @@ def _cut(rack: VllmRack, host: str) -> Iterator[None]:
     addr = _address(rack, host)
     table = re.sub(r"[^a-z0-9_]", "_", f"pvcut_{rack.handle.name}_{host}".lower())  # type: ignore[attr-defined]
     chains = "".join(
-        f"chain {hook} {{ type filter hook {hook} priority -200; policy accept; "
-        f"ip saddr {addr} drop; ip daddr {addr} drop; }} " for hook in ("forward", "input", "output"))
-    subprocess.run(["nft", "-f", "-"], input=f"table bridge {table} {{ {chains}}}\n", text=True, check=True)
+        f"\tchain {hook} {{\n\t\ttype filter hook {hook} priority -200; policy accept;\n"
+        f"\t\tip saddr {addr} drop\n\t\tip daddr {addr} drop\n\t}}\n" for hook in ("forward", "input", "output"))
+    subprocess.run(["nft", "-f", "-"], input=f"table bridge {table} {{\n{chains}}}\n", text=True, check=True)
     try:
         yield
     finally:
