@@ -107,12 +107,17 @@ def vllm_facts(fleet: Fleet, host: str, variables: Mapping[str, Any]) -> dict[st
             peers = [str(fleet.hosts[m].get("vllm_host_ip") or fleet.hosts[m].address) for m in members[1:]]
             exec_argv = [*wrapper, "--health-url", health_url, "--misses", str(variables.get("vllm_watch_misses", 3)),
                          "--interval", str(variables.get("vllm_head_watch_interval", 10)),
-                         *(["--peers", ",".join(peers)] if peers else []), "--", *argv]
+                         *(["--peers", ",".join(peers), "--peer-port", str(port),
+                            "--peer-interval", str(variables.get("vllm_watch_interval", 2))] if peers else []),
+                         "--", *argv]
         else:
             exec_argv = [*wrapper, "--head-addr", head_address, "--head-port", str(master_port),
                          "--misses", str(variables.get("vllm_watch_misses", 3)),
                          "--interval", str(variables.get("vllm_watch_interval", 2)),
-                         "--join-timeout", str(variables.get("vllm_join_timeout", 1800)), "--", *argv]
+                         "--join-timeout", str(variables.get("vllm_join_timeout", 1800)),
+                         # the cluster's API port is free on a headless worker: its member /health for the head
+                         "--serve-health", f"[{host_ip}]:{port}" if ":" in host_ip else f"{host_ip}:{port}",
+                         "--", *argv]
     if exec_argv:
         template = "vllm-head.service.j2" if is_head else "vllm-worker.service.j2"
         units.append({"template": template, "dest": f"{unit_dir}/vllm.service", "name": "vllm.service"})

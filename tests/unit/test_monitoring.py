@@ -24,7 +24,7 @@ VENV_BIN = Path(sys.executable).parent
 FIXTURE = PROJECT_ROOT / "tests" / "fixtures" / "monitoring" / "alerts_test.yml"
 RACK_A = INVENTORIES / "rack-a.ini"
 ALERTS = {
-    "VllmHeadDown", "VllmModelLoadSlow", "VllmRequestsWaitingHigh", "VllmE2ELatencyP99High", "VllmTTFTP99High",
+    "VllmHeadDown", "VllmClusterMemberDown", "VllmModelLoadSlow", "VllmRequestsWaitingHigh", "VllmE2ELatencyP99High", "VllmTTFTP99High",
     "VllmInterTokenLatencyP99High", "GpuMemoryHigh", "ProvisionDriftFound", "ProvisionDriftCheckIncomplete",
     "ProvisionDriftCheckStale", "ProvisionHealthCheckFailed", "ProvisionHealthHostUnreachable",
 }
@@ -75,7 +75,7 @@ def test_promtool_check_config_and_rules(rack_a):
     assert r.returncode == 0, r.stdout + r.stderr
     r = promtool("check", "rules", str(rack_a / "prometheus-rules.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 12 rules found" in r.stdout
+    assert "SUCCESS: 13 rules found" in r.stdout
     rules = yaml.safe_load((rack_a / "prometheus-rules.yml").read_text())
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     assert names == ALERTS

@@ -51,3 +51,20 @@ def test_inline_string_cluster_explains_ini(tmp_path: Path) -> None:
 def test_unknown_key_suggests(tmp_path: Path) -> None:
     (f,) = findings(tmp_path, "CL016", group_vars=cluster(max_num_seq=8))
     assert "did you mean 'max_num_seqs'" in f.message
+
+
+def test_ray_executor_on_the_cpu_build_is_refused_with_vllms_error(tmp_path: Path) -> None:
+    gv = {**cluster(executor="ray"), "gpu_nodes": {"vllm_device": "cpu"}}
+    (f,) = findings(tmp_path, "CL018", group_vars=gv)
+    assert f.severity == "error" and f.group == "c1" and f.var == "vllm_cluster.executor"
+    assert "n1, n2" in f.message and "current platform cpu does not support ray" in f.message
+    assert "executor: mp" in f.message
+    # the same cluster on the CUDA build (the role default), or mp on cpu: nothing to refuse
+    assert findings(tmp_path / "cuda", "CL018", group_vars=cluster(executor="ray")) == []
+    assert findings(tmp_path / "mp", "CL018", group_vars={"gpu_nodes": {"vllm_device": "cpu"}}) == []
+
+
+def test_unknown_vllm_device_names_host_and_fix(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "CL018", group_vars={"gpu_nodes": {"vllm_device": "cpus"}})
+    assert {f.host for f in fs} == {"n1", "n2"}
+    assert all(f.var == "vllm_device" and "'cpu'" in f.message for f in fs)

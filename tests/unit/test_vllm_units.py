@@ -345,6 +345,108 @@ def test_group_run_head_stops_when_a_worker_connection_set_vanishes() -> None:
         rendezvous.close()
 
 
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except OSError:
+        return 0, ""
+
+
+def _wait_for(pred, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _worker_with_member_health(head_port: int, health_port: int) -> subprocess.Popen[str]:
+    return _wrapper("--head-addr", "127.0.0.1", "--head-port", str(head_port), "--interval", "0.2",
+                    "--misses", "3", "--stop-grace", "2", "--serve-health", f"127.0.0.1:{health_port}", "--",
+                    "sleep", "60")
+
+
+def test_group_run_worker_answers_member_health_only_while_its_vllm_runs() -> None:
+    head = socket.socket()
+    head.bind(("127.0.0.1", 0))
+    head.listen(16)
+    hp = _free_port()
+    p = _worker_with_member_health(head.getsockname()[1], hp)
+    try:
+        assert _wait_for(lambda: _get(f"http://127.0.0.1:{hp}/health")[0] == 200, 10)
+        first = _get(f"http://127.0.0.1:{hp}/health")[1]
+        assert first and _get(f"http://127.0.0.1:{hp}/other")[0] == 503
+        child = int(subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()[0])
+        os.kill(child, signal.SIGKILL)  # the worker's vLLM dies
+        assert p.wait(timeout=15) == 75
+        assert _get(f"http://127.0.0.1:{hp}/health")[0] == 0  # nothing answers once the member is gone
+    finally:
+        if p.poll() is None:
+            p.kill()
+        head.close()
+
+
+@pytest.mark.parametrize("how", ["silent", "restarted"])
+def test_group_run_head_stops_when_a_worker_member_goes_silent_or_restarts(how: str) -> None:
+    """Power lost or network cut: the worker's connections stay ESTABLISHED, only its member /health tells.
+    A real worker wrapper is frozen (SIGSTOP: the kernel still accepts, nothing answers) or replaced by a new one."""
+    srv, url = _health_server({"code": 200})
+    head = socket.socket()
+    head.bind(("127.0.0.1", 0))
+    head.listen(16)
+    hp = _free_port()
+    worker = _worker_with_member_health(head.getsockname()[1], hp)
+    p = None
+    try:
+        assert _wait_for(lambda: _get(f"http://127.0.0.1:{hp}/health")[0] == 200, 10)
+        # restarted: misses high enough that only the changed member id can stop the head
+        misses = "3" if how == "silent" else "1000"
+        p = _wrapper("--health-url", url, "--interval", "0.3", "--misses", misses, "--peers", "127.0.0.1",
+                     "--peer-port", str(hp), "--peer-interval", "0.3", "--peer-timeout", "0.5", "--stop-grace", "2",
+                     "--", "sleep", "60")
+        time.sleep(3)
+        assert p.poll() is None  # worker answering: the head keeps serving
+        t0 = time.monotonic()
+        if how == "silent":
+            os.kill(worker.pid, signal.SIGSTOP)
+        else:
+            worker.terminate()  # stops its child too
+            worker.wait()
+            worker = _worker_with_member_health(head.getsockname()[1], hp)
+        assert p.wait(timeout=20) == 75
+        took = time.monotonic() - t0
+        out = p.stdout.read() if p.stdout else ""
+        assert ("restarted" if how == "restarted" else "member /health probes failed") in out, out
+        if how == "silent":
+            assert took < 3 * (0.3 + 0.5) + 2 + 1.5, took  # misses x (interval + timeout) + stop + slack
+    finally:
+        for proc in (p, worker):
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                proc.kill()
+                proc.wait()
+        srv.shutdown()
+        head.close()
+
+
 def test_group_run_kills_orphaned_rank_processes_when_vllm_dies(tmp_path: Path) -> None:
     """vLLM's main process killed: its rank processes (same process group) must not live on as orphans."""
     pidfile = tmp_path / "rank.pid"

@@ -174,7 +174,9 @@ def test_killing_the_worker_brings_the_cluster_back(vllm_rack: VllmRack) -> None
     recovered_s = round(time.monotonic() - t0, 1)
     print(f"vllm_pp recovered {recovered_s} s after kill -9 of the worker's vLLM")
     (PROJECT_ROOT / ".runs").mkdir(exist_ok=True)
-    (PROJECT_ROOT / ".runs/vllm-testbed-recovery.json").write_text(json.dumps({"worker_kill_s": recovered_s}) + "\n")
+    results = PROJECT_ROOT / ".runs/vllm-testbed-recovery.json"  # shared with test_vllm_recovery.py
+    data = json.loads(results.read_text()) if results.is_file() else {}
+    results.write_text(json.dumps({**data, "worker_kill_s": recovered_s}, indent=2) + "\n")
     body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 4}
     code, text = http(vllm_rack.url("vllm_pp", "/v1/completions"), data=body, key=vllm_rack.api_key, timeout=300)
     assert code == 200, text
