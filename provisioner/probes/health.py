@@ -104,7 +104,8 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
     imex = spec is not None and spec.imex
     argv += ["--imex", str(opt("imex", "required" if imex else "auto"))]
     if imex and host.nvlink_domain:
-        trays = sum(1 for h in fleet.gpu_nodes if h.nvlink_domain == host.nvlink_domain and h.gpu_model == host.gpu_model)
+        trays = sum(1 for h in fleet.gpu_nodes
+                    if h.nvlink_domain == host.nvlink_domain and h.gpu_model == host.gpu_model)
         argv += ["--imex-nodes", str(opt("imex_nodes", trays))]
     busbw = opt("busbw_min_gbps", None)
     if busbw in (None, "") and spec is not None and spec.allreduce_busbw_gbps and count == spec.all_reduce_gpus:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from provisioner.model import Fleet, Host
 from provisioner.probes import parsers
@@ -230,11 +231,11 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
             out.append(Mismatch("gpu_count", str(host.gpu_count), str(len(facts.gpus))))
         names = _smi_names(host.gpu_model)
         if names:
-            bad = [g for g in facts.gpus if g.name not in names]
-            if bad:
-                found = ", ".join(sorted({f"{g.name!r}" for g in bad}))
+            wrong = [g for g in facts.gpus if g.name not in names]
+            if wrong:
+                found = ", ".join(sorted({f"{g.name!r}" for g in wrong}))
                 out.append(Mismatch("gpu_model", f"{host.gpu_model} ({' or '.join(repr(n) for n in names)})",
-                                    f"{found} on GPU {','.join(str(g.index) for g in bad)}"))
+                                    f"{found} on GPU {','.join(str(g.index) for g in wrong)}"))
     # InfiniBand
     rate = expected_ib_rate(host)
     for hca in host.ib_hcas:
