@@ -43,7 +43,7 @@ def test_defaults_are_an_8x_h100_node_with_8_ndr_hcas() -> None:
 
 @pytest.mark.parametrize(("spec", "message"), [
     ({"gpu_modell": "x"}, r"gpu_modell: unknown key"),
-    ({"gpu_model": "A100"}, r"gpu_model: unknown model 'A100' \(known: H100-SXM5-80GB, H200-SXM-141GB\)"),
+    ({"gpu_model": "A100"}, r"gpu_model: unknown model 'A100' \(known: H100-SXM5-80GB, H200-SXM-141GB, B200-SXM-180GB, GB200-186GB\)"),
     ({"gpu_count": "8"}, r"gpu_count: expected an integer, got '8'"),
     ({"faults": {"hca_dwn": "mlx5_3"}}, r"faults: unknown fault 'hca_dwn'"),
     ({"faults": {"hca_down": "mlx5_9"}}, r"faults.hca_down: unknown HCA 'mlx5_9' \(this node has mlx5_0, "),
