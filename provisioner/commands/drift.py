@@ -68,7 +68,11 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
         playbook: Annotated[Path | None, typer.Option(
             "--playbook", help="Playbook to check (default site.yml).")] = None,
+        accelerate: Annotated[str | None, typer.Option(
+            "--accelerate",
+            help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
     ) -> None:
+        from provisioner.accelerate import env as accel_env
         from provisioner.commands.common import finding_line, validate
         from provisioner.inventory import limit_hosts, load_fleet
         from provisioner.reports import drift_text
@@ -81,6 +85,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("--output directory does not exist or is not writable", path=str(output.parent))
         if playbook is not None and not playbook.is_file():
             raise UsageError("playbook not found", path=str(playbook))
+        accel_env(accelerate)  # an unknown or uninstalled accelerator is a usage error before anything runs
         xv = extra_vars(extra)
         fleet = load_fleet(inventory, extra_vars=xv)
         limit_abs = resolve_limit(limit)
@@ -97,7 +102,7 @@ def register(app: typer.Typer) -> None:
         progress = make_progress("none" if quiet else "auto")
         result = run_playbook(inventory, command="drift", playbook=playbook, limit=limit_abs, tags=tags,
                               skip_tags=skip_tags, check=True, diff=True, extravars=xv, targeted=targeted,
-                              progress=progress)
+                              progress=progress, accelerate=accelerate)
         # every format is kept with the run's artifacts (.runs/<time>-drift/drift.{txt,json,xml,prom})
         for fmt, ext in EXTENSIONS.items():
             (Path(result.run_dir) / f"drift.{ext}").write_text(render(result, fmt))

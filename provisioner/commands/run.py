@@ -55,7 +55,11 @@ def register(app: typer.Typer) -> None:
             "--skip-preflight", help="Do not run the preflight probe.")] = False,
         playbook: Annotated[Path | None, typer.Option(
             "--playbook", help="Playbook to run (default site.yml).")] = None,
+        accelerate: Annotated[str | None, typer.Option(
+            "--accelerate",
+            help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
     ) -> None:
+        from provisioner.accelerate import env as accel_env
         from provisioner.inventory import limit_hosts, load_fleet
         from provisioner.reports import run_json, run_text
         from provisioner.runner import make_progress, resolve_limit, run_playbook, validate_serial
@@ -65,6 +69,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--max-fail-percent must be 0..100, got {max_fail_percent}")
         if playbook is not None and not playbook.is_file():
             raise UsageError("playbook not found", path=str(playbook))
+        accel_env(accelerate)  # an unknown or uninstalled accelerator is a usage error before anything runs
         xv = extra_vars(extra)
         # the inventory is parsed once: the limit is resolved on the fleet's own inventory, and ansible-runner is
         # handed the hosts it selects
@@ -98,7 +103,7 @@ def register(app: typer.Typer) -> None:
         result = run_playbook(
             inventory, command="run", playbook=playbook, limit=limit_abs, tags=tags, skip_tags=skip_tags,
             check=check, serial=serial, max_fail_percent=max_fail_percent, extravars=xv, targeted=targeted,
-            progress=progress,
+            progress=progress, accelerate=accelerate,
         )
         if json_out:
             sys.stdout.write(run_json.render(result))

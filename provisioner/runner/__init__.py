@@ -180,6 +180,7 @@ def run_playbook(
     on_event: Callable[[dict[str, Any]], None] | None = None,
     on_run_dir: Callable[[Path], None] | None = None,
     fleet: Fleet | None = None,
+    accelerate: str | None = None,
 ) -> RunResult:
     """Run `playbook` (default playbooks/site.yml) on `inventory`: `execute(RunConfig(...))` with these options
     (RunConfig documents them) and callbacks."""
@@ -188,5 +189,6 @@ def run_playbook(
         tags=tags, skip_tags=skip_tags, check=check, diff=diff, serial=serial, max_fail_percent=max_fail_percent,
         extravars=dict(extravars or {}), forks=forks, runs_dir=Path(runs_dir) if runs_dir else None,
         envvars=dict(envvars or {}), timeout=timeout, targeted=tuple(targeted) if targeted is not None else None,
+        accelerate=accelerate,
     )
     return execute(config, progress=progress, on_event=on_event, on_run_dir=on_run_dir, fleet=fleet)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provisioner import paths
+from provisioner.accelerate import env as accelerate_env
 from provisioner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ class RunConfig:
     envvars: dict[str, str] = field(default_factory=dict)  # on top of ours
     timeout: int | None = None  # seconds for the whole run
     targeted: tuple[str, ...] | None = None  # the hosts `limit` selects, when the caller resolved them already
+    accelerate: str | None = None  # none | mitogen (provisioner/accelerate.py); default $PROVISION_ACCELERATE, none
 
     def prepared(self, fleet: Fleet | None = None) -> RunConfig:
         """This config checked and completed; UsageError for bad input. With `fleet` (loaded from the same
@@ -150,6 +152,7 @@ class RunConfig:
         if not targeted:
             raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inv))
         serial = validate_serial(self.serial)
+        accelerate_env(self.accelerate)  # an unknown or uninstalled accelerator: UsageError before the run starts
         if self.max_fail_percent is not None and not 0 <= self.max_fail_percent <= 100:
             raise UsageError(f"--max-fail-percent must be 0..100, got {self.max_fail_percent}")
         return replace(self, inventory=inv, playbook=pb, limit=limit, serial=serial, targeted=tuple(targeted),
@@ -198,5 +201,6 @@ class RunConfig:
             "ANSIBLE_NOCOLOR": "True",
         }
         env = {k: v for k, v in env.items() if v}
+        env.update(accelerate_env(self.accelerate))  # the strategy: linear (ansible.cfg) or mitogen_linear
         env.update(self.envvars)
         return env
