@@ -145,15 +145,82 @@ def _my_children(ssh_only: bool = False) -> list[int]:
                         cmd = open(f"/proc/{d}/cmdline", "rb").read()
                     except OSError:
                         continue
-                    if not cmd.startswith(b"ssh"):
+                    # ssh ControlPersist masters; with Mitogen also its connection multiplexers (python
+                    # children of ansible-playbook) and their ssh, should any outlive the playbook
+                    if not (cmd.startswith(b"ssh") or b"ansible" in cmd or b"mitogen" in cmd):
                         continue
                 kids.append(int(d))
     return kids
 
 
+class TreeSampler:
+    """Samples the command's live process tree every `interval` s (a thread): peak memory (sum of PSS from
+    smaps_rollup, so the forked workers' shared pages count once), peak process count, and the own CPU (no
+    children) of the ansible-playbook main process: the strategy loop, single-threaded, the serial part of a run."""
+
+    def __init__(self, root: int, interval: float = 1.0):
+        import threading
+        self.root, self.interval = root, interval
+        self.peak_pss_kib = self.peak_procs = 0
+        self.main_cpu_ticks = 0
+        self._main: int | None = None
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        table: dict[int, tuple[int, int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        st = f.read()
+                except OSError:
+                    continue
+                rest = st[st.rindex(")") + 2:].split()
+                table[int(d)] = (int(rest[1]), int(rest[11]) + int(rest[12]))
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        tree, stack = [], [self.root]
+        while stack:
+            pid = stack.pop()
+            tree.append(pid)
+            stack.extend(children.get(pid, []))
+        pss = 0
+        for pid in tree:
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    pss += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            except (OSError, StopIteration):
+                continue
+            if self._main is None:
+                try:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if any(c.endswith(b"ansible-playbook") for c in cmd[:2]):
+                    self._main = pid
+        self.peak_pss_kib = max(self.peak_pss_kib, pss)
+        self.peak_procs = max(self.peak_procs, len(tree))
+        if self._main in table:
+            self.main_cpu_ticks = table[self._main][1]
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._t.join()
+        return {"controller_peak_pss_mib": round(self.peak_pss_kib / 1024, 1), "controller_peak_procs": self.peak_procs,
+                "playbook_main_cpu_s": round(self.main_cpu_ticks / CLK, 2)}
+
+
 def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, rack: str | None = None,
                  stdout_path: Path | None = None) -> dict:
-    """Run argv as the controller; return wall/controller/machine/rack CPU and the exit code."""
+    """Run argv as the controller; return wall/controller/machine/rack CPU, peak memory, the ansible-playbook
+    main process's own CPU (TreeSampler) and the exit code."""
     before = set(_my_children())
     set_subreaper(True)
     roots = rack_roots(rack) if rack else []
@@ -163,7 +230,9 @@ def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, rack: str |
     out = open(stdout_path, "w") if stdout_path else subprocess.DEVNULL
     try:
         p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        sampler = TreeSampler(p.pid)
         _, status, ru = os.wait4(p.pid, 0)
+        sampled = sampler.stop()
         p.returncode = os.waitstatus_to_exitcode(status)
     finally:
         if stdout_path:
@@ -192,6 +261,7 @@ def run_measured(argv: list[str], *, env: dict[str, str], cwd: Path, rack: str |
     return {
         "rc": p.returncode,
         "wall_s": round(wall, 2),
+        **sampled,
         "controller_cpu_s": round(cpu + orphan_cpu, 2),
         "controller_ssh_masters_cpu_s": round(orphan_cpu, 2),
         "ssh_masters": len(orphans),

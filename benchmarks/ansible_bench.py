@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 STOCK_CFG = ROOT / "benchmarks" / "stock-ansible.cfg"
 SITE = ROOT / "playbooks" / "site.yml"
+SIDES = ("tuned", "stock", "mitogen")  # mitogen = tuned + `--accelerate mitogen` (provisioner/accelerate.py)
+TUNED = ("tuned", "mitogen")
 
 
 def log(msg: str) -> None:
@@ -104,7 +106,7 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
         env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
         env.update(M.callback_env(self.work, count_file))
-        if side == "tuned":
+        if side in TUNED:
             env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(self.facts)  # private: hosts are named node01.. in every rack
             env["PROVISION_RUNS_DIR"] = str(self.work / "runs")       # never prune other people's .runs
         else:
@@ -114,10 +116,11 @@ class Bench:
     def argv(self, side: str, what: str) -> list[str]:
         inv = str(bench_inventory(self.name, self.work / "inventory"))
         skip = ["--skip-tags", self.skip_tags] if self.skip_tags else []
-        if side == "tuned":
+        if side in TUNED:
+            accel = ["--accelerate", "mitogen"] if side == "mitogen" else ["--accelerate", "none"]
             if what == "drift":
-                return [str(BIN / "provision"), "drift", inv, "--quiet", *skip]
-            return [str(BIN / "provision"), "run", inv, "--quiet", *skip]
+                return [str(BIN / "provision"), "drift", inv, "--quiet", *skip, *accel]
+            return [str(BIN / "provision"), "run", inv, "--quiet", *skip, *accel]
         argv = [str(BIN / "ansible-playbook"), "-i", inv, str(SITE), *skip]
         return argv + (["--check", "--diff"] if what == "drift" else [])
 
@@ -129,12 +132,13 @@ class Bench:
         argv = self.argv(side, what)
         log(f"{tag}: {' '.join(argv)}")
         state = tree_state()
+        load0 = open("/proc/loadavg").read().split()[0]
         r = M.run_measured(argv, env=self.env(side, count_file), cwd=ROOT, rack=self.name,
                            stdout_path=self.work / f"{tag}.log")
         counts = M.read_counts(count_file)
         tasks = counts.pop("tasks", [])
         r.update(counts)
-        r.update({"side": side, "what": what, "hosts": nodes, "tree": state, "log": str(self.work / f"{tag}.log"),
+        r.update({"side": side, "what": what, "hosts": nodes, "tree": state, "load1_at_start": float(load0), "log": str(self.work / f"{tag}.log"),
                   "command": " ".join(argv)})
         for k in ("controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s", "machine_cpu_s"):
             r[k.replace("_s", "_per_host_s")] = round(r[k] / nodes, 2)
@@ -167,26 +171,29 @@ def fleet(args: argparse.Namespace) -> dict:
     b = Bench(args.name, args.skip_tags)
     runs = []
     for i, n in enumerate(int(s) for s in args.sizes.split(",")):
-        order = ["tuned", "stock"] if i % 2 == 0 else ["stock", "tuned"]
+        sides = [x for x in SIDES if x in args.sides.split(",")]
+        order = sides[i % len(sides):] + sides[:i % len(sides)]
         if args.first != "alternate":
             order = sorted(order, key=lambda x: x != args.first)
-        for side in (x for x in order if x in args.sides.split(",")):
+        for side in order:
             fresh_rack(args.name, n)
             if b.facts.exists():
                 shutil.rmtree(b.facts)
             runs.append(b.run(side, "run", n))
     summary = []
     for n in sorted({r["hosts"] for r in runs}):
-        t = next((r for r in runs if r["hosts"] == n and r["side"] == "tuned"), None)
-        s = next((r for r in runs if r["hosts"] == n and r["side"] == "stock"), None)
-        if t is None or s is None:
-            continue
-        summary.append({"hosts": n, "stock_over_tuned_controller_cpu": ratio(s["controller_cpu_s"], t["controller_cpu_s"]),
-                        "stock_over_tuned_attributed_cpu": ratio(s["attributed_machine_cpu_s"],
-                                                                 t["attributed_machine_cpu_s"]),
-                        "stock_over_tuned_wall": ratio(s["wall_s"], t["wall_s"]),
-                        "tuned_controller_cpu_per_host_s": t["controller_cpu_per_host_s"],
-                        "stock_controller_cpu_per_host_s": s["controller_cpu_per_host_s"]})
+        by = {side: next((r for r in runs if r["hosts"] == n and r["side"] == side), None) for side in SIDES}
+        row: dict = {"hosts": n}
+        for side, r in by.items():
+            if r is not None:
+                row[f"{side}_controller_cpu_per_host_s"] = r["controller_cpu_per_host_s"]
+        for a, b_ in (("stock", "tuned"), ("stock", "mitogen"), ("tuned", "mitogen")):
+            if by[a] is not None and by[b_] is not None:
+                row[f"{a}_over_{b_}_controller_cpu"] = ratio(by[a]["controller_cpu_s"], by[b_]["controller_cpu_s"])
+                row[f"{a}_over_{b_}_attributed_cpu"] = ratio(by[a]["attributed_machine_cpu_s"],
+                                                            by[b_]["attributed_machine_cpu_s"])
+                row[f"{a}_over_{b_}_wall"] = ratio(by[a]["wall_s"], by[b_]["wall_s"])
+        summary.append(row)
     return {"bench": "fleet", "runs": runs, "summary": summary}
 
 
@@ -205,22 +212,26 @@ def noop(args: argparse.Namespace) -> dict:
         if conv["rc"] != 0:
             log(f"converge failed, see {conv['log']}")
     runs = []
+    sides = [x for x in SIDES if x in args.sides.split(",")]
     for rep in range(args.repeats):
-        for side in (["tuned", "stock"] if rep % 2 == 0 else ["stock", "tuned"]):
+        for side in sides[rep % len(sides):] + sides[:rep % len(sides)]:  # rotate the order per repeat
             runs.append(b.run(side, args.mode, n))
     med = {}
-    for side in ("tuned", "stock"):
+    for side in sides:
         rs = [r for r in runs if r["side"] == side]
         med[side] = {k: round(statistics.median(r[k] for r in rs), 2)
                      for k in ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s",
                                "machine_cpu_s", "controller_cpu_per_host_s", "rack_cpu_per_host_s",
                                "attributed_machine_cpu_per_host_s", "machine_cpu_per_host_s",
-                               "module_runs_per_host") if all(k in r for r in rs)}
+                               "module_runs_per_host", "controller_peak_pss_mib", "playbook_main_cpu_s")
+                     if all(k in r for r in rs)}
         med[side]["rcs"] = [r["rc"] for r in rs]
-    summary = {"hosts": n, "mode": args.mode, "repeats": args.repeats, "median": med,
-               "stock_over_tuned": {k: ratio(med["stock"].get(k, 0), med["tuned"].get(k, 0))
-                                    for k in ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s",
-                                              "machine_cpu_s", "module_runs_per_host")}}
+    keys = ("wall_s", "controller_cpu_s", "rack_cpu_s", "attributed_machine_cpu_s", "machine_cpu_s",
+            "module_runs_per_host")
+    summary = {"hosts": n, "mode": args.mode, "repeats": args.repeats, "median": med}
+    for a, b_ in (("stock", "tuned"), ("stock", "mitogen"), ("tuned", "mitogen")):
+        if a in med and b_ in med:
+            summary[f"{a}_over_{b_}"] = {k: ratio(med[a].get(k, 0), med[b_].get(k, 0)) for k in keys}
     return {"bench": "noop", "runs": runs, "summary": summary}
 
 
@@ -241,7 +252,7 @@ def report(files: list[Path]) -> str:
     out = ["| bench | hosts | side | runs (rc) | wall s | controller CPU s (/host) | rack CPU s (/host) | "
            "controller+rack CPU s (/host) | /proc/stat machine CPU s (/host) | module runs /host |",
            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
-    for bench, what, n, side, k, rcs, m in sorted(rows, key=lambda x: (x[0], x[1], x[2], x[3] != "tuned")):
+    for bench, what, n, side, k, rcs, m in sorted(rows, key=lambda x: (x[0], x[1], x[2], SIDES.index(x[3]))):
         per = lambda v: f"{v:.1f} ({v / n:.2f})"  # noqa: E731
         out.append(f"| {bench} {what} | {n} | {side} | {k} ({','.join(map(str, rcs))}) | {m['wall_s']:.0f} | "
                    f"{per(m['controller_cpu_s'])} | {per(m['rack_cpu_s'])} | {per(m['attributed_machine_cpu_s'])} | "
@@ -249,15 +260,61 @@ def report(files: list[Path]) -> str:
     return "\n".join(out)
 
 
+def write_summary(result: dict, argv: list[str]) -> None:
+    """benchmarks/summary.json records of the goals this run measured (benchmarks/_summary.py)."""
+    import _summary
+    load = {"at_start": result["machine"]["loadavg_at_start"], "at_end": result["machine"]["loadavg_at_end"],
+            "runs": [r.get("load1_at_start") for r in result["runs"]]}
+    src = " ".join(["benchmarks/ansible_bench.py", *argv[1:]])
+    if result["bench"] == "fleet":
+        rows = result["summary"]
+        for side in ("tuned", "mitogen"):
+            rs = [r for r in rows if f"stock_over_{side}_controller_cpu" in r]
+            if not rs:
+                continue
+            worst = min(rs, key=lambda r: r[f"stock_over_{side}_controller_cpu"])
+            _summary.record(
+                f"fleet_controller_cpu_per_host_vs_stock/{side}", anchor="stock ansible-playbook, same playbook; goal "
+                "ratio stock/ours >= 3 at every size", ours={r["hosts"]: r[f"{side}_controller_cpu_per_host_s"] for r in rs},
+                ratio=worst[f"stock_over_{side}_controller_cpu"], met=worst[f"stock_over_{side}_controller_cpu"] >= 3,
+                load=load, source=src, detail={"per_size": rs})
+            per = sorted((r["hosts"], r[f"{side}_controller_cpu_per_host_s"]) for r in rs)
+            if len(per) > 1:
+                growth = round(per[-1][1] / per[0][1], 2)
+                _summary.record(
+                    f"fleet_controller_cpu_per_host_flat/{side}", anchor=f"controller CPU per host at {per[0][0]} "
+                    f"hosts; goal: at {per[-1][0]} hosts no more than 1.15x", ours=per[-1][1], ratio=growth,
+                    met=growth <= 1.15, load=load, source=src, detail={"per_size": per})
+    else:
+        med, n = result["summary"]["median"], result["summary"]["hosts"]
+        for side in ("tuned", "mitogen"):
+            key = f"stock_over_{side}"
+            if key not in result["summary"]:
+                continue
+            rt = result["summary"][key]
+            _summary.record(
+                f"noop_drift_controller_cpu_vs_stock/{side}", anchor=f"stock ansible-playbook --check --diff, {n} "
+                "hosts, same playbook; goal stock/ours >= 3", ours=med[side]["controller_cpu_per_host_s"],
+                ratio=rt["controller_cpu_s"], met=(rt["controller_cpu_s"] or 0) >= 3, load=load, source=src,
+                detail={"median": med})
+            _summary.record(
+                f"noop_drift_machine_cpu_vs_stock/{side}", anchor=f"stock, controller + rack (hosts) CPU, {n} hosts; "
+                "goal stock/ours >= 2", ours=med[side]["attributed_machine_cpu_per_host_s"],
+                ratio=rt["attributed_machine_cpu_s"], met=(rt["attributed_machine_cpu_s"] or 0) >= 2, load=load,
+                source=src, detail={"median": med})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fleet")
     f.add_argument("--sizes", default="4,8,16")
-    f.add_argument("--sides", default="tuned,stock", help="which sides to run (default both)")
-    f.add_argument("--first", choices=["alternate", "tuned", "stock"], default="alternate",
+    f.add_argument("--sides", default="tuned,stock,mitogen", help="which sides to run (default all three)")
+    f.add_argument("--first", choices=["alternate", *SIDES], default="alternate",
                    help="which side runs first at each size (default: alternate per size); `stock` leaves the rack "
                         "converged by the tuned side with a warm fact cache, ready for `noop --no-converge`")
+    sp = sub.add_parser("summary", help="write summary.json records from saved result JSON files")
+    sp.add_argument("files", type=Path, nargs="+")
     rp = sub.add_parser("report", help="Markdown table from result JSON files")
     rp.add_argument("files", type=Path, nargs="+")
     n = sub.add_parser("noop")
@@ -266,10 +323,12 @@ def main() -> int:
     n.add_argument("--mode", choices=["drift", "run"], default="drift")
     n.add_argument("--fresh", action="store_true", help="tear the rack down and bring it up first")
     n.add_argument("--no-converge", action="store_true", help="the rack is already converged")
+    n.add_argument("--sides", default="tuned,stock,mitogen", help="which sides to run (default all three)")
     for p in (f, n):  # noqa: B007
         p.add_argument("--name", default="bench", help="rack name (only this rack is created/removed)")
         p.add_argument("--json", type=Path)
         p.add_argument("--down", action="store_true", help="remove the rack at the end")
+        p.add_argument("--summary", action="store_true", help="write the goals' records to benchmarks/summary.json")
         p.add_argument("--skip-tags", default="vllm",
                        help="passed to both sides (default vllm: site.yml's vLLM play pip-installs vLLM, which a plain "
                             "rack without --with-vllm cannot reach; '' runs everything)")
@@ -277,11 +336,18 @@ def main() -> int:
     if args.cmd == "report":
         print(report(args.files))
         return 0
+    if args.cmd == "summary":
+        for f in args.files:
+            d = json.loads(f.read_text())
+            write_summary(d, d["argv"])
+        return 0
     out = {"machine": machine(), "argv": sys.argv}
     out.update(fleet(args) if args.cmd == "fleet" else noop(args))
     out["machine"]["loadavg_at_end"] = open("/proc/loadavg").read().split()[:3]
     if args.down:
         subprocess.run([str(BIN / "provision"), "testbed", "down", "--name", args.name], cwd=ROOT)
+    if args.summary:
+        write_summary(out, sys.argv)
     text = json.dumps(out, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Capacity model: how many hosts one controller drifts nightly and provisions (issue 17 item 3).
+
+    .venv/bin/python benchmarks/capacity_model.py benchmarks/ansible_bench-r3-*.json [--json benchmarks/capacity_model.json]
+
+Inputs: ansible_bench.py result files (fleet = full provisioning run on fresh hosts, noop = drift on converged hosts),
+measured on the simulated rack. Per run it uses the CONTROLLER side only: `controller_cpu_s` (user+sys of the
+`provision` process tree, ansible-playbook and its forked workers, plus ssh/Mitogen processes that outlive it; the
+hosts' processes are not in that tree: they run under each host's systemd-nspawn and are counted as `rack_cpu_s`),
+`playbook_main_cpu_s` (the ansible-playbook main process alone: the strategy loop, one thread, the serial part) and
+`controller_peak_pss_mib` (peak PSS of that tree, forked workers' shared pages counted once), and the hosts' side
+`rack_cpu_s` (what each host does, for the per-host latency bound).
+
+Fit (ordinary least squares, per kind and side): y = fixed + per_host * hosts for controller CPU, main-process CPU,
+rack CPU; peak PSS = fixed + per_fork * forks (provision runs forks = hosts up to 50).
+
+Prediction for a controller of C cores / M GiB and a time budget T (30 min drift, 2 h provisioning): the largest N
+meeting every bound:
+1. CPU:     fixed + per_host * N <= U * C * T            (U = 0.7: headroom, the machine's other work)
+2. serial:  main_fixed + main_per_host * N <= T            (ansible-playbook's strategy loop is one core)
+3. forks:   memory sets F = (M * U - fixed_pss) / pss_per_fork (capped at 500); with F hosts in flight and each host
+            needing `host_s` of its own time (rack CPU per host, i.e. a host with one core, plus the controller's
+            per-host CPU as latency), N <= F * T / host_s
+The hosts' own CPU is measured on simulated hosts sharing this machine's cores; real nodes have their own CPUs, so
+bound 3 is conservative for CPU but ignores real package download/install times (see benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def ols(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line; slope only through the origin when one distinct x."""
+    if len(set(xs)) < 2:
+        slope = sum(y for y in ys) / sum(xs)
+        return 0.0, slope
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def points(files: list[Path]) -> dict[tuple[str, str], list[dict]]:
+    out: dict[tuple[str, str], list[dict]] = {}
+    for f in files:
+        d = json.loads(f.read_text())
+        for r in d["runs"]:
+            if r.get("rc") not in (0, 3) or "playbook_main_cpu_s" not in r:
+                continue
+            kind = "provision" if r["what"] == "run" and d["bench"] == "fleet" else \
+                ("drift" if r["what"] == "drift" else None)
+            if kind is None:
+                continue
+            out.setdefault((kind, r["side"]), []).append({**r, "file": f.name, "load": d["machine"].get("loadavg_at_start")})
+    return out
+
+
+def fit(runs: list[dict]) -> dict:
+    hosts = [float(r["hosts"]) for r in runs]
+    forks = [float(min(r["hosts"], 50)) for r in runs]
+    m = {}
+    for key, xs in (("controller_cpu_s", hosts), ("playbook_main_cpu_s", hosts), ("rack_cpu_s", hosts),
+                    ("wall_s", hosts), ("controller_peak_pss_mib", forks)):
+        a, b = ols(xs, [float(r[key]) for r in runs])
+        m[key] = {"fixed": round(a, 3), "per_unit": round(b, 4)}
+    m["points"] = [{k: r.get(k) for k in ("hosts", "wall_s", "controller_cpu_s", "playbook_main_cpu_s",
+                                          "controller_peak_pss_mib", "rack_cpu_s", "file", "load")} for r in runs]
+    return m
+
+
+def predict(m: dict, cores: int, mem_gib: float, budget_s: float, util: float = 0.7) -> dict:
+    c, mn, pss = m["controller_cpu_s"], m["playbook_main_cpu_s"], m["controller_peak_pss_mib"]
+    cpu_n = (util * cores * budget_s - c["fixed"]) / max(c["per_unit"], 1e-9)
+    serial_n = (budget_s - mn["fixed"]) / max(mn["per_unit"], 1e-9)
+    forks = int(min(500, (mem_gib * 1024 * util - max(pss["fixed"], 0)) / max(pss["per_unit"], 1e-3)))
+    host_s = m["rack_cpu_s"]["per_unit"] + c["per_unit"]
+    fork_n = forks * budget_s / max(host_s, 1e-9)
+    bounds = {"cpu": int(cpu_n), "serial_main_process": int(serial_n), "forks_x_host_time": int(fork_n)}
+    return {"cores": cores, "mem_gib": mem_gib, "budget_s": budget_s, "util": util, "forks": forks,
+            "host_s_per_host": round(host_s, 2), "bounds": bounds, "hosts": min(bounds.values()),
+            "limited_by": min(bounds, key=bounds.get)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", type=Path, nargs="+")
+    ap.add_argument("--cores", type=int, default=16)
+    ap.add_argument("--mem-gib", type=float, default=64)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    budgets = {"drift": 30 * 60, "provision": 2 * 3600}
+    out: dict = {"controller": {"cores": args.cores, "mem_gib": args.mem_gib}, "budgets_s": budgets, "models": {}}
+    for (kind, side), runs in sorted(points(args.files).items()):
+        m = fit(runs)
+        m["prediction"] = predict(m, args.cores, args.mem_gib, budgets[kind])
+        out["models"][f"{kind}/{side}"] = m
+    text = json.dumps(out, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+    for name, m in out["models"].items():
+        p = m["prediction"]
+        print(f"{name:18} ctl CPU {m['controller_cpu_s']['fixed']:6.1f} s + {m['controller_cpu_s']['per_unit']:.3f} s/host"
+              f" | main {m['playbook_main_cpu_s']['fixed']:5.1f} + {m['playbook_main_cpu_s']['per_unit']:.3f} s/host"
+              f" | PSS {m['controller_peak_pss_mib']['fixed']:5.0f} + {m['controller_peak_pss_mib']['per_unit']:.1f}"
+              f" MiB/fork | -> {p['hosts']} hosts ({p['limited_by']}; {p['bounds']})", file=sys.stderr)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
