@@ -33,11 +33,17 @@ def loadavg() -> float:
 
 
 def record(goal: str, *, anchor: str, ours: Any, ratio: float | None, met: bool | None, load: Any,
-           source: str, detail: dict[str, Any] | None = None, date: str | None = None) -> dict:
-    """Insert or replace the record of `goal` in summary.json; returns it."""
+           source: str, detail: dict[str, Any] | None = None, date: str | None = None,
+           from_file: Path | None = None) -> dict:
+    """Insert or replace the record of `goal` in summary.json; returns it. `from_file`: the figures come from an
+    earlier saved run (then `date` is when it was measured and `commit` the commit that published that file)."""
+    rev = commit()
+    if from_file is not None:
+        rev = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(from_file)], cwd=ROOT,
+                             capture_output=True, text=True).stdout.strip() + " (published the saved run)"
     rec = {"goal": goal, "anchor": anchor, "ours": ours, "ratio": ratio, "met": met,
            "date": date or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "load": load,
-           "commit": commit(), "source": source, "detail": detail or {}}
+           "commit": rev, "fresh": from_file is None, "source": source, "detail": detail or {}}
     data = json.loads(SUMMARY.read_text()) if SUMMARY.is_file() else {"records": []}
     recs = [r for r in data["records"] if r["goal"] != goal] + [rec]
     data["records"] = sorted(recs, key=lambda r: r["goal"])

@@ -95,9 +95,10 @@ def bench_inventory(name: str, dest: Path) -> Path:
 
 
 class Bench:
-    def __init__(self, name: str, skip_tags: str = ""):
+    def __init__(self, name: str, skip_tags: str = "", limit: str = ""):
         self.name = name
         self.skip_tags = skip_tags
+        self.limit = limit
         self.work = M.scratch(f"ansible-bench-{name}")
         self.facts = self.work / "facts"
         self.n = 0
@@ -116,6 +117,7 @@ class Bench:
     def argv(self, side: str, what: str) -> list[str]:
         inv = str(bench_inventory(self.name, self.work / "inventory"))
         skip = ["--skip-tags", self.skip_tags] if self.skip_tags else []
+        skip += ["--limit", self.limit] if self.limit else []
         if side in TUNED:
             accel = ["--accelerate", "mitogen"] if side == "mitogen" else ["--accelerate", "none"]
             if what == "drift":
@@ -198,7 +200,7 @@ def fleet(args: argparse.Namespace) -> dict:
 
 
 def noop(args: argparse.Namespace) -> dict:
-    b = Bench(args.name, args.skip_tags)
+    b = Bench(args.name, args.skip_tags, args.limit)
     n = args.nodes
     if not inventory(args.name).is_file() or args.fresh:
         fresh_rack(args.name, n)
@@ -213,6 +215,7 @@ def noop(args: argparse.Namespace) -> dict:
             log(f"converge failed, see {conv['log']}")
     runs = []
     sides = [x for x in SIDES if x in args.sides.split(",")]
+    n = len(args.limit.split(",")) if args.limit else n  # --limit: a sub-fleet of the converged rack
     for rep in range(args.repeats):
         for side in sides[rep % len(sides):] + sides[:rep % len(sides)]:  # rotate the order per repeat
             runs.append(b.run(side, args.mode, n))
@@ -324,6 +327,8 @@ def main() -> int:
     n.add_argument("--fresh", action="store_true", help="tear the rack down and bring it up first")
     n.add_argument("--no-converge", action="store_true", help="the rack is already converged")
     n.add_argument("--sides", default="tuned,stock,mitogen", help="which sides to run (default all three)")
+    n.add_argument("--limit", default="", help="comma list of hosts: check only these (both sides), for the "
+                                               "capacity model's smaller sizes on one converged rack")
     for p in (f, n):  # noqa: B007
         p.add_argument("--name", default="bench", help="rack name (only this rack is created/removed)")
         p.add_argument("--json", type=Path)

@@ -50,7 +50,7 @@ def points(files: list[Path]) -> dict[tuple[str, str], list[dict]]:
     for f in files:
         d = json.loads(f.read_text())
         for r in d["runs"]:
-            if r.get("rc") not in (0, 3) or "playbook_main_cpu_s" not in r:
+            if r.get("rc") not in (0, 3):
                 continue
             kind = "provision" if r["what"] == "run" and d["bench"] == "fleet" else \
                 ("drift" if r["what"] == "drift" else None)
@@ -61,29 +61,36 @@ def points(files: list[Path]) -> dict[tuple[str, str], list[dict]]:
 
 
 def fit(runs: list[dict]) -> dict:
-    hosts = [float(r["hosts"]) for r in runs]
-    forks = [float(min(r["hosts"], 50)) for r in runs]
     m = {}
-    for key, xs in (("controller_cpu_s", hosts), ("playbook_main_cpu_s", hosts), ("rack_cpu_s", hosts),
-                    ("wall_s", hosts), ("controller_peak_pss_mib", forks)):
-        a, b = ols(xs, [float(r[key]) for r in runs])
-        m[key] = {"fixed": round(a, 3), "per_unit": round(b, 4)}
+    for key in ("controller_cpu_s", "playbook_main_cpu_s", "rack_cpu_s", "wall_s", "controller_peak_pss_mib"):
+        have = [r for r in runs if r.get(key) is not None]  # round 2 files lack the sampled figures
+        if not have:
+            m[key] = None
+            continue
+        # memory follows the forks in flight (provision runs forks = hosts, capped at 50), the rest the hosts
+        xs = [float(min(r["hosts"], 50)) if key == "controller_peak_pss_mib" else float(r["hosts"]) for r in have]
+        a, b = ols(xs, [float(r[key]) for r in have])
+        m[key] = {"fixed": round(a, 3), "per_unit": round(b, 4), "n": len(have),
+                  "hosts": sorted({r["hosts"] for r in have})}
     m["points"] = [{k: r.get(k) for k in ("hosts", "wall_s", "controller_cpu_s", "playbook_main_cpu_s",
                                           "controller_peak_pss_mib", "rack_cpu_s", "file", "load")} for r in runs]
     return m
 
 
 def predict(m: dict, cores: int, mem_gib: float, budget_s: float, util: float = 0.7) -> dict:
-    c, mn, pss = m["controller_cpu_s"], m["playbook_main_cpu_s"], m["controller_peak_pss_mib"]
-    cpu_n = (util * cores * budget_s - c["fixed"]) / max(c["per_unit"], 1e-9)
-    serial_n = (budget_s - mn["fixed"]) / max(mn["per_unit"], 1e-9)
-    forks = int(min(500, (mem_gib * 1024 * util - max(pss["fixed"], 0)) / max(pss["per_unit"], 1e-3)))
-    host_s = m["rack_cpu_s"]["per_unit"] + c["per_unit"]
-    fork_n = forks * budget_s / max(host_s, 1e-9)
-    bounds = {"cpu": int(cpu_n), "serial_main_process": int(serial_n), "forks_x_host_time": int(fork_n)}
+    c, mn, pss, rack = (m[k] for k in ("controller_cpu_s", "playbook_main_cpu_s", "controller_peak_pss_mib",
+                                       "rack_cpu_s"))
+    bounds: dict[str, int] = {}
+    bounds["cpu"] = int((util * cores * budget_s - max(c["fixed"], 0)) / max(c["per_unit"], 1e-9))
+    if mn is not None:
+        bounds["serial_main_process"] = int((budget_s - max(mn["fixed"], 0)) / max(mn["per_unit"], 1e-9))
+    forks = None
+    if pss is not None:
+        forks = int(min(500, (mem_gib * 1024 * util - max(pss["fixed"], 0)) / max(pss["per_unit"], 1e-3)))
+        host_s = rack["per_unit"] + c["per_unit"]
+        bounds["forks_x_host_time"] = int(forks * budget_s / max(host_s, 1e-9))
     return {"cores": cores, "mem_gib": mem_gib, "budget_s": budget_s, "util": util, "forks": forks,
-            "host_s_per_host": round(host_s, 2), "bounds": bounds, "hosts": min(bounds.values()),
-            "limited_by": min(bounds, key=bounds.get)}
+            "bounds": bounds, "hosts": min(bounds.values()), "limited_by": min(bounds, key=bounds.get)}
 
 
 def main() -> int:
@@ -102,12 +109,12 @@ def main() -> int:
     text = json.dumps(out, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
+    f = lambda v, unit: "n/a" if v is None else f"{v['fixed']:.1f} + {v['per_unit']:.3f} {unit}"  # noqa: E731
     for name, m in out["models"].items():
         p = m["prediction"]
-        print(f"{name:18} ctl CPU {m['controller_cpu_s']['fixed']:6.1f} s + {m['controller_cpu_s']['per_unit']:.3f} s/host"
-              f" | main {m['playbook_main_cpu_s']['fixed']:5.1f} + {m['playbook_main_cpu_s']['per_unit']:.3f} s/host"
-              f" | PSS {m['controller_peak_pss_mib']['fixed']:5.0f} + {m['controller_peak_pss_mib']['per_unit']:.1f}"
-              f" MiB/fork | -> {p['hosts']} hosts ({p['limited_by']}; {p['bounds']})", file=sys.stderr)
+        print(f"{name:18} ctl CPU {f(m['controller_cpu_s'], 's/host')} | main {f(m['playbook_main_cpu_s'], 's/host')}"
+              f" | PSS {f(m['controller_peak_pss_mib'], 'MiB/fork')} | -> {p['hosts']} hosts ({p['limited_by']};"
+              f" {p['bounds']})", file=sys.stderr)
     print(text)
     return 0
 

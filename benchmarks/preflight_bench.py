@@ -61,9 +61,27 @@ def measure(argv: list[str], env: dict[str, str], roots: list[tuple[int, int]]) 
             "load1": round(os.getloadavg()[0], 2), "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
 
 
+def write_summary(doc: dict, source: str, date: str | None = None, from_file: Path | None = None) -> None:
+    """The goal's record in benchmarks/summary.json (benchmarks/_summary.py): wall at N hosts, >= 5x."""
+    import _summary
+    s = doc["summary"]
+    w, c = s["wall_s"], s["controller_cpu_s"]
+    _summary.record(
+        "preflight_wall_vs_ansible_setup", anchor=f"`ansible {s['limit']} -m ansible.builtin.setup`, {s['hosts']} hosts, "
+        "wall; goal ansible/ours >= 5", ours=w["preflight"], ratio=w["ratio"], met=w["ratio"] >= 5,
+        load={"load1_min_median_max": s.get("load1_min_median_max")}, source=source, date=date, from_file=from_file,
+        detail={"controller_cpu_s": c, "controller_plus_rack_cpu_s": s.get("controller_plus_rack_cpu_s"),
+                "marginal": doc.get("marginal")})
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["summary-from"]:  # summary-from FILE DATE: record a saved run (its date as measured)
+        write_summary(json.loads(Path(sys.argv[2]).read_text()), f"benchmarks/preflight_bench.py ({sys.argv[2]})",
+                      date=sys.argv[3] if len(sys.argv) > 3 else None, from_file=Path(sys.argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("inventory")
+    ap.add_argument("--summary", action="store_true", help="write the goal's record to benchmarks/summary.json")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--limit", default="gpu_nodes")
     ap.add_argument("--base-limit", help="a single host: also measure it alone (fixed vs per-host cost)")
@@ -93,6 +111,8 @@ def main() -> int:
         print(json.dumps({"marginal": marg}, indent=2))
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if a.summary:
+        write_summary(doc, " ".join(["benchmarks/preflight_bench.py", *sys.argv[1:]]))
     return 0
 
 
