@@ -34,10 +34,11 @@ def loadavg() -> float:
 
 def record(goal: str, *, anchor: str, ours: Any, ratio: float | None, met: bool | None, load: Any,
            source: str, detail: dict[str, Any] | None = None, date: str | None = None,
-           from_file: Path | None = None) -> dict:
+           from_file: Path | None = None, rev: str | None = None) -> dict:
     """Insert or replace the record of `goal` in summary.json; returns it. `from_file`: the figures come from an
-    earlier saved run (then `date` is when it was measured and `commit` the commit that published that file)."""
-    rev = commit()
+    earlier saved run (then `date` is when it was measured and `commit` the commit that published that file).
+    `rev`: the code the figures were measured with, when the caller knows it better than HEAD."""
+    rev = rev or commit()
     if from_file is not None:
         rev = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(from_file)], cwd=ROOT,
                              capture_output=True, text=True).stdout.strip() + " (published the saved run)"

@@ -269,6 +269,8 @@ def write_summary(result: dict, argv: list[str]) -> None:
     load = {"at_start": result["machine"]["loadavg_at_start"], "at_end": result["machine"]["loadavg_at_end"],
             "runs": [r.get("load1_at_start") for r in result["runs"]]}
     src = " ".join(["benchmarks/ansible_bench.py", *argv[1:]])
+    # when and with which code the runs were measured (HEAD + a hash of playbooks/roles/templates: tree_state)
+    when = {"date": result["machine"].get("date_utc"), "rev": ",".join(sorted({r["tree"] for r in result["runs"]}))}
     if result["bench"] == "fleet":
         rows = result["summary"]
         for side in ("tuned", "mitogen"):
@@ -278,16 +280,17 @@ def write_summary(result: dict, argv: list[str]) -> None:
             worst = min(rs, key=lambda r: r[f"stock_over_{side}_controller_cpu"])
             _summary.record(
                 f"fleet_controller_cpu_per_host_vs_stock/{side}", anchor="stock ansible-playbook, same playbook; goal "
-                "ratio stock/ours >= 3 at every size", ours={r["hosts"]: r[f"{side}_controller_cpu_per_host_s"] for r in rs},
+                "ratio stock/ours >= 3 at every size",
+                ours={r["hosts"]: r[f"{side}_controller_cpu_per_host_s"] for r in rs},
                 ratio=worst[f"stock_over_{side}_controller_cpu"], met=worst[f"stock_over_{side}_controller_cpu"] >= 3,
-                load=load, source=src, detail={"per_size": rs})
+                load=load, source=src, detail={"per_size": rs}, **when)
             per = sorted((r["hosts"], r[f"{side}_controller_cpu_per_host_s"]) for r in rs)
             if len(per) > 1:
                 growth = round(per[-1][1] / per[0][1], 2)
                 _summary.record(
                     f"fleet_controller_cpu_per_host_flat/{side}", anchor=f"controller CPU per host at {per[0][0]} "
                     f"hosts; goal: at {per[-1][0]} hosts no more than 1.15x", ours=per[-1][1], ratio=growth,
-                    met=growth <= 1.15, load=load, source=src, detail={"per_size": per})
+                    met=growth <= 1.15, load=load, source=src, detail={"per_size": per}, **when)
     else:
         med, n = result["summary"]["median"], result["summary"]["hosts"]
         for side in ("tuned", "mitogen"):
@@ -299,12 +302,12 @@ def write_summary(result: dict, argv: list[str]) -> None:
                 f"noop_drift_controller_cpu_vs_stock/{side}", anchor=f"stock ansible-playbook --check --diff, {n} "
                 "hosts, same playbook; goal stock/ours >= 3", ours=med[side]["controller_cpu_per_host_s"],
                 ratio=rt["controller_cpu_s"], met=(rt["controller_cpu_s"] or 0) >= 3, load=load, source=src,
-                detail={"median": med})
+                detail={"median": med}, **when)
             _summary.record(
                 f"noop_drift_machine_cpu_vs_stock/{side}", anchor=f"stock, controller + rack (hosts) CPU, {n} hosts; "
                 "goal stock/ours >= 2", ours=med[side]["attributed_machine_cpu_per_host_s"],
                 ratio=rt["attributed_machine_cpu_s"], met=(rt["attributed_machine_cpu_s"] or 0) >= 2, load=load,
-                source=src, detail={"median": med})
+                source=src, detail={"median": med}, **when)
 
 
 def main() -> int:
