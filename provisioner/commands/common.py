@@ -55,6 +55,27 @@ def load_targets(inventory: Path, limit: str | None, timeout: float, forks: int)
     return fleet, hosts
 
 
+
+def load_run_targets(
+    inventory: Path, extra: list[str] | None, limit: str | None, playbook: Path | None, accelerate: str | None,
+) -> tuple[Fleet, dict[str, Any], str | None, list[str]]:
+    """Check the options shared by `run` and `drift`, load the fleet once (extra vars laid on it) and resolve the
+    limit on it: (fleet, extra vars, absolute limit, targeted hosts)."""
+    from provisioner.accelerate import env as accel_env
+    from provisioner.inventory import limit_hosts, load_fleet
+    from provisioner.runner import resolve_limit
+
+    if playbook is not None and not playbook.is_file():
+        raise UsageError("playbook not found", path=str(playbook))
+    accel_env(accelerate)  # an unknown or uninstalled accelerator is a usage error before anything runs
+    xv = extra_vars(extra)
+    fleet = load_fleet(inventory, extra_vars=xv)
+    limit_abs = resolve_limit(limit)
+    targeted = limit_hosts(fleet, limit_abs)
+    if not targeted:
+        raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inventory))
+    return fleet, xv, limit_abs, targeted
+
 class Format(str, Enum):
     """--format of validate, preflight, health, onboard."""
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from provisioner.commands.common import EXTRA_VARS_HELP, extra_vars, unwrap
+from provisioner.commands.common import EXTRA_VARS_HELP, unwrap
 from provisioner.errors import Exit, UsageError
 from provisioner.reports.textfile import write_atomic
 
@@ -72,26 +72,16 @@ def register(app: typer.Typer) -> None:
             "--accelerate",
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
     ) -> None:
-        from provisioner.accelerate import env as accel_env
-        from provisioner.commands.common import finding_line, validate
-        from provisioner.inventory import limit_hosts, load_fleet
+        from provisioner.commands.common import finding_line, load_run_targets, validate
         from provisioner.reports import drift_text
-        from provisioner.runner import make_progress, resolve_limit, run_playbook
+        from provisioner.runner import make_progress, run_playbook
 
         if output is not None:
             if output.is_dir():
                 raise UsageError("--output is a directory", path=str(output))
             if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):
                 raise UsageError("--output directory does not exist or is not writable", path=str(output.parent))
-        if playbook is not None and not playbook.is_file():
-            raise UsageError("playbook not found", path=str(playbook))
-        accel_env(accelerate)  # an unknown or uninstalled accelerator is a usage error before anything runs
-        xv = extra_vars(extra)
-        fleet = load_fleet(inventory, extra_vars=xv)
-        limit_abs = resolve_limit(limit)
-        targeted = limit_hosts(fleet, limit_abs)
-        if not targeted:
-            raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inventory))
+        fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate)
         errors, _ = validate(fleet, set(targeted))
         if errors:
             for e in errors:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from provisioner.commands.common import EXTRA_VARS_HELP, extra_vars, finding_line, unwrap, validate
+from provisioner.commands.common import EXTRA_VARS_HELP, finding_line, load_run_targets, unwrap, validate
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Fleet
 
@@ -59,25 +59,15 @@ def register(app: typer.Typer) -> None:
             "--accelerate",
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
     ) -> None:
-        from provisioner.accelerate import env as accel_env
-        from provisioner.inventory import limit_hosts, load_fleet
         from provisioner.reports import run_json, run_text
-        from provisioner.runner import make_progress, resolve_limit, run_playbook, validate_serial
+        from provisioner.runner import make_progress, run_playbook, validate_serial
 
         validate_serial(serial)
         if max_fail_percent is not None and not 0 <= max_fail_percent <= 100:
             raise UsageError(f"--max-fail-percent must be 0..100, got {max_fail_percent}")
-        if playbook is not None and not playbook.is_file():
-            raise UsageError("playbook not found", path=str(playbook))
-        accel_env(accelerate)  # an unknown or uninstalled accelerator is a usage error before anything runs
-        xv = extra_vars(extra)
         # the inventory is parsed once: the limit is resolved on the fleet's own inventory, and ansible-runner is
         # handed the hosts it selects
-        fleet = load_fleet(inventory, extra_vars=xv)
-        limit_abs = resolve_limit(limit)
-        targeted = limit_hosts(fleet, limit_abs)
-        if not targeted:
-            raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inventory))
+        fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate)
 
         errors, warnings = validate(fleet, set(targeted))
         for w in warnings:
