@@ -26,7 +26,7 @@ $(PY):
 venv: $(PY)
 
 test: deps venv
-	$(VENV)/bin/pytest tests
+	PYTEST=$(VENV)/bin/pytest ./.ci/test-suites.sh
 
 test-unit: venv
 	$(VENV)/bin/pytest tests -m "not testbed and not vllm"
