@@ -132,8 +132,8 @@ def test_state_goes_to_a_per_user_directory(pkg: Installed, site: Path, tmp_path
 
 @pytest.mark.parametrize(("args", "missing"), [
     (("render", "inventories/rack-a.ini", "--host", "node01"), "roles/nccl_tuning/defaults/main.yml"),
-    (("run", "inventories/rack-a.ini", "--check", "--skip-preflight"), "roles/nccl_tuning/defaults/main.yml"),  # validation reads the role defaults first
-    (("drift", "inventories/rack-a.ini"), "roles/nccl_tuning/defaults/main.yml"),
+    (("run", "inventories/rack-a.ini", "--check", "--skip-preflight"), "roles/vllm/defaults/main.yml"),  # validation reads the role defaults first
+    (("drift", "inventories/rack-a.ini"), "roles/vllm/defaults/main.yml"),
     (("monitoring", "inventories/rack-a.ini", "--out", "mon"), "roles/monitoring"),
     (("health", "inventories/rack-a.ini"), None),  # reads the program files (nodeparse.py first) before any connection
 ])
