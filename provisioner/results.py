@@ -117,6 +117,8 @@ class RunResult:
     aborted: bool = False  # Ansible stopped early ("no more hosts left": all failed, or --max-fail-percent hit)
     retry_file: str | None = None
     error: str | None = None  # why the run could not happen at all (ansible error before any host ran)
+    # a sharded run (`--exec-node`): one entry per execution node (node, hosts, status, rc, duration, error, ...)
+    shards: list[dict[str, Any]] = field(default_factory=list)
 
     # -- views ---------------------------------------------------------------------------------------------
     def host(self, name: str) -> HostResult:
@@ -193,4 +195,5 @@ class RunResult:
             "aborted": self.aborted,
             "batches": self.batches,
             "hosts": {n: self.hosts[n].to_dict() for n in sorted(self.hosts)},
+            "shards": self.shards,
         }

@@ -13,6 +13,7 @@ import signal
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,16 @@ from pathlib import Path
 from provisioner_testbed.state import HostState, Proc, RackState, children, terminate
 
 HWSIM_MOUNT = "/var/lib/hwsim"
+
+
+def controller_python() -> Path | None:
+    """The controller's own Python installation when it is self-contained (pyenv, a python.org build; not /usr):
+    bound read-only into every host at the same path, so a host can stand in for a site's execution node, which needs
+    Python 3.12+ (the rack's Debian 12 has 3.11; `execution_node_python` points at it). None for a system Python."""
+    base = Path(sys.base_prefix).resolve()
+    if base in (Path("/usr"), Path("/")) or not (base / "bin").is_dir():
+        return None
+    return base
 IDENTITY_MARK = "var/lib/provisioner-testbed/identity"
 
 #: Inside each host: lays the simulated HCAs' sysfs-shaped tree (`/var/lib/hwsim/sys/class/*`) over `/sys/class`
@@ -271,6 +282,7 @@ def boot(rack: RackState, host: HostState) -> Proc:
         "--keep-unit",
         f"--network-bridge={rack.bridge}",
         f"--bind-ro={hp.hwsim}:{HWSIM_MOUNT}",
+        *([f"--bind-ro={py}"] if (py := controller_python()) else []),
         "--resolv-conf=off",
         "--link-journal=no",
         "--timezone=off",

@@ -76,6 +76,35 @@ def load_run_targets(
         raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inventory))
     return fleet, xv, limit_abs, targeted
 
+#: --exec-node of `run` and `drift`
+EXEC_NODE_HELP = ("Shard the run across these execution nodes (hosts of group execution_nodes; repeat or comma list): "
+                  "one ansible-runner worker each, over SSH.")
+
+
+def shard_targets(fleet: Fleet, targeted: list[str], names: list[str] | None) -> tuple[list[str], list[str]]:
+    """(the --exec-node names checked against the inventory, the targeted hosts without them): an execution node
+    runs shards, it is not provisioned by its own run."""
+    if not names:
+        return [], targeted
+    from provisioner.runner.shards import exec_nodes
+
+    nodes = exec_nodes(fleet, names)
+    rest = [h for h in targeted if h not in nodes]
+    if not rest:
+        raise UsageError("no hosts left to run once the execution nodes are taken out", path=str(fleet.source))
+    return nodes, rest
+
+
+def shard_lines(result: Any) -> list[str]:
+    """One line per shard of a sharded run (for stderr)."""
+    out = []
+    for s in getattr(result, "shards", None) or []:
+        state = s["status"] if not s.get("error") else f"error: {s['error']}"
+        out.append(f"shard {s['node']}: {len(s['hosts'])} host(s) ({', '.join(s['units'])}), {state}, "
+                   f"{s['duration']:.0f} s")
+    return out
+
+
 class Format(str, Enum):
     """--format of validate, preflight, health, onboard."""
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from provisioner.commands.common import EXTRA_VARS_HELP, unwrap
+from provisioner.commands.common import EXEC_NODE_HELP, EXTRA_VARS_HELP, unwrap
 from provisioner.errors import Exit, UsageError
 from provisioner.reports.textfile import write_atomic
 
@@ -34,7 +34,7 @@ HELP = unwrap("""Report what differs between INVENTORY's hosts and the playbooks
 Runs the playbooks in check + diff mode (with the -e extra vars, validated first like `provision run`) and reports,
 per host, each resource that differs (file path / package / service, the task and role, the diff for files) and the
 hosts that could not be checked. Reports: text, json, junit (one testcase per host x resource), prometheus
-(node_exporter textfile).
+(node_exporter textfile). With --exec-node, the check is sharded across execution nodes (see `provision run`).
 
 Exit codes: 0 no drift, 3 drift found, 1 check could not run or hosts unreachable/failed (takes precedence over 3),
 2 usage.""")
@@ -71,8 +71,9 @@ def register(app: typer.Typer) -> None:
         accelerate: Annotated[str | None, typer.Option(
             "--accelerate",
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
+        exec_node: Annotated[list[str] | None, typer.Option("--exec-node", help=EXEC_NODE_HELP)] = None,
     ) -> None:
-        from provisioner.commands.common import finding_line, load_run_targets, validate
+        from provisioner.commands.common import finding_line, load_run_targets, shard_lines, shard_targets, validate
         from provisioner.reports import drift_text
         from provisioner.runner import make_progress, run_playbook
 
@@ -82,6 +83,7 @@ def register(app: typer.Typer) -> None:
             if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):
                 raise UsageError("--output directory does not exist or is not writable", path=str(output.parent))
         fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate)
+        nodes, targeted = shard_targets(fleet, targeted, exec_node)
         errors, _ = validate(fleet, set(targeted))
         if errors:
             for e in errors:
@@ -92,7 +94,8 @@ def register(app: typer.Typer) -> None:
         progress = make_progress("none" if quiet else "auto")
         result = run_playbook(inventory, command="drift", playbook=playbook, limit=limit_abs, tags=tags,
                               skip_tags=skip_tags, check=True, diff=True, extravars=xv, targeted=targeted,
-                              progress=progress, accelerate=accelerate)
+                              progress=progress, accelerate=accelerate, exec_nodes=nodes,
+                              fleet=fleet if nodes else None)
         # every format is kept with the run's artifacts (.runs/<time>-drift/drift.{txt,json,xml,prom})
         for fmt, ext in EXTENSIONS.items():
             (Path(result.run_dir) / f"drift.{ext}").write_text(render(result, fmt))
@@ -105,5 +108,7 @@ def register(app: typer.Typer) -> None:
         else:
             sys.stdout.write(text)
         if not quiet:
+            for line in shard_lines(result):
+                sys.stderr.write(line + "\n")
             sys.stderr.write(f"run dir: {result.run_dir}\n")
         raise typer.Exit(int(exit_code(result)))

@@ -9,7 +9,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from provisioner.commands.common import EXTRA_VARS_HELP, finding_line, load_run_targets, unwrap, validate
+from provisioner.commands.common import (
+    EXEC_NODE_HELP,
+    EXTRA_VARS_HELP,
+    finding_line,
+    load_run_targets,
+    shard_lines,
+    shard_targets,
+    unwrap,
+    validate,
+)
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Fleet
 
@@ -20,6 +29,9 @@ HELP = unwrap("""Apply the playbooks (default playbooks/site.yml) to INVENTORY t
 Validates the inventory first, with the -e extra vars on top as the play will see them (refuses on errors), and
 runs the preflight probe (unless --skip-preflight); live progress on stderr; artifacts under .runs/<time>-run/
 (printed). Failed hosts are listed with a ready-to-paste `--limit @<run dir>/retry`.
+
+With --exec-node, the hosts are split into one shard per execution node (a vLLM cluster, NVLink domain or `rack`
+is never split) and each shard runs on its node's `ansible-runner worker`; the report is the same, one for all.
 
 Exit codes: 0 all hosts ok, 1 validation/preflight refused or any host failed, unreachable or not reached, 2 usage.""")
 
@@ -58,6 +70,7 @@ def register(app: typer.Typer) -> None:
         accelerate: Annotated[str | None, typer.Option(
             "--accelerate",
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
+        exec_node: Annotated[list[str] | None, typer.Option("--exec-node", help=EXEC_NODE_HELP)] = None,
     ) -> None:
         from provisioner.reports import run_json, run_text
         from provisioner.runner import make_progress, run_playbook, validate_serial
@@ -68,6 +81,7 @@ def register(app: typer.Typer) -> None:
         # the inventory is parsed once: the limit is resolved on the fleet's own inventory, and ansible-runner is
         # handed the hosts it selects
         fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate)
+        nodes, targeted = shard_targets(fleet, targeted, exec_node)
 
         errors, warnings = validate(fleet, set(targeted))
         for w in warnings:
@@ -93,8 +107,11 @@ def register(app: typer.Typer) -> None:
         result = run_playbook(
             inventory, command="run", playbook=playbook, limit=limit_abs, tags=tags, skip_tags=skip_tags,
             check=check, serial=serial, max_fail_percent=max_fail_percent, extravars=xv, targeted=targeted,
-            progress=progress, accelerate=accelerate,
+            progress=progress, accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
         )
+        if not (json_out or quiet):
+            for line in shard_lines(result):
+                err.print(line)
         if json_out:
             sys.stdout.write(run_json.render(result))
         else:

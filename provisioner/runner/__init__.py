@@ -181,9 +181,11 @@ def run_playbook(
     on_run_dir: Callable[[Path], None] | None = None,
     fleet: Fleet | None = None,
     accelerate: str | None = None,
+    exec_nodes: list[str] | None = None,
 ) -> RunResult:
     """Run `playbook` (default playbooks/site.yml) on `inventory`: `execute(RunConfig(...))` with these options
-    (RunConfig documents them) and callbacks."""
+    (RunConfig documents them) and callbacks. With `exec_nodes` (and the `fleet`), the targeted hosts are sharded
+    across those execution nodes (provisioner/runner/stream.py) and folded into the same result."""
     config = RunConfig(
         inventory=Path(inventory), command=command, playbook=Path(playbook) if playbook else None, limit=limit,
         tags=tags, skip_tags=skip_tags, check=check, diff=diff, serial=serial, max_fail_percent=max_fail_percent,
@@ -191,4 +193,13 @@ def run_playbook(
         envvars=dict(envvars or {}), timeout=timeout, targeted=tuple(targeted) if targeted is not None else None,
         accelerate=accelerate,
     )
+    if exec_nodes:
+        from provisioner.inventory import load_fleet
+        from provisioner.runner.shards import plan
+        from provisioner.runner.stream import execute_sharded
+
+        fleet = fleet or load_fleet(inventory, extra_vars=extravars)
+        hosts = list(targeted) if targeted is not None else target_hosts(fleet, config.limit)
+        return execute_sharded(config, plan(fleet, hosts, exec_nodes), fleet, progress=progress,
+                               on_run_dir=on_run_dir)
     return execute(config, progress=progress, on_event=on_event, on_run_dir=on_run_dir, fleet=fleet)

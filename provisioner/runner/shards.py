@@ -1,0 +1,142 @@
+"""Split one run's hosts into shards, one per execution node (`plan`), and what each shard's worker needs to reach its
+hosts (`connection`). Pure: no I/O. A vLLM cluster, an NVLink domain and a `rack` are never split across shards."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from provisioner.errors import UsageError
+
+if TYPE_CHECKING:
+    from provisioner.model import Fleet
+
+#: The inventory group whose hosts may run shards (`provision run|drift --exec-node NAME`).
+EXEC_GROUP = "execution_nodes"
+#: Host variables that keep hosts in one shard (besides vLLM cluster membership).
+TOGETHER_VARS = ("nvlink_domain", "rack")
+#: ssh options naming files the worker needs (copied into the shard's private data dir, the option rewritten).
+_FILE_OPTS = re.compile(r"(?i)\b(UserKnownHostsFile|GlobalKnownHostsFile)(\s*=\s*|\s+)(\S+)")
+CONNECTION_VARS = ("ansible_ssh_private_key_file", "ansible_ssh_common_args", "ansible_ssh_extra_args")
+
+
+@dataclass(frozen=True)
+class Shard:
+    node: str  # the execution node (an inventory host of group execution_nodes)
+    hosts: tuple[str, ...]  # the targeted hosts it runs, sorted
+    units: tuple[str, ...]  # why these hosts are together: "cluster vllm_pp", "rack r1", "host node07"
+
+
+def exec_nodes(fleet: Fleet, names: Iterable[str]) -> list[str]:
+    """The --exec-node names checked against the inventory (comma lists allowed, order kept, duplicates dropped)."""
+    out: list[str] = []
+    for raw in names:
+        for name in filter(None, (n.strip() for n in raw.split(","))):
+            if name in out:
+                continue
+            host = fleet.hosts.get(name)
+            if host is None:
+                raise UsageError(f"--exec-node {name}: no such host in the inventory", path=str(fleet.source))
+            if EXEC_GROUP not in host.groups:
+                raise UsageError(f"--exec-node {name}: host {name} is not in group {EXEC_GROUP} (add it there, "
+                                 f"and set it up with `provision run --limit {name}`)", path=str(fleet.source))
+            out.append(name)
+    return out
+
+
+def _units(fleet: Fleet, targeted: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """Targeted hosts in groups that must stay together (union of shared cluster / NVLink domain / rack)."""
+    parent = {h: h for h in targeted}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    labels: dict[str, list[str]] = {h: [] for h in targeted}
+    keys: dict[str, list[str]] = {}
+    for h in targeted:
+        host = fleet.hosts.get(h)
+        for c in fleet.cluster_of(h):
+            keys.setdefault(f"cluster {c}", []).append(h)
+        for var in TOGETHER_VARS:
+            v = host.get(var) if host is not None else None
+            if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v):
+                keys.setdefault(f"{var.replace('_', ' ')} {v}", []).append(h)
+    for label, members in keys.items():
+        for m in members[1:]:
+            parent[find(m)] = find(members[0])
+        for m in members:
+            labels[m].append(label)
+    groups: dict[str, list[str]] = {}
+    for h in targeted:
+        groups.setdefault(find(h), []).append(h)
+    out = []
+    for members in groups.values():
+        why = sorted({lbl for m in members for lbl in labels[m]}) or [f"host {members[0]}"]
+        out.append((", ".join(why), tuple(sorted(members))))
+    return out
+
+
+def plan(fleet: Fleet, targeted: Sequence[str], nodes: Sequence[str]) -> list[Shard]:
+    """One shard per execution node: the units (never split) placed largest first on the least loaded node (ties: the
+    earlier node), so the shards are as even as the units allow. Nodes left without hosts get no shard."""
+    if not nodes:
+        raise UsageError("sharding needs at least one --exec-node")
+    both = sorted(set(nodes) & set(targeted))
+    if both:
+        raise UsageError(f"{', '.join(both)}: an execution node cannot also be a target of its own run (narrow "
+                         "--limit, or provision it in a run without --exec-node)", path=str(fleet.source))
+    units = sorted(_units(fleet, targeted), key=lambda u: (-len(u[1]), u[1][0]))
+    load: dict[str, list[tuple[str, tuple[str, ...]]]] = {n: [] for n in nodes}
+    for unit in units:
+        node = min(nodes, key=lambda n: (sum(len(u[1]) for u in load[n]), nodes.index(n)))
+        load[node].append(unit)
+    return [Shard(node=n, hosts=tuple(sorted(h for u in us for h in u[1])), units=tuple(u[0] for u in us))
+            for n, us in load.items() if us]
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How a shard's worker reaches its hosts: the controller files to carry (worker-relative name -> controller
+    path) and the connection variables to set as extra vars, rewritten to the carried copies."""
+
+    files: tuple[tuple[str, str], ...]
+    extravars: tuple[tuple[str, str], ...]
+
+
+def connection(fleet: Fleet, hosts: Sequence[str], worker_dir: str) -> Connection:
+    """The shard's SSH key and known_hosts files, carried to the worker (`<worker_dir>/connection/`). Extra vars are
+    the same for every host of a shard, so each connection variable must be the same on all its hosts."""
+    files: dict[str, str] = {}
+    extravars: list[tuple[str, str]] = []
+    for var in CONNECTION_VARS:
+        values = {h: fleet.hosts[h].get(var) for h in hosts}
+        distinct = {str(v) for v in values.values() if v not in (None, "")}
+        if not distinct:
+            continue
+        unset = sorted(h for h, v in values.items() if v in (None, ""))
+        if len(distinct) > 1 or unset:
+            items = sorted(values.items())
+            a = items[0][0]
+            b = next(h for h, v in items if str(v) != str(items[0][1]))
+            raise UsageError(f"{var} differs between hosts {a} and {b} of one shard: a shard's worker carries one "
+                             f"value (set it on a group, or shard those hosts apart with --limit)",
+                             path=str(fleet.source))
+        value = distinct.pop()
+        if var == "ansible_ssh_private_key_file":
+            files["connection/ssh_key"] = value
+            extravars.append((var, f"{worker_dir}/connection/ssh_key"))
+            continue
+
+        def carry(m: re.Match[str]) -> str:
+            name = f"connection/{m.group(1).lower()}-{len(files)}"
+            files[name] = m.group(3).strip("'\"")
+            return f"{m.group(1)}{m.group(2)}{shlex.quote(f'{worker_dir}/{name}')}"
+
+        extravars.append((var, _FILE_OPTS.sub(carry, value)))
+    return Connection(files=tuple(sorted(files.items())), extravars=tuple(extravars))
