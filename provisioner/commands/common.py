@@ -81,12 +81,16 @@ EXEC_NODE_HELP = ("Shard the run across these execution nodes (hosts of group ex
                   "one ansible-runner worker each, over SSH.")
 
 
-def shard_targets(fleet: Fleet, targeted: list[str], names: list[str] | None) -> tuple[list[str], list[str]]:
+def shard_targets(fleet: Fleet, targeted: list[str], names: list[str] | None,
+                  accelerate: str | None = None) -> tuple[list[str], list[str]]:
     """(the --exec-node names checked against the inventory, the targeted hosts without them): an execution node
     runs shards, it is not provisioned by its own run."""
     if not names:
         return [], targeted
     from provisioner.runner.shards import exec_nodes
+    from provisioner.runner.stream import check_accelerate
+
+    check_accelerate(accelerate)
 
     nodes = exec_nodes(fleet, names)
     rest = [h for h in targeted if h not in nodes]

@@ -197,7 +197,8 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
                     # absolute paths inside the private data dir: ansible-runner sends them relative to it (a
                     # relative inventory path would be taken for inventory TEXT)
                     streamer="transmit", _output=proc.stdin, private_data_dir=str(pdd),
-                    playbook=str(pdd / "project" / playbook), inventory=str(pdd / inventory), limit=",".join(shard.hosts), tags=cfg.tags, skip_tags=cfg.ansible_skip_tags(),
+                    playbook=str(pdd / "project" / playbook), inventory=str(pdd / inventory),
+                    limit=",".join(shard.hosts), tags=cfg.tags, skip_tags=cfg.ansible_skip_tags(),
                     forks=size_forks(len(shard.hosts)), extravars=extravars or None, cmdline=cfg.ansible_cmdline(),
                     envvars=_worker_env(cfg, run_dir, worker_dir, node), fact_cache_type="none", timeout=cfg.timeout,
                     ident="ansible",
@@ -233,6 +234,12 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
     (local / "shard.json").write_text(json.dumps(outcome.to_dict(), indent=2) + "\n")
 
 
+def check_accelerate(accelerate: str | None) -> None:
+    """Mitogen's strategy lives in this controller's Python environment, not on the execution nodes."""
+    if (accelerate or os.environ.get("PROVISION_ACCELERATE") or "none") != "none":
+        raise UsageError("--accelerate mitogen runs on this controller only: drop it, or drop --exec-node")
+
+
 def execute_sharded(
     config: RunConfig,
     shards: list[Shard],
@@ -244,8 +251,7 @@ def execute_sharded(
     """Run `config` as `shards`, all at once, and fold every shard's events into one `RunResult` (the same report a
     single-controller run gives; `result.json` adds "shards"). A shard whose node cannot be reached leaves its hosts
     unreachable, naming the node."""
-    if (config.accelerate or os.environ.get("PROVISION_ACCELERATE", "none")) not in ("", "none"):
-        raise UsageError("--accelerate mitogen runs on this controller only: drop it, or drop --exec-node")
+    check_accelerate(config.accelerate)
     targeted = tuple(h for s in shards for h in s.hosts)
     cfg = replace(config, targeted=targeted).prepared(fleet)
     assert cfg.playbook is not None
