@@ -45,6 +45,8 @@ def to_dict(result: RunResult) -> dict[str, Any]:
         },
         "hosts": hosts,
         "run_dir": result.run_dir,
+        # a sharded run (--exec-node): node, hosts, status, rc, duration, error per execution node; [] otherwise
+        "shards": result.shards,
     }
 
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""What sharding moves off the controller (issue 17 item 4): the same drift check on the same hosts, single-controller
+vs sharded across execution nodes (`--exec-node`), alternating, on a rack set up as tests/testbed/test_shards.py does.
+
+    sudo .venv/bin/python benchmarks/shard_bench.py --rack shards --inventory INV --nodes node05,node06 \\
+        --targets node01,node02,node03,node04 --repeats 3 --json benchmarks/shard_bench.json
+
+Per run: wall, controller CPU (the `provision` process tree + its ssh processes, benchmarks/_measure.py), the execution
+nodes' CPU and the targets' CPU (each host's own process tree, /proc), machine load. Medians per side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _measure as M  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def host_roots(rack: str, names: list[str]) -> list[tuple[int, int]]:
+    state = json.loads((Path("/var/lib/provisioner-testbed") / "racks" / rack / "state.json").read_text())
+    return [(int(h["nspawn"][0]), int(h["nspawn"][1])) for h in state["hosts"]
+            if h["name"] in names and h.get("nspawn")]
+
+
+def measure(argv: list[str], rack: str, nodes: list[str], targets: list[str]) -> dict:
+    nroots, troots = host_roots(rack, nodes), host_roots(rack, targets)
+    n0, t0 = M.tree_cpu_seconds(nroots), M.tree_cpu_seconds(troots)
+    load = Path("/proc/loadavg").read_text().split()[0]
+    out = M.run_measured(argv, env=dict(os.environ), cwd=ROOT)
+    out["exec_nodes_cpu_s"] = round(M.settled_tree_cpu_seconds(nroots) - n0, 2)
+    out["targets_cpu_s"] = round(M.settled_tree_cpu_seconds(troots) - t0, 2)
+    out["load_at_start"] = load
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rack", required=True)
+    ap.add_argument("--inventory", required=True, type=Path)
+    ap.add_argument("--nodes", required=True)
+    ap.add_argument("--targets", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    nodes, targets = a.nodes.split(","), a.targets.split(",")
+    base = [str(BIN / "provision"), "drift", str(a.inventory), "--skip-tags", "vllm", "--quiet", "--report", "json",
+            "--limit", ",".join(targets)]
+    sides = {"single": base, "sharded": [*base, "--exec-node", ",".join(nodes)]}
+    runs: dict[str, list[dict]] = {k: [] for k in sides}
+    for i in range(a.repeats):
+        for side in (sides if i % 2 == 0 else dict(reversed(list(sides.items())))):
+            r = measure(sides[side], a.rack, nodes, targets)
+            print(f"[{dt.datetime.now(dt.UTC):%H:%M:%S}] {side}: {r}", file=sys.stderr, flush=True)
+            runs[side].append(r)
+    n = len(targets)
+    summary = {}
+    for side, rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in
+               ("wall_s", "controller_cpu_s", "exec_nodes_cpu_s", "targets_cpu_s", "machine_cpu_s")}
+        summary[side] = {**med, "controller_cpu_per_host_s": round(med["controller_cpu_s"] / n, 3),
+                         "exec_nodes_cpu_per_host_s": round(med["exec_nodes_cpu_s"] / n, 3),
+                         "rcs": [r["rc"] for r in rs]}
+    result = {
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip(),
+        "nproc": os.cpu_count(), "hosts": n, "exec_nodes": nodes, "repeats": a.repeats,
+        "summary": summary,
+        "controller_cpu_single_over_sharded": round(summary["single"]["controller_cpu_s"]
+                                                    / max(summary["sharded"]["controller_cpu_s"], 0.01), 2),
+        "runs": runs,
+    }
+    text = json.dumps(result, indent=1)
+    if a.json:
+        a.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
