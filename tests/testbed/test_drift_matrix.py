@@ -23,16 +23,12 @@ import concurrent.futures
 import difflib
 import json
 import os
-import re
-import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-from provisioner import PROJECT_ROOT
+from testbed_rigs import HOST_SNAPSHOT, CliRig  # noqa: E402  (same directory)
 
 pytestmark = pytest.mark.testbed
 
@@ -41,28 +37,6 @@ RACK = os.environ.get("PROVISIONER_DRIFT_MATRIX_RACK", "drift-matrix")
 HOSTS = ("node01", "node02", "node03", "node04")
 VLLM_MEMBERS = ("node01", "node02", "node03")  # vllm_pp = node01+node02, vllm_single = node03
 
-# What a drift check must leave untouched: content of the config/state trees, metadata of the rest, package
-# selections and states, unit states (enabled/active/masked), the whole nftables ruleset.
-SNAPSHOT = r"""
-set -u
-export LC_ALL=C
-echo "## content"
-find /etc /opt /usr/local /usr/lib/systemd /var/lib/dpkg /var/lib/apt/extended_states /var/lib/vllm -xdev -type f \
-  ! -path '/var/lib/dpkg/lock*' ! -name '*-old' -print0 2>/dev/null | sort -z | xargs -0 sha256sum
-echo "## metadata"
-find /etc /usr /opt /var/lib -xdev \( -path /var/lib/apt/lists/partial -o -path /var/lib/systemd \
-  -o -path /var/lib/dhcp -o -path /var/lib/private \) -prune -o ! -path '/var/lib/dpkg/lock*' \
-  ! -path /var/lib/apt/lists/lock -printf '%p %y %m %U %G %s %T@ %l\n' 2>/dev/null | sort
-echo "## packages"
-dpkg-query -W -f='${Package} ${Version} ${Status}\n' | sort
-dpkg --get-selections | sort
-echo "## units"
-for u in nvidia-persistenced nvidia-fabricmanager provisioner-firewall vllm vllm-worker; do
-  echo "$u $(systemctl is-active $u) $(systemctl is-enabled $u 2>&1)"
-done
-echo "## nft"
-nft list ruleset 2>&1 || echo "(no nft)"
-"""
 
 FW_UNIT = "/etc/systemd/system/provisioner-firewall.service"
 FW_RULES = "/etc/nftables.d/provisioner-cluster.nft"
@@ -76,18 +50,7 @@ def _norm(s: str) -> str:
     return " ".join(s.split())
 
 
-class Rig:
-    def __init__(self, handle: Any, runs: Path) -> None:
-        self.h = handle
-        self.inv = str(handle.inventory)
-        self.runs = runs
-
-    def cli(self, *args: str, timeout: float = 2400) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, PROVISION_RUNS_DIR=str(self.runs))
-        p = subprocess.run([*PROVISION, *args], capture_output=True, text=True, env=env, timeout=timeout,
-                           cwd=PROJECT_ROOT)
-        assert "Traceback" not in p.stderr, p.stderr
-        return p
+class Rig(CliRig):
 
     def run(self, *args: str) -> dict[str, Any]:
         p = self.cli("run", self.inv, "--json", "--skip-tags", "vllm", *args)
@@ -114,7 +77,7 @@ class Rig:
             return {h: f.result() for h, f in futs.items()}
 
     def snapshots(self, hosts: tuple[str, ...] = HOSTS) -> dict[str, str]:
-        return self.on_hosts({h: SNAPSHOT for h in hosts})
+        return self.on_hosts({h: HOST_SNAPSHOT for h in hosts})
 
 
 def _items(doc: dict[str, Any], host: str) -> set[tuple[str, str, str | None]]:
@@ -208,7 +171,7 @@ def test_demo_state_reports_vllm_as_drift(rig: Rig) -> None:
     for h in VLLM_MEMBERS:
         got = _items(doc, h)
         assert {r for _, _, r in got} == {"vllm", "vllm_launch"}, sorted(got, key=str)
-        assert VLLM_BARE <= got, sorted(got, key=str)
+        assert got >= VLLM_BARE, sorted(got, key=str)
 
 
 # ----------------------------------------------------- 3. half-applied roles, after a failed run, units masked

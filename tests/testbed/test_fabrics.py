@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed_rigs import CliRig  # noqa: E402  (same directory)
 
 from provisioner import PROJECT_ROOT
 
@@ -43,20 +44,11 @@ FM_CHECK = "fabricmanager"
 IMEX_CHECK = "imex"
 
 
-class Rig:
-    def __init__(self, handle: Any, runs: Path) -> None:
-        self.h = handle
-        self.inv = str(handle.inventory)
-        self.runs = runs
-
+class Rig(CliRig):
     def cli(self, *args: str, timeout: float = 2400) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, PROVISION_RUNS_DIR=str(self.runs))
         if args[0] in ("run", "drift"):
             args = (*args, "--skip-tags", "vllm")  # no vLLM layer on these racks (tests/vllm has its own)
-        p = subprocess.run([*PROVISION, *args], capture_output=True, text=True, env=env, timeout=timeout,
-                           cwd=PROJECT_ROOT)
-        assert "Traceback" not in p.stderr, p.stderr
-        return p
+        return super().cli(*args, timeout=timeout)
 
     def run(self) -> dict[str, Any]:
         p = self.cli("run", self.inv, "--json")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed_rigs import HOST_SNAPSHOT  # noqa: E402  (same directory)
 
 from provisioner import PLAYBOOKS, PROJECT_ROOT
 
@@ -44,28 +45,6 @@ HELD_PIN = "12.8.90-1"  # its pinned version (docs/development.md), as the stand
 HELD_OLD = "12.8.61-1"  # "another build installed by hand": the stand-in .deb repacked with this version
 FW_UNIT = "/etc/systemd/system/provisioner-firewall.service"
 
-# What a drift check must leave untouched on a host: content of config/state trees, metadata of the rest, package
-# and unit states. (Caches and logs, /var/cache /var/log /run /tmp, are not state.)
-SNAPSHOT = r"""
-set -u
-export LC_ALL=C
-echo "## content"
-find /etc /opt /usr/local /usr/lib/systemd /var/lib/dpkg /var/lib/apt/extended_states -xdev -type f \
-  ! -path '/var/lib/dpkg/lock*' ! -name '*-old' -print0 2>/dev/null | sort -z | xargs -0 sha256sum
-echo "## metadata"
-find /etc /usr /opt /var/lib -xdev \( -path /var/lib/apt/lists/partial -o -path /var/lib/systemd \
-  -o -path /var/lib/dhcp -o -path /var/lib/private \) -prune -o ! -path '/var/lib/dpkg/lock*' \
-  ! -path /var/lib/apt/lists/lock -printf '%p %y %m %U %G %s %T@ %l\n' 2>/dev/null | sort
-echo "## packages"
-dpkg-query -W -f='${Package} ${Version} ${Status}\n' | sort
-dpkg --get-selections | sort
-echo "## units"
-for u in nvidia-persistenced nvidia-fabricmanager provisioner-firewall; do
-  echo "$u $(systemctl is-active $u) $(systemctl is-enabled $u 2>&1)"
-done
-echo "## nft"
-nft list ruleset 2>&1 | sha256sum
-"""
 
 
 def _norm(s: str) -> str:
@@ -209,7 +188,7 @@ def _install_other_version(rig: Rig, host: str, tmp: Path) -> None:
 
 
 def _snapshot(rig: Rig, host: str) -> str:
-    return rig.ssh(host, SNAPSHOT)
+    return rig.ssh(host, HOST_SNAPSHOT)
 
 
 def test_tamper_reported_exactly_in_all_formats_and_host_unchanged(rig: Rig, tmp_path: Path) -> None:
@@ -272,7 +251,7 @@ def test_run_limit_heals_and_drift_is_clean_again(rig: Rig) -> None:
     p, data = rig.run("--limit", "node02")
     assert p.returncode == 0, p.stderr + json.dumps(data["failures"], indent=1)
     assert list(data["hosts"]) == ["node02"] and data["hosts"]["node02"]["changed"] >= 4
-    assert "active" == rig.ssh("node02", "systemctl is-active nvidia-persistenced").strip()
+    assert rig.ssh("node02", "systemctl is-active nvidia-persistenced").strip() == "active"
     assert HELD_OLD not in rig.ssh("node02", f"dpkg-query -W {HELD_PKG}")
     p, run_dir = rig.drift("--report", "json", "--limit", "node02")
     assert p.returncode == 0, p.stdout

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.testbed.testbed_rigs import own_rack
+from testbed_rigs import own_rack  # noqa: E402  (same directory)
 
 pytestmark = pytest.mark.testbed
 
