@@ -7,6 +7,13 @@ vs sharded across execution nodes (`--exec-node`), alternating, on a rack set up
 
 Per run: wall, controller CPU (the `provision` process tree + its ssh processes, benchmarks/_measure.py), the execution
 nodes' CPU and the targets' CPU (each host's own process tree, /proc), machine load. Medians per side.
+
+    .venv/bin/python benchmarks/shard_bench.py model benchmarks/shard_bench-1.json benchmarks/shard_bench-4.json \
+        --capacity benchmarks/capacity_model.json --json benchmarks/shard_capacity.json
+
+model: the sharded controller's fixed + per-host CPU (least squares over the files), its serial bound (the whole
+`provision` process counted as one core: conservative), and the execution nodes a fleet needs when each node runs one
+ansible-playbook per shard (its hosts per 30-minute drift from capacity_model.json, the same model as one controller).
 """
 
 from __future__ import annotations
@@ -44,7 +51,52 @@ def measure(argv: list[str], rack: str, nodes: list[str], targets: list[str]) ->
     return out
 
 
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares y = fixed + per_host * x."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    per = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - per * mx, per
+
+
+def model(files: list[Path], capacity: Path | None, which: str, budget: float, fleet: int) -> dict:
+    data = [json.loads(f.read_text()) for f in files]
+    out: dict = {"inputs": [str(f) for f in files], "budget_s": budget, "fleet": fleet}
+    for side in ("sharded", "single"):
+        pts = [(d["hosts"], r["controller_cpu_s"]) for d in data for r in d["runs"][side]]
+        fixed, per = fit(pts)
+        out[f"{side}_controller_cpu_s"] = {"fixed": round(fixed, 3), "per_host": round(per, 4), "points": pts}
+    ex = [(d["hosts"], r["exec_nodes_cpu_s"]) for d in data for r in d["runs"]["sharded"]]
+    fixed, per = fit(ex)
+    out["exec_nodes_cpu_s"] = {"fixed": round(fixed, 3), "per_host": round(per, 4), "points": ex}
+    sc = out["sharded_controller_cpu_s"]
+    out["controller_serial_bound_hosts"] = int((budget - sc["fixed"]) / sc["per_host"])
+    out["controller_cpu_less_per_host"] = round(out["single_controller_cpu_s"]["per_host"] / sc["per_host"], 1)
+    if capacity is not None:
+        cap = json.loads(capacity.read_text())["models"]
+        m = cap[which]["prediction"]
+        out["per_exec_node"] = {"model": which, "hosts": m["hosts"], "limited_by": m.get("limited_by")}
+        out["exec_nodes_for_fleet"] = -(-fleet // int(m["hosts"]))
+    return out
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "model":
+        mp = argparse.ArgumentParser(prog="shard_bench.py model")
+        mp.add_argument("files", type=Path, nargs="+")
+        mp.add_argument("--capacity", type=Path)
+        mp.add_argument("--model", default="drift/tuned (quiet-calibrated)")
+        mp.add_argument("--budget", type=float, default=1800.0)
+        mp.add_argument("--fleet", type=int, default=10000)
+        mp.add_argument("--json", type=Path)
+        m = mp.parse_args(sys.argv[2:])
+        res = model(m.files, m.capacity, m.model, m.budget, m.fleet)
+        text = json.dumps(res, indent=1)
+        if m.json:
+            m.json.write_text(text + "\n")
+        print(text)
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--rack", required=True)
     ap.add_argument("--inventory", required=True, type=Path)
