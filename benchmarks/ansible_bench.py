@@ -208,6 +208,7 @@ def noop(args: argparse.Namespace) -> dict:
             shutil.rmtree(b.facts)
     else:
         testbed("up", "--name", args.name, "--nodes", str(n))  # no-op on a running rack of that size
+    conv = None
     if not args.no_converge:
         log("converging once with provision run (warms the tuned side's fact cache)")
         conv = b.run("tuned", "run", n)
@@ -235,7 +236,8 @@ def noop(args: argparse.Namespace) -> dict:
     for a, b_ in (("stock", "tuned"), ("stock", "mitogen"), ("tuned", "mitogen")):
         if a in med and b_ in med:
             summary[f"{a}_over_{b_}"] = {k: ratio(med[a].get(k, 0), med[b_].get(k, 0)) for k in keys}
-    return {"bench": "noop", "runs": runs, "summary": summary}
+    # the converging run (after --fresh: a fresh rack, empty fact cache) is a provisioning run: capacity_model.py
+    return {"bench": "noop", "runs": runs, "converge": conv, "summary": summary}
 
 
 def report(files: list[Path]) -> str:
@@ -246,6 +248,9 @@ def report(files: list[Path]) -> str:
         d = json.loads(f.read_text())
         for r in d["runs"]:
             groups.setdefault((d["bench"], r["what"], r["hosts"], r["side"]), []).append(r)
+        if d.get("converge"):  # noop's converging `provision run`
+            r = d["converge"]
+            groups.setdefault(("noop", "converge", r["hosts"], r["side"]), []).append(r)
     for (bench, what, n, side), rs in groups.items():
         ok = [r for r in rs if r["rc"] in (0, 3)] or rs
         med = {k: statistics.median(r.get(k, 0) or 0 for r in ok)

@@ -51,10 +51,12 @@ def points(files: list[Path]) -> dict[tuple[str, str], list[dict]]:
     out: dict[tuple[str, str], list[dict]] = {}
     for f in files:
         d = json.loads(f.read_text())
-        for r in d["runs"]:
+        # `noop --fresh` converges a fresh rack (empty fact cache) with `provision run` first: a provisioning run
+        fresh_noop = d["bench"] == "noop" and "--fresh" in d.get("argv", []) and "--limit" not in d.get("argv", [])
+        for r in d["runs"] + ([d["converge"]] if fresh_noop and d.get("converge") else []):
             if r.get("rc") not in (0, 3):
                 continue
-            kind = "provision" if r["what"] == "run" and d["bench"] == "fleet" else \
+            kind = "provision" if r["what"] == "run" and (d["bench"] == "fleet" or fresh_noop) else \
                 ("drift" if r["what"] == "drift" else None)
             if kind is None:
                 continue
