@@ -66,6 +66,7 @@ def points(files: list[Path]) -> dict[tuple[str, str], list[dict]]:
 
 
 def fit(runs: list[dict]) -> dict:
+    cap = 5 if runs and runs[0]["side"] == "stock" else 50  # stock-ansible.cfg: forks 5; provision: hosts, max 50
     m = {}
     for key in ("controller_cpu_s", "playbook_main_cpu_s", "rack_cpu_s", "wall_s", "controller_peak_pss_mib"):
         have = [r for r in runs if r.get(key) is not None]  # round 2 files lack the sampled figures
@@ -73,7 +74,7 @@ def fit(runs: list[dict]) -> dict:
             m[key] = None
             continue
         # memory follows the forks in flight (provision runs forks = hosts, capped at 50), the rest the hosts
-        xs = [float(min(r["hosts"], 50)) if key == "controller_peak_pss_mib" else float(r["hosts"]) for r in have]
+        xs = [float(min(r["hosts"], cap)) if key == "controller_peak_pss_mib" else float(r["hosts"]) for r in have]
         a, b = ols(xs, [float(r[key]) for r in have])
         m[key] = {"fixed": round(a, 3), "per_unit": round(b, 4), "n": len(have),
                   "hosts": sorted({r["hosts"] for r in have})}
@@ -154,7 +155,7 @@ def main() -> int:
     for name, m in out["models"].items():
         p = m["prediction"]
         print(f"{name:36} ctl CPU {f(m['controller_cpu_s'], 's/host')} | main {f(m['playbook_main_cpu_s'], 's/host')}"
-              f" | PSS {f(m['controller_peak_pss_mib'], 'MiB/fork')} | -> {p['hosts']} hosts ({p['limited_by']};"
+              f" | PSS {f(m['controller_peak_pss_mib'], 'MiB/fork')} | wall {f(m.get('wall_s'), 's/host')} | -> {p['hosts']} hosts ({p['limited_by']};"
               f" {p['bounds']})", file=sys.stderr)
     print(text)
     return 0
