@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Capacity model: how many hosts one controller drifts nightly and provisions (issue 17 item 3).
 
+    .venv/bin/python benchmarks/capacity_model.py benchmarks/ansible_bench-r4-*.json --json benchmarks/capacity_model.json
+    # round 3 (busy machine, rescaled by round 2's quiet runs):
     .venv/bin/python benchmarks/capacity_model.py benchmarks/ansible_bench-r3-*.json \
-        --quiet benchmarks/ansible_bench-fleet-4-8-16.json benchmarks/ansible_bench-noop-16.json \
-        --json benchmarks/capacity_model.json
+        --quiet benchmarks/ansible_bench-fleet-4-8-16.json benchmarks/ansible_bench-noop-16.json
 
-Inputs: ansible_bench.py result files (fleet = full provisioning run on fresh hosts, noop = drift on converged hosts),
-measured on the simulated rack. Per run it uses the CONTROLLER side only: `controller_cpu_s` (user+sys of the
+Inputs: ansible_bench.py result files (fleet = full provisioning run on fresh hosts, noop = drift on converged hosts;
+a `noop --fresh` file's converging `provision run` counts as a provisioning run), measured on the simulated rack. Per run it uses the CONTROLLER side only: `controller_cpu_s` (user+sys of the
 `provision` process tree, ansible-playbook and its forked workers, plus ssh/Mitogen processes that outlive it; the
 hosts' processes are not in that tree: they run under each host's systemd-nspawn and are counted as `rack_cpu_s`),
 `playbook_main_cpu_s` (the ansible-playbook main process alone: the strategy loop, one thread, the serial part) and
@@ -14,7 +15,7 @@ hosts' processes are not in that tree: they run under each host's systemd-nspawn
 `rack_cpu_s` (what each host does, for the per-host latency bound).
 
 Fit (ordinary least squares, per kind and side): y = fixed + per_host * hosts for controller CPU, main-process CPU,
-rack CPU; peak PSS = fixed + per_fork * forks (provision runs forks = hosts up to 50).
+rack CPU, wall; peak PSS = fixed + per_fork * forks (provision runs forks = hosts up to 50; stock 5).
 
 Prediction for a controller of C cores / M GiB and a time budget T (30 min drift, 2 h provisioning): the largest N
 meeting every bound:
