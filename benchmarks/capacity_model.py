@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Capacity model: how many hosts one controller drifts nightly and provisions (issue 17 item 3).
 
-    .venv/bin/python benchmarks/capacity_model.py benchmarks/ansible_bench-r4-*.json --json benchmarks/capacity_model.json
+    .venv/bin/python benchmarks/capacity_model.py benchmarks/ansible_bench-r4-*.json \
+        --json benchmarks/capacity_model.json
     # round 3 (busy machine, rescaled by round 2's quiet runs):
     .venv/bin/python benchmarks/capacity_model.py benchmarks/ansible_bench-r3-*.json \
         --quiet benchmarks/ansible_bench-fleet-4-8-16.json benchmarks/ansible_bench-noop-16.json
 
 Inputs: ansible_bench.py result files (fleet = full provisioning run on fresh hosts, noop = drift on converged hosts;
-a `noop --fresh` file's converging `provision run` counts as a provisioning run), measured on the simulated rack. Per run it uses the CONTROLLER side only: `controller_cpu_s` (user+sys of the
+a `noop --fresh` file's converging `provision run` counts as a provisioning run), measured on the simulated rack.
+Per run it uses the CONTROLLER side only: `controller_cpu_s` (user+sys of the
 `provision` process tree, ansible-playbook and its forked workers, plus ssh/Mitogen processes that outlive it; the
 hosts' processes are not in that tree: they run under each host's systemd-nspawn and are counted as `rack_cpu_s`),
 `playbook_main_cpu_s` (the ansible-playbook main process alone: the strategy loop, one thread, the serial part) and
@@ -156,8 +158,8 @@ def main() -> int:
     for name, m in out["models"].items():
         p = m["prediction"]
         print(f"{name:36} ctl CPU {f(m['controller_cpu_s'], 's/host')} | main {f(m['playbook_main_cpu_s'], 's/host')}"
-              f" | PSS {f(m['controller_peak_pss_mib'], 'MiB/fork')} | wall {f(m.get('wall_s'), 's/host')} | -> {p['hosts']} hosts ({p['limited_by']};"
-              f" {p['bounds']})", file=sys.stderr)
+              f" | PSS {f(m['controller_peak_pss_mib'], 'MiB/fork')} | wall {f(m.get('wall_s'), 's/host')}"
+              f" | -> {p['hosts']} hosts ({p['limited_by']}; {p['bounds']})", file=sys.stderr)
     print(text)
     return 0
 
