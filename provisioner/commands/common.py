@@ -104,8 +104,8 @@ def shard_lines(result: Any) -> list[str]:
     out = []
     for s in getattr(result, "shards", None) or []:
         state = s["status"] if not s.get("error") else f"error: {s['error']}"
-        out.append(f"shard {s['node']}: {len(s['hosts'])} host(s) ({', '.join(s['units'])}), {state}, "
-                   f"{s['duration']:.0f} s")
+        out.append(f"shard {s.get('shard') or s['node']}: {len(s['hosts'])} host(s) ({', '.join(s['units'])}), "
+                   f"{state}, {s['duration']:.0f} s")
     return out
 
 

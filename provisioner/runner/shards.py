@@ -23,11 +23,32 @@ _FILE_OPTS = re.compile(r"(?i)\b(UserKnownHostsFile|GlobalKnownHostsFile)(\s*=\s
 CONNECTION_VARS = ("ansible_ssh_private_key_file", "ansible_ssh_common_args", "ansible_ssh_extra_args")
 
 
+#: Host variable: how many shards (ansible-playbook processes) an execution node runs at once (default: the role's).
+SHARDS_VAR = "execution_node_shards"
+
+
 @dataclass(frozen=True)
 class Shard:
     node: str  # the execution node (an inventory host of group execution_nodes)
     hosts: tuple[str, ...]  # the targeted hosts it runs, sorted
     units: tuple[str, ...]  # why these hosts are together: "cluster vllm_pp", "rack r1", "host node07"
+    name: str = ""  # the node, or NODE-N when the node runs several shards (its run dir and job names)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.node
+
+
+def shards_per_node(fleet: Fleet, node: str) -> int:
+    """`execution_node_shards` of the node (one ansible-playbook process per shard; its serial main loop bounds the
+    hosts one shard drifts in time, so a node with many cores runs several)."""
+    from provisioner.defaults import role_default
+
+    v = fleet.hosts[node].get(SHARDS_VAR, role_default("execution_node", SHARDS_VAR) or 1)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise UsageError(f"host {node} (group {EXEC_GROUP}): {SHARDS_VAR} must be a whole number >= 1, got {v!r}",
+                         path=str(fleet.source))
+    return v
 
 
 def exec_nodes(fleet: Fleet, names: Iterable[str]) -> list[str]:
@@ -83,21 +104,25 @@ def _units(fleet: Fleet, targeted: Sequence[str]) -> list[tuple[str, tuple[str, 
 
 
 def plan(fleet: Fleet, targeted: Sequence[str], nodes: Sequence[str]) -> list[Shard]:
-    """One shard per execution node: the units (never split) placed largest first on the least loaded node (ties: the
-    earlier node), so the shards are as even as the units allow. Nodes left without hosts get no shard."""
+    """`execution_node_shards` shards per execution node (slots taken round-robin across the nodes): the units
+    (never split) placed largest first on the least loaded slot (ties: the earlier slot), so the shards are as even as
+    the units allow. Slots left without hosts get no shard."""
     if not nodes:
         raise UsageError("sharding needs at least one --exec-node")
     both = sorted(set(nodes) & set(targeted))
     if both:
         raise UsageError(f"{', '.join(both)}: an execution node cannot also be a target of its own run (narrow "
                          "--limit, or provision it in a run without --exec-node)", path=str(fleet.source))
+    per = {n: shards_per_node(fleet, n) for n in nodes}
+    slots = [(n, i) for i in range(max(per.values())) for n in nodes if i < per[n]]
     units = sorted(_units(fleet, targeted), key=lambda u: (-len(u[1]), u[1][0]))
-    load: dict[str, list[tuple[str, tuple[str, ...]]]] = {n: [] for n in nodes}
+    load: dict[tuple[str, int], list[tuple[str, tuple[str, ...]]]] = {s: [] for s in slots}
     for unit in units:
-        node = min(nodes, key=lambda n: (sum(len(u[1]) for u in load[n]), nodes.index(n)))
-        load[node].append(unit)
-    return [Shard(node=n, hosts=tuple(sorted(h for u in us for h in u[1])), units=tuple(u[0] for u in us))
-            for n, us in load.items() if us]
+        slot = min(slots, key=lambda s: (sum(len(u[1]) for u in load[s]), slots.index(s)))
+        load[slot].append(unit)
+    return [Shard(node=n, hosts=tuple(sorted(h for u in us for h in u[1])), units=tuple(u[0] for u in us),
+                  name=f"{n}-{i + 1}" if per[n] > 1 else "")
+            for (n, i), us in sorted(load.items(), key=lambda kv: (nodes.index(kv[0][0]), kv[0][1])) if us]
 
 
 @dataclass(frozen=True)

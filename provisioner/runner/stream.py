@@ -43,6 +43,7 @@ class ShardOutcome:
     node: str
     hosts: tuple[str, ...]
     units: tuple[str, ...]
+    shard: str = ""  # the node, or NODE-N when it runs several shards
     status: str = "unstarted"
     rc: int | None = None
     duration: float = 0.0
@@ -51,9 +52,9 @@ class ShardOutcome:
     events: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "hosts": list(self.hosts), "units": list(self.units), "status": self.status,
-                "rc": self.rc, "duration": round(self.duration, 2), "error": self.error,
-                "artifact_dir": self.artifact_dir, "events": self.events}
+        return {"node": self.node, "shard": self.shard or self.node, "hosts": list(self.hosts),
+                "units": list(self.units), "status": self.status, "rc": self.rc, "duration": round(self.duration, 2),
+                "error": self.error, "artifact_dir": self.artifact_dir, "events": self.events}
 
 
 def _node_setting(host: Host, key: str) -> str:
@@ -161,9 +162,9 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
     import ansible_runner
 
     node = fleet.hosts[shard.node]
-    job = f"{run_dir.name}-{shard.node}"
+    job = f"{run_dir.name}-{shard.label}"
     worker_dir = f"{_node_setting(node, 'execution_node_dir')}/jobs/{job}"
-    local = run_dir / "shards" / shard.node
+    local = run_dir / "shards" / shard.label
     local.mkdir(parents=True)
     outcome.artifact_dir = str(local / "artifacts" / "ansible")
     conn = connection(fleet, shard.hosts, worker_dir)
@@ -268,7 +269,7 @@ def execute_sharded(
         result.host(name)
     prog = progress or NullProgress()
     shared = _Locked(prog)
-    outcomes = [ShardOutcome(node=s.node, hosts=s.hosts, units=s.units) for s in shards]
+    outcomes = [ShardOutcome(node=s.node, hosts=s.hosts, units=s.units, shard=s.label) for s in shards]
     parts = [RunResult(command=cfg.command, inventory=result.inventory, playbook=result.playbook, run_dir=str(run_dir),
                        artifact_dir="", started=result.started, check=cfg.check) for _ in shards]
     folders = [EventFolder(part, shared, None) for part in parts]
@@ -283,7 +284,7 @@ def execute_sharded(
         except Exception as exc:  # a broken stream must not take the other shards down
             outcomes[i].status, outcomes[i].error = "error", f"execution node {shards[i].node}: {exc!r}"
 
-    threads = [threading.Thread(target=one, args=(i,), name=f"shard-{s.node}") for i, s in enumerate(shards)]
+    threads = [threading.Thread(target=one, args=(i,), name=f"shard-{s.label}") for i, s in enumerate(shards)]
     for t in threads:
         t.start()
     for t in threads:

@@ -5,6 +5,7 @@ tests/testbed/test_shards.py."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,18 @@ def test_cli_refuses_bad_execution_nodes_in_one_line(inv: Path, tmp_path: Path, 
         assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
     assert not runs.exists() or not any(runs.iterdir())  # refused before any run directory
+
+
+def test_a_node_with_several_shards_gets_that_many_and_the_slots_alternate_across_nodes(inv: Path) -> None:
+    (inv.parent / "host_vars").mkdir()
+    (inv.parent / "host_vars" / "x1.yml").write_text("execution_node_shards: 3\n")
+    fleet = load_fleet(inv)
+    shards = plan(fleet, GPU, ["x1", "x2"])
+    assert [s.label for s in shards] == ["x1-1", "x1-2", "x1-3", "x2"]
+    assert sorted(len(s.hosts) for s in shards) == [2, 3, 3, 4]  # 4 | 2 | 2+1 | 2+1: largest first, least loaded
+    assert sorted(h for s in shards for h in s.hosts) == GPU
+    bad = inv.parent.parent / "bad"  # a new directory: ansible-core's vars plugin caches what it found per directory
+    shutil.copytree(inv.parent, bad)
+    (bad / "host_vars" / "x2.yml").write_text("execution_node_shards: 0\n")
+    with pytest.raises(UsageError, match=r"host x2 \(group execution_nodes\): execution_node_shards must be"):
+        plan(load_fleet(bad / "hosts.ini"), GPU, ["x1", "x2"])
