@@ -112,12 +112,13 @@ def settled_tree_cpu_seconds(roots: list[tuple[int, int]], timeout: float = 20.0
         time.sleep(0.5)
 
 
-def rack_roots(name: str) -> list[tuple[int, int]]:
-    """The rack's host supervisors, proxy and repo server, from the testbed's state.json."""
+def rack_roots(name: str, hosts: list[str] | None = None) -> list[tuple[int, int]]:
+    """The rack's host supervisors, proxy and repo server, from the testbed's state.json; with `hosts`, only those
+    hosts' supervisors."""
     state_dir = Path(os.environ.get("PROVISIONER_TESTBED_STATE", "/var/lib/provisioner-testbed"))
     st = json.loads((state_dir / "racks" / name / "state.json").read_text())
-    roots = [tuple(h["nspawn"]) for h in st["hosts"] if h.get("nspawn")]
-    for key in ("proxy", "serve"):
+    roots = [tuple(h["nspawn"]) for h in st["hosts"] if h.get("nspawn") and (hosts is None or h["name"] in hosts)]
+    for key in ("proxy", "serve") if hosts is None else ():
         if st.get(key):
             roots.append(tuple(st[key]))
     return [(int(p), int(s)) for p, s in roots]
@@ -376,6 +377,14 @@ def read_counts(out_file: Path) -> dict:
         "module_runs_by_action_per_host": {a: round(v / n, 2) for a, v in sorted(by_action.items())},
         "tasks": d.get("tasks", []),
     }
+
+
+def emit(result: dict, path: Path | None) -> None:
+    """A benchmark's result: indented JSON on stdout, and into `path` (--json) when given."""
+    text = json.dumps(result, indent=1)
+    if path:
+        path.write_text(text + "\n")
+    print(text)
 
 
 def scratch(prefix: str) -> Path:

@@ -361,10 +361,7 @@ def main() -> int:
         subprocess.run([str(BIN / "provision"), "testbed", "down", "--name", args.name], cwd=ROOT)
     if args.summary:
         write_summary(out, sys.argv)
-    text = json.dumps(out, indent=1)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    M.emit(out, args.json)
     return 0
 
 

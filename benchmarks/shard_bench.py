@@ -35,14 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-def host_roots(rack: str, names: list[str]) -> list[tuple[int, int]]:
-    state = json.loads((Path("/var/lib/provisioner-testbed") / "racks" / rack / "state.json").read_text())
-    return [(int(h["nspawn"][0]), int(h["nspawn"][1])) for h in state["hosts"]
-            if h["name"] in names and h.get("nspawn")]
-
-
 def measure(argv: list[str], rack: str, nodes: list[str], targets: list[str]) -> dict:
-    nroots, troots = host_roots(rack, nodes), host_roots(rack, targets)
+    nroots, troots = M.rack_roots(rack, nodes), M.rack_roots(rack, targets)
     n0, t0 = M.tree_cpu_seconds(nroots), M.tree_cpu_seconds(troots)
     load = Path("/proc/loadavg").read_text().split()[0]
     out = M.run_measured(argv, env=dict(os.environ), cwd=ROOT)
@@ -116,10 +110,7 @@ def main() -> int:
         res = model(m.files, m.capacity, m.model, m.budget, m.fleet)
         if m.summary:
             summarize(res, m.files)
-        text = json.dumps(res, indent=1)
-        if m.json:
-            m.json.write_text(text + "\n")
-        print(text)
+        M.emit(res, m.json)
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--rack", required=True)
@@ -157,10 +148,7 @@ def main() -> int:
                                                     / max(summary["sharded"]["controller_cpu_s"], 0.01), 2),
         "runs": runs,
     }
-    text = json.dumps(result, indent=1)
-    if a.json:
-        a.json.write_text(text + "\n")
-    print(text)
+    M.emit(result, a.json)
     return 0
 
 

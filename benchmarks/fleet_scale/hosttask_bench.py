@@ -53,10 +53,7 @@ def main() -> int:
         print(json.dumps({k: v for k, v in r.items() if k != "log_tail"}), file=sys.stderr, flush=True)
         out["runs"].append(r)
     out["load_at_end"] = open("/proc/loadavg").read().split()[:3]
-    text = json.dumps(out, indent=1)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    M.emit(out, args.json)
     return 0
 
 
