@@ -237,7 +237,9 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
 
 def check_accelerate(accelerate: str | None) -> None:
     """Mitogen's strategy lives in this controller's Python environment, not on the execution nodes."""
-    if (accelerate or os.environ.get("PROVISION_ACCELERATE") or "none") != "none":
+    from provisioner.accelerate import mode
+
+    if mode(accelerate) != "none":
         raise UsageError("--accelerate mitogen runs on this controller only: drop it, or drop --exec-node")
 
 
