@@ -3,13 +3,14 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 
-.PHONY: help deps venv test test-unit lint demo demo-vllm clean
+.PHONY: help deps venv test test-unit test-integration lint demo demo-vllm clean
 
 help:
 	@echo "make deps       install the Debian packages the suite needs (root or sudo)"
 	@echo "make venv       create .venv with the first Python >= 3.12 found (PATH, then pyenv)"
 	@echo "make test       run the whole test suite (unit + simulated rack + vLLM end-to-end; root needed for the rack)"
-	@echo "make test-unit  unit tests only (no root, no rack)"
+	@echo "make test-unit  unit tests only (in-process: no subprocess, network, root or rack; under 2 minutes)"
+	@echo "make test-integration  real ansible-playbook/ansible-runner, lint, wheel, galaxy (no root, no rack)"
 	@echo "make lint       ansible-lint (production profile) + yamllint"
 	@echo "make demo       bring up the simulated rack and provision it (GPU stack, fabric, firewall)"
 	@echo "make demo-vllm  a 3-host rack with the CPU vLLM image, provisioned up to serving vLLM clusters"
@@ -29,7 +30,10 @@ test: deps venv
 	PYTEST=$(VENV)/bin/pytest ./.ci/test-suites.sh
 
 test-unit: venv
-	$(VENV)/bin/pytest tests -m "not testbed and not vllm"
+	$(VENV)/bin/pytest tests/unit
+
+test-integration: venv
+	$(VENV)/bin/pytest tests/integration
 
 lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks roles galaxy.yml meta \

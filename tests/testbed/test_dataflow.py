@@ -28,8 +28,7 @@ import yaml
 from provisioner import PLAYBOOKS, PROJECT_ROOT
 from testbed_rigs import own_rack, vllm_files_play  # noqa: E402  (same directory)
 
-sys.path.insert(0, str(PROJECT_ROOT / "tests" / "unit"))
-from inventory_factory import script_twin  # noqa: E402
+from inventory_factory import script_twin  # noqa: E402  (tests/support, on pytest's pythonpath)
 
 pytestmark = pytest.mark.testbed
 

@@ -1,4 +1,4 @@
-"""The installed package provisions a rack: the wheel of this checkout in a fresh venv (tests/unit/installed_wheel.py),
+"""The installed package provisions a rack: the wheel of this checkout in a fresh venv (tests/support/installed_wheel.py),
 run from a directory that holds only a copy of the rack's generated inventory.
 
 Rack PROVISIONER_PACKAGE_RACK (default `pkg`, 2 plain hosts; PROVISIONER_TESTBED_TEARDOWN=1 removes it at the end
@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from installed_wheel import Installed, installed  # noqa: E402
+from installed_wheel import Installed, installed  # noqa: E402  (tests/support, on pytest's pythonpath)
 
 pytestmark = pytest.mark.testbed
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_inproc import Result, provision
 from provisioner.cli import COMMANDS
 
-PROVISION = str(Path(sys.executable).with_name("provision"))
 
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=120)
+def _run(*args: str) -> Result:
+    return provision(*args)
 
 
 @pytest.mark.parametrize("command", COMMANDS)

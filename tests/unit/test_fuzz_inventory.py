@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -119,14 +118,3 @@ def test_random_inventories_never_crash(files: dict[str, str], fmt: str) -> None
     elif fmt == "json":
         doc = json.loads(out)
         assert set(doc) == {"ok", "errors", "warnings", "clusters"} and doc["ok"] == (rc == 0)
-
-
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(files=inventories())
-def test_random_inventories_console_script(files: dict[str, str]) -> None:
-    exe = Path(sys.executable).parent / "provision"
-    with tempfile.TemporaryDirectory() as d:
-        inv = _write(Path(d), files)
-        p = subprocess.run([str(exe), "validate", str(inv), "--format", "json"], capture_output=True, text=True,
-                           timeout=120)
-    assert p.returncode in (0, 1, 2) and "Traceback" not in p.stderr, p.stderr

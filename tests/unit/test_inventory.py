@@ -251,13 +251,3 @@ def test_play_fleet_puts_extra_vars_on_top_as_ansible_does(tmp_path: Path) -> No
     assert fleet.clusters["c1"].settings["max_model_len"] == 4096  # a default under the -e dict
     assert set(fleet.clusters) == {"c1"}  # -e does not make every group a cluster
     assert "nccl_ib_timeout" not in fleet.group_vars["gpu_nodes"]  # nor adds variables to groups
-
-
-def test_script_inventory_loads_like_its_ini_twin(tmp_path: Path) -> None:
-    from inventory_factory import script_twin
-
-    ini = write_inventory(tmp_path, ini=TRICKY_INI, base=False,
-                          group_vars={"c1": {"vllm_cluster": {"model": "/m", "model_arch": "Qwen2-72B"}}})
-    script = script_twin(ini, tmp_path / "dynamic.py")
-    _same(load_fleet(script), load_fleet(ini))
-    _same(_play_fleet(script)[0], load_fleet(ini))

@@ -4,17 +4,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_inproc import provision
 from provisioner import PROJECT_ROOT
 from provisioner.inventory import load_fleet
 from provisioner.render import host_files
 
-PROVISION = Path(sys.executable).parent / "provision"
 SHAPES = {"p5-pair": 2, "b200-rack": 4, "gb200-nvl72": 18}
 
 
@@ -24,8 +22,7 @@ def inventory(shape: str) -> Path:
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_example_validates_clean(shape: str) -> None:
-    p = subprocess.run([str(PROVISION), "validate", str(inventory(shape)), "--format", "json"], capture_output=True,
-                       text=True, timeout=120, cwd=PROJECT_ROOT)
+    p = provision("validate", str(inventory(shape)), "--format", "json")
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout)
     assert out["ok"] and out["errors"] == [] and out["warnings"] == [], out

@@ -6,12 +6,11 @@ tests/testbed/test_shards.py."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_inproc import provision
 from provisioner.errors import UsageError
 from provisioner.inventory import load_fleet
 from provisioner.runner.shards import connection, exec_nodes, plan
@@ -133,9 +132,7 @@ def test_cli_refuses_bad_execution_nodes_in_one_line(inv: Path, tmp_path: Path, 
                                                      message: str) -> None:
     runs = tmp_path / "runs"
     for cmd in (["run", "--skip-preflight"], ["drift"]):
-        r = subprocess.run([sys.executable, "-m", "provisioner.cli", cmd[0], str(inv), *cmd[1:], *args],
-                           capture_output=True, text=True, env={"PROVISION_RUNS_DIR": str(runs), "PATH": "/usr/bin"},
-                           timeout=120)
+        r = provision(cmd[0], str(inv), *cmd[1:], *args, env={"PROVISION_RUNS_DIR": str(runs)})
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
         assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr

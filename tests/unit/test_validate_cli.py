@@ -1,32 +1,20 @@
-"""`provision validate` end to end: the real console script, on inventories written to tmp_path.
+"""`provision validate` end to end through the CLI's entry point (in-process), on inventories written to tmp_path.
 
-Every rule code has at least one inventory that triggers it and one (minimally different) that does not.
+Every rule code has at least one inventory that triggers it and one (minimally different) that does not. The real
+console script's exit codes and stderr: tests/integration/test_cli_process.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from cli_inproc import ROOT, provision
 from inventory_factory import BASE_INI, DELETE, TINY_CONFIG, cluster, gpu_nodes, write_inventory
-
-ROOT = Path(__file__).resolve().parents[2]
-PROVISION = shutil.which("provision", path=str(Path(sys.executable).parent)) or str(ROOT / ".venv/bin/provision")
-
-
-def provision(*args: str, columns: int | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if columns:
-        env["COLUMNS"] = str(columns)  # rich wraps stderr at the terminal width (80 without a terminal)
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
 
 
 def validate_json(inv: Path) -> tuple[int, dict[str, Any]]:
