@@ -13,11 +13,10 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 # ansible.utils.display runs `ldconfig -p` (ctypes.util.find_library) when first imported: import it before the guard
 import ansible.inventory.manager  # noqa: F401
 import ansible.utils.display  # noqa: F401
+import pytest
 
 
 class UnitLaneViolation(BaseException):
@@ -27,7 +26,8 @@ class UnitLaneViolation(BaseException):
 def _refuse(what: str) -> Any:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         shown = " ".join(map(str, args[0])) if args and isinstance(args[0], list | tuple) else (args[:1] or "")
-        raise UnitLaneViolation(f"unit tests run in-process: {what} {shown!s:.200} (move the test to tests/integration)")
+        raise UnitLaneViolation(f"unit tests run in-process: {what} {shown!s:.200} "
+                                "(move the test to tests/integration)")
     return refuse
 
 
