@@ -13,14 +13,19 @@ mkdir -p "$LOGS"
 declare -A args=([unit]='tests/unit' [integration]='tests/integration' [testbed]='tests/testbed --ignore=tests/testbed/test_shards.py'
                  [vllm]='tests/vllm tests/testbed/test_shards.py')
 declare -A pid
-for s in unit integration testbed vllm; do
+# PROVISIONER_LANES="unit integration" runs only those lanes (developer loops); CI runs all four
+LANES=${PROVISIONER_LANES:-unit integration testbed vllm}
+for s in $LANES; do
+  [ -n "${args[$s]:-}" ] || { echo "unknown lane '$s' (lanes: ${!args[*]})" >&2; exit 2; }
+done
+for s in $LANES; do
   ( t0=$(date +%s); eval "$PYTEST ${args[$s]} --durations=25 $*" >"$LOGS/$s.log" 2>&1
     echo "$? $(( $(date +%s) - t0 ))" >"$LOGS/$s.rc" ) &
   pid[$s]=$!
   echo "== $s: $PYTEST ${args[$s]} (log $LOGS/$s.log)"
 done
 rc=0
-for s in unit integration testbed vllm; do
+for s in $LANES; do
   wait "${pid[$s]}"
   read -r r secs <"$LOGS/$s.rc" 2>/dev/null || { r=1; secs=?; }
   echo; echo "== $s: rc=$r in ${secs}s; its log:"
