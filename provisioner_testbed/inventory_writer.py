@@ -48,6 +48,9 @@ class InvRack:
     extra_vars: dict[str, Any] = field(default_factory=dict)  # merged into group_vars/all.yml
     # group -> settings merged into its vllm_cluster (the vLLM layer's CPU settings; replaces model_arch)
     cluster_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # declare the vLLM cluster groups (vllm_pp, vllm_single); a plain rack without them is what `make demo` gets:
+    # nothing in site.yml's vLLM area applies, so a plain `provision run` and `provision drift` are clean
+    clusters: bool = True
 
 
 def inventory_dir(rack: str) -> Path:
@@ -75,7 +78,7 @@ def _common(hosts: tuple[InvHost, ...], attr: str) -> Any:
 def render(rack: InvRack) -> dict[str, str]:
     """Relative path -> file content."""
     names = [h.name for h in rack.hosts]
-    groups = clusters(names)
+    groups = clusters(names) if rack.clusters else {}
     rank = {n: i for members in groups.values() for i, n in enumerate(members)}
     common = {a: _common(rack.hosts, a) for a in ("gpu_model", "gpu_count", "ib_hcas", "efa_devices", "nvlink_domain")}
 

@@ -65,6 +65,13 @@ class UpOptions:
     nodes: int = DEFAULT_NODES
     spec_file: Path | None = None
     with_vllm: bool = False
+    # vLLM cluster groups in the inventory; None: only with the vLLM layer (a plain rack cannot serve vLLM, so its
+    # default inventory declares no cluster and a plain run/drift of `make demo`'s rack is clean)
+    clusters: bool | None = None
+
+    @property
+    def want_clusters(self) -> bool:
+        return self.with_vllm if self.clusters is None else self.clusters
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,7 @@ def _new_state(opts: UpOptions, index: int) -> RackState:
         prefix=24,
         nodes=opts.nodes,
         with_vllm=opts.with_vllm,
+        clusters=opts.want_clusters,
         spec_file=str(opts.spec_file.resolve()) if opts.spec_file else None,
         repo_url=f"http://{gw}:{serve.PORT}/nvidia/",
         inventory=str(invw.inventory_dir(opts.name) / "hosts.ini"),
@@ -226,6 +234,8 @@ def _check_same(st: RackState, opts: UpOptions) -> None:
         diffs.append(f"{st.nodes} nodes (asked {opts.nodes})")
     if st.with_vllm != opts.with_vllm:
         diffs.append("with vLLM" if st.with_vllm else "without vLLM")
+    if st.clusters != opts.want_clusters:
+        diffs.append("with vLLM clusters in its inventory" if st.clusters else "without vLLM clusters")
     if opts.spec_file is not None and st.spec_file != want_spec:
         diffs.append(f"spec {st.spec_file or '(defaults)'}")
     if diffs:
@@ -391,7 +401,7 @@ def _write_inventory(st: RackState) -> None:
     extra: dict[str, Any] = {}
     cluster_vars: dict[str, dict[str, Any]] = {}
     inv_hosts = tuple(_inv_host(h, specs[h.name]) for h in st.hosts)
-    if st.with_vllm:  # the vLLM area owns these values (docs/development.md, "vLLM on the testbed")
+    if st.with_vllm and st.clusters:  # the vLLM area owns these values (docs/development.md, "vLLM on the testbed")
         from provisioner_testbed import vllm_image
 
         extra, cluster_vars = vllm_image.testbed_rack_inventory(
@@ -415,6 +425,7 @@ def _write_inventory(st: RackState) -> None:
         proxy_url=f"http://{st.gateway}:{proxy.PORT}",
         extra_vars=extra,
         cluster_vars=cluster_vars,
+        clusters=st.clusters,
     )
     st.inventory = str(invw.write(inv))
 
@@ -872,7 +883,8 @@ def handle(st: RackState) -> Handle:
 
 
 def ensure(name: str = DEFAULT_NAME, nodes: int = DEFAULT_NODES, *, with_vllm: bool = False,
-           spec_file: Path | None = None, log: Log = _nolog) -> Handle:
-    """Bring the rack up (or reuse it) and return its handle."""
-    res = up(UpOptions(name=name, nodes=nodes, spec_file=spec_file, with_vllm=with_vllm), log)
+           spec_file: Path | None = None, clusters: bool = True, log: Log = _nolog) -> Handle:
+    """Bring the rack up (or reuse it) and return its handle. The rack tests' racks declare the vLLM cluster groups
+    unless they ask otherwise (`clusters=False`: the inventory `provision testbed up` writes for a plain rack)."""
+    res = up(UpOptions(name=name, nodes=nodes, spec_file=spec_file, with_vllm=with_vllm, clusters=clusters), log)
     return handle(res.rack)

@@ -171,6 +171,7 @@ class RackState:
     prefix: int
     nodes: int
     with_vllm: bool = False
+    clusters: bool = True  # the inventory declares vLLM cluster groups (a plain rack: only when asked)
     spec_file: str | None = None
     lowers: list[str] = field(default_factory=list)  # overlay lower dirs, top first
     inventory: str = ""

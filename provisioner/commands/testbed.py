@@ -98,12 +98,17 @@ def register(app: typer.Typer) -> None:
         name: RackName = "rack",
         with_vllm: Annotated[bool, typer.Option(
             "--with-vllm", help="Add the vLLM golden layer (CPU vLLM + tiny model).")] = False,
+        clusters: Annotated[bool | None, typer.Option(
+            "--clusters/--no-clusters",
+            help="Declare the vLLM cluster groups (vllm_pp, vllm_single) in the inventory. Default: only with "
+                 "--with-vllm, since a plain rack cannot serve vLLM (its plain run and drift stay clean).")] = None,
     ) -> None:
         """Bring the rack up (no-op when it is already up; restarts stopped hosts). Writes its inventory."""
         rack = _testbed("rack")
 
         try:
-            res = rack.up(rack.UpOptions(name=name, nodes=nodes, spec_file=spec, with_vllm=with_vllm), _log)
+            res = rack.up(rack.UpOptions(name=name, nodes=nodes, spec_file=spec, with_vllm=with_vllm,
+                                         clusters=clusters), _log)
         except RuntimeError as exc:
             _fail(exc)
         out.print(_table(name))

@@ -28,7 +28,8 @@ def testbed() -> Iterator[rack.Handle]:
     _need_root()
     name = os.environ.get("PROVISIONER_TESTBED_RACK", rack.DEFAULT_NAME)
     existed = (rack.RackState.load(name) or None) is not None
-    h = rack.ensure(name, rack.DEFAULT_NODES, log=lambda m: print(f"testbed: {m}"))
+    # the rack `make demo` builds: a plain rack, no vLLM cluster in its inventory (`provision testbed up`'s default)
+    h = rack.ensure(name, rack.DEFAULT_NODES, clusters=False, log=lambda m: print(f"testbed: {m}"))
     yield h
     if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
         rack.down(name)

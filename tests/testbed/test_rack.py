@@ -107,11 +107,9 @@ def test_inventory_follows_the_contract(testbed: rack.Handle) -> None:
         assert h.ib_hcas == tuple(f"mlx5_{i}" for i in range(8))
         assert h.address == testbed.hosts[h.name]
         assert "StrictHostKeyChecking=yes" in h.vars["ansible_ssh_common_args"]
-    sizes = sorted(len(c.members) for c in fleet.clusters.values())
-    assert sizes == [1, 2]
-    multi = next(c for c in fleet.clusters.values() if len(c.members) == 2)
-    assert [fleet.hosts[m].node_rank for m in multi.members] == [0, 1]
-    assert multi.get("pipeline_parallel_size") == 2
+    # a plain rack cannot serve vLLM: `testbed up` declares no cluster (a plain run/drift of it is clean); the
+    # cluster groups a rack test asks for (rack.ensure(clusters=True)): tests/unit/test_testbed_inventory.py
+    assert fleet.clusters == {}
     anyhost = fleet.hosts[testbed.names[0]]
     assert anyhost.vars["apt_proxy"] == testbed.proxy_url
     assert anyhost.vars["nvidia_repo_url"] == testbed.repo_url

@@ -129,3 +129,16 @@ def test_with_vllm_rack_inventory_is_cpu_vllm_ready_as_written(tmp_path: Path) -
     # 8-GPU HGX nodes keep their NVSwitch: the role's default decides
     extra8, _ = vllm_image.testbed_rack_inventory({"vllm_single": ["n1"]}, {"n1": 8}, "198.18.7.0/24", cache)
     assert "gpu_needs_fabric_manager" not in extra8
+
+
+def test_a_rack_without_clusters_declares_none_and_validates(tmp_path: Path) -> None:
+    """`provision testbed up` on a plain rack (no vLLM layer): no cluster group, so site.yml's vLLM area has nothing
+    to do there and the plain run/drift of `make demo`'s rack is clean."""
+    from provisioner.rules import run_rules
+
+    files = invw.render(_rack(4, clusters=False))
+    assert not [f for f in files if f.startswith("group_vars/vllm_")]
+    assert "[vllm_" not in files["hosts.ini"] and "node_rank" not in files["hosts.ini"]
+    fleet = load_fleet(invw.write(_rack(4, clusters=False), tmp_path))
+    assert fleet.clusters == {} and len(fleet.hosts) == 4
+    assert [f for f in run_rules(fleet) if getattr(f, "severity", "") == "error"] == []
