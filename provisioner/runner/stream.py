@@ -79,7 +79,9 @@ def ssh_command(node: Host, remote: list[str]) -> list[str]:
 def _copy_inventory(inventory: Path, dest: Path) -> str:
     """The inventory (a file with its group_vars/ and host_vars/ beside it, or a directory) under `dest`; returns the
     path the worker passes to ansible-playbook, relative to its private data dir."""
-    inv = inventory.resolve()
+    from provisioner.inventory import inventory_source
+
+    inv = inventory_source(inventory)  # group_vars/ beside the path given, as ansible-playbook reads them
     if inv.is_dir():
         shutil.copytree(inv, dest / "inventory" / inv.name, symlinks=False)
         return f"inventory/{inv.name}"
