@@ -151,6 +151,14 @@ def host_path(action: str, args: Any, res: Any) -> tuple[str, str] | None:
     return None
 
 
+def name_host_path(result: Any) -> None:
+    """Add `host_path` to an ansible-core TaskResult (the task's templated arguments, its result dict) in place."""
+    task = result._task
+    found = host_path(str(getattr(task, "resolved_action", None) or task.action), task.args, result._result)
+    if found is not None:
+        result._result[found[0]] = found[1]
+
+
 def resources_of(action: str, res: dict[str, Any], task: str) -> list[tuple[str, str]]:
     """(kind, resource) pairs one changed result stands for."""
     kind = _kind(action)

@@ -6,6 +6,7 @@ header is the controller's source, tests/fixtures/runner has the recorded shapes
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +16,7 @@ from provisioner.reports import drift_text
 from provisioner.results import RunResult
 from provisioner.runner import EventFolder, NullProgress
 from provisioner.runner.config import RunConfig
-from provisioner.runner.events import host_path
+from provisioner.runner.events import host_path, name_host_path
 from provisioner.runner.progress import LineProgress
 
 SRC = "/tmp/tmpab12/project/roles/vllm/files/vllm-argcheck"
@@ -43,15 +44,15 @@ def _fold(events: list[dict[str, Any]], progress: Any = None) -> RunResult:
 
 
 def test_callback_names_the_destination_the_task_was_given() -> None:
-    """The runner's event callback adds the templated `dest` (before the event is written)."""
-    pytest.importorskip("ansible_runner")
-    from provisioner.runner.callback import awx_display
-
+    """What the runner's event callback (runner/callback/awx_display.py, not imported here: importing it hooks
+    ansible's Display) does to a result before the event is written: the templated `dest` added."""
     res = dict(CHECK_COPY_MISSING)
     task = SimpleNamespace(action="ansible.builtin.copy", resolved_action="ansible.builtin.copy",
                            args={"src": "vllm-argcheck", "dest": DEST, "mode": "0755"})
-    awx_display._name_host_path(SimpleNamespace(_task=task, _result=res))
+    name_host_path(SimpleNamespace(_task=task, _result=res))
     assert res["dest"] == DEST
+    callback = (Path(__file__).resolve().parents[2] / "provisioner/runner/callback/awx_display.py").read_text()
+    assert "name_host_path(result)" in callback and "super().v2_runner_on_ok(result)" in callback
 
 
 @pytest.mark.parametrize(("action", "args", "res", "expected"), [
@@ -88,8 +89,6 @@ def test_drift_item_never_names_a_controller_path(res: dict[str, Any]) -> None:
 
 
 def test_run_environment_points_ansible_runner_at_our_callback(tmp_path: Any) -> None:
-    from pathlib import Path
-
     env = RunConfig(inventory=Path("rack.ini")).ansible_env(tmp_path)
     assert (Path(env["AWX_LIB_DIRECTORY"]) / "awx_display.py").is_file()
 

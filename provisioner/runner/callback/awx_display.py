@@ -31,17 +31,14 @@ DOCUMENTATION = """
 
 def _name_host_path(result: Any) -> None:
     try:
-        from provisioner.runner.events import host_path
+        from provisioner.runner.events import name_host_path
 
-        task = result._task
-        found = host_path(str(getattr(task, "resolved_action", None) or task.action), task.args, result._result)
-        if found is not None:
-            result._result[found[0]] = found[1]
+        name_host_path(result)
     except Exception:  # never let a display addition break the run
         pass
 
 
-class CallbackModule(_runner.CallbackModule):  # type: ignore[misc]
+class CallbackModule(_runner.CallbackModule):
     CALLBACK_NAME = "awx_display"
 
     def v2_runner_on_ok(self, result: Any) -> None:
