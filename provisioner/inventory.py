@@ -90,8 +90,8 @@ def _fresh_vars_plugins() -> None:
     except ImportError:  # pragma: no cover - the plugin is part of ansible-core
         return
     for name in ("CANONICAL_PATHS", "FOUND", "NAK"):
-        cache = getattr(hgv, name, None)
-        if hasattr(cache, "clear"):
+        cache: Any = getattr(hgv, name, None)
+        if cache is not None and hasattr(cache, "clear"):
             cache.clear()
 
 
@@ -153,13 +153,15 @@ def limit_hosts(source: Fleet | str | os.PathLike[str], limit: str | None) -> li
             from ansible.parsing.dataloader import DataLoader
 
             inv = InventoryManager(loader=DataLoader(), sources=[str(where)])
-        try:
-            if limit:
-                inv.subset(limit)
-            return [h.name for h in inv.get_hosts("all")]
-        finally:
-            if limit:
-                inv.subset(None)
+        # Ansible's own "[WARNING]: Could not match supplied host pattern": the caller reports an empty selection
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                if limit:
+                    inv.subset(limit)
+                return [h.name for h in inv.get_hosts("all")]
+            finally:
+                if limit:
+                    inv.subset(None)
     except AnsibleError as exc:
         raise UsageError(f"cannot select hosts: {str(exc).strip().splitlines()[0]}", path=str(where)) from None
 
@@ -412,4 +414,64 @@ def _explain_ini(loader: Any, p: Path) -> tuple[str, str] | None:
             elif reason[:1].islower():  # a bare Python error from inside the parser: show the line it choked on
                 reason = f"cannot read {text!r} ({reason})"
         return (f"{p}:{line}" if line else str(p)), reason
+    return None
+
+
+# --- where a group membership is set ------------------------------------------------------------------------------
+
+
+def membership_origin(source: Path, group: str, host: str) -> str | None:
+    """'file:line' of the line that makes `host` a member of `group` in an INI inventory (the file, or the files
+    of an inventory directory): the host's line in `[group]`, else its line in a child group's section
+    (`[group:children]`). None when no INI line says so (YAML, scripts, host ranges)."""
+    if not source.exists():
+        return None
+    files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith(".")) if source.is_dir() \
+        else [source]
+    for p in files:
+        if p.suffix in (".yml", ".yaml", ".json"):
+            continue
+        try:
+            lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        hosts: dict[str, dict[str, int]] = {}  # group -> host -> line
+        children: dict[str, list[str]] = {}
+        section: str | None = None
+        kind = "hosts"
+        for n, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                section, _, kind = line[1:-1].strip().partition(":")
+                kind = kind or "hosts"
+                continue
+            if section is None:
+                section, kind = "ungrouped", "hosts"
+            name = line.split()[0]
+            if kind == "hosts":
+                hosts.setdefault(section, {}).setdefault(name, n)
+            elif kind == "children":
+                children.setdefault(section, []).append(name)
+        found = _member_line(group, host, hosts, children, set())
+        if found is not None:
+            path = p
+            with contextlib.suppress(ValueError):
+                path = p.relative_to(Path.cwd())
+            return f"{path}:{found}"
+    return None
+
+
+def _member_line(group: str, host: str, hosts: dict[str, dict[str, int]], children: dict[str, list[str]],
+                 seen: set[str]) -> int | None:
+    if group in seen:
+        return None
+    seen.add(group)
+    if host in hosts.get(group, {}):
+        return hosts[group][host]
+    for child in children.get(group, []):
+        found = _member_line(child, host, hosts, children, seen)
+        if found is not None:
+            return found
     return None
