@@ -49,6 +49,7 @@ def build_app() -> typer.Typer:
 
         _app = typer.Typer(name="provision", help=HELP, no_args_is_help=True, add_completion=False,
                            pretty_exceptions_enable=False)
+        importlib.import_module("provisioner.commands.root").register(_app)  # --version
         for name in COMMANDS:
             importlib.import_module(f"provisioner.commands.{name}").register(_app)
     return _app
@@ -148,6 +149,13 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive here in standalone_mode=False
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # bare `provision` (or a group without its command): the help, as typer's no_args_is_help shows it
+            # (typer has printed it already; plain click carries it as the message), exit 2, no empty error line
+            text = exc.format_message()  # type: ignore[attr-defined]
+            if text.strip():
+                sys.stdout.write(text.rstrip("\n") + "\n")
+            sys.exit(Exit.USAGE)
         if isinstance(exc, _click_exceptions()):
             # one line, as for our own usage errors: what is wrong, and where the help is
             ctx = getattr(exc, "ctx", None)

@@ -13,6 +13,12 @@ file or directory, an executable script, an inventory plugin config), and `fleet
 plugins inside a play (filters, the validate action plugin): the play's own, already parsed inventory with its extra
 vars on top, so a plugin never opens the inventory again and `-e` reaches what it computes.
 
+Paths: an inventory path is made absolute first, as ansible-playbook and ansible-inventory do with `-i`
+(`unfrackpath(path, follow=False)`: from the working directory, symlinks kept), and ansible-core's per-directory
+vars-plugin caches are cleared before each load. ansible-core keys those caches by the directory string it is given:
+a relative source (`rack-a.ini`: directory "") resolved to no directory at all, so group_vars/ beside it was
+silently skipped, and a cached relative directory would go stale when the working directory changes.
+
 Errors (missing file, bad INI line, bad YAML in the inventory or in group_vars/host_vars) become `UsageError`s
 whose message names the file, the line when Ansible or YAML knows it, and the reason.
 """
@@ -67,22 +73,46 @@ def _quiet_ansible() -> None:
     os.environ.setdefault("ANSIBLE_DEPRECATION_WARNINGS", "False")
 
 
+def inventory_source(path: str | os.PathLike[str]) -> Path:
+    """The inventory source as Ansible's CLIs resolve `-i PATH`: `~` and `$VARS` expanded, absolute from the working
+    directory, symlinks not followed (group_vars/ is read beside the link, as ansible-playbook does)."""
+    from ansible.utils.path import unfrackpath
+
+    return Path(unfrackpath(os.fspath(path), follow=False))
+
+
+def _fresh_vars_plugins() -> None:
+    """Forget ansible-core's process-wide vars-plugin caches (host_group_vars: directory -> realpath, found and
+    missing group_vars/host_vars). A one-shot ansible-playbook never sees a directory change under it; a process
+    that loads inventories again (tests, long-lived callers) would get the first answer forever."""
+    try:
+        from ansible.plugins.vars import host_group_vars as hgv
+    except ImportError:  # pragma: no cover - the plugin is part of ansible-core
+        return
+    for name in ("CANONICAL_PATHS", "FOUND", "NAK"):
+        cache: Any = getattr(hgv, name, None)
+        if cache is not None and hasattr(cache, "clear"):
+            cache.clear()
+
+
 def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | None = None) -> Fleet:
     """Read the inventory at `path`; raise UsageError (exit 2) when it cannot be read or parsed. `extra_vars` (the
-    run's `-e`) are laid on top as in a play (`fleet_from_play`): the rules see what the play will see."""
-    p = Path(path)
+    run's `-e`) are laid on top as in a play (`fleet_from_play`): the rules see what the play will see. A relative
+    `path` is resolved from the working directory exactly as `ansible-playbook -i` does (`inventory_source`)."""
+    _quiet_ansible()
+    p = inventory_source(path)
     if not p.exists():
         raise UsageError("inventory not found", path=str(p))
     if not os.access(p, os.R_OK):
         raise UsageError("inventory is not readable", path=str(p))
     if p.is_file() and p.stat().st_size == 0:
         raise UsageError("inventory is empty", path=str(p))
-    _quiet_ansible()
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
 
+    _fresh_vars_plugins()
     loader = DataLoader()
     # "unparsed" inventories do not raise by default: make ansible fail loudly on a source it cannot parse.
     C.INVENTORY_UNPARSED_IS_FAILED = True
@@ -116,20 +146,22 @@ def limit_hosts(source: Fleet | str | os.PathLike[str], limit: str | None) -> li
     from ansible.errors import AnsibleError
 
     inv = source.ansible_inventory if isinstance(source, Fleet) else None
-    where = source.source if isinstance(source, Fleet) else Path(source)
+    where = source.source if isinstance(source, Fleet) else inventory_source(source)
     try:
         if inv is None:
             from ansible.inventory.manager import InventoryManager
             from ansible.parsing.dataloader import DataLoader
 
             inv = InventoryManager(loader=DataLoader(), sources=[str(where)])
-        try:
-            if limit:
-                inv.subset(limit)
-            return [h.name for h in inv.get_hosts("all")]
-        finally:
-            if limit:
-                inv.subset(None)
+        # Ansible's own "[WARNING]: Could not match supplied host pattern": the caller reports an empty selection
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                if limit:
+                    inv.subset(limit)
+                return [h.name for h in inv.get_hosts("all")]
+            finally:
+                if limit:
+                    inv.subset(None)
     except AnsibleError as exc:
         raise UsageError(f"cannot select hosts: {str(exc).strip().splitlines()[0]}", path=str(where)) from None
 
@@ -382,4 +414,64 @@ def _explain_ini(loader: Any, p: Path) -> tuple[str, str] | None:
             elif reason[:1].islower():  # a bare Python error from inside the parser: show the line it choked on
                 reason = f"cannot read {text!r} ({reason})"
         return (f"{p}:{line}" if line else str(p)), reason
+    return None
+
+
+# --- where a group membership is set ------------------------------------------------------------------------------
+
+
+def membership_origin(source: Path, group: str, host: str) -> str | None:
+    """'file:line' of the line that makes `host` a member of `group` in an INI inventory (the file, or the files
+    of an inventory directory): the host's line in `[group]`, else its line in a child group's section
+    (`[group:children]`). None when no INI line says so (YAML, scripts, host ranges)."""
+    if not source.exists():
+        return None
+    files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith(".")) if source.is_dir() \
+        else [source]
+    for p in files:
+        if p.suffix in (".yml", ".yaml", ".json"):
+            continue
+        try:
+            lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        hosts: dict[str, dict[str, int]] = {}  # group -> host -> line
+        children: dict[str, list[str]] = {}
+        section: str | None = None
+        kind = "hosts"
+        for n, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                section, _, kind = line[1:-1].strip().partition(":")
+                kind = kind or "hosts"
+                continue
+            if section is None:
+                section, kind = "ungrouped", "hosts"
+            name = line.split()[0]
+            if kind == "hosts":
+                hosts.setdefault(section, {}).setdefault(name, n)
+            elif kind == "children":
+                children.setdefault(section, []).append(name)
+        found = _member_line(group, host, hosts, children, set())
+        if found is not None:
+            path = p
+            with contextlib.suppress(ValueError):
+                path = p.relative_to(Path.cwd())
+            return f"{path}:{found}"
+    return None
+
+
+def _member_line(group: str, host: str, hosts: dict[str, dict[str, int]], children: dict[str, list[str]],
+                 seen: set[str]) -> int | None:
+    if group in seen:
+        return None
+    seen.add(group)
+    if host in hosts.get(group, {}):
+        return hosts[group][host]
+    for child in children.get(group, []):
+        found = _member_line(child, host, hosts, children, seen)
+        if found is not None:
+            return found
     return None

@@ -32,7 +32,7 @@ from provisioner.commands.common import unwrap
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Cluster, Fleet, Host
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
 out = Console(highlight=False)
 
 HELP = unwrap("""Benchmark a vLLM cluster with `vllm bench serve` and judge it against its SLOs.

@@ -15,7 +15,7 @@ from provisioner.commands.common import EXEC_NODE_HELP, EXTRA_VARS_HELP, unwrap
 from provisioner.errors import Exit, UsageError
 from provisioner.reports.textfile import write_atomic
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
 
 
 class Report(str, Enum):
@@ -110,5 +110,6 @@ def register(app: typer.Typer) -> None:
         if not quiet:
             for line in shard_lines(result):
                 sys.stderr.write(line + "\n")
-            sys.stderr.write(f"run dir: {result.run_dir}\n")
+            if output is not None or report is not Report.text:  # the text report on stdout ends with it already
+                sys.stderr.write(f"run dir: {result.run_dir}\n")
         raise typer.Exit(int(exit_code(result)))

@@ -16,8 +16,9 @@ import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fle
 from provisioner.commands.common import Format, unwrap
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Fleet
+from provisioner.reports import count
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
 
 HELP = unwrap("""Bring new GPU nodes into service, one gate after the other.
 
@@ -208,7 +209,7 @@ def register(app: typer.Typer) -> None:
             for o in out.values():
                 sys.stdout.write(o.line() + "\n")
             n = sum(o.in_service for o in out.values())
-            sys.stdout.write(f"onboard: {n}/{len(out)} hosts in service ({doc['seconds']:.1f}s)\n")
+            sys.stdout.write(f"onboard: {n}/{count(len(out), 'host')} in service ({doc['seconds']:.1f}s)\n")
         for path in [report] + ([Path(run_dir) / "onboard.json"] if run_dir else []):
             if path is not None:
                 try:

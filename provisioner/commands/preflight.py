@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.commands.common import Format, load_targets, unwrap
 from provisioner.errors import Exit
+from provisioner.reports import count
 
 if TYPE_CHECKING:
     import typer
@@ -61,7 +62,7 @@ def render_text(reports: dict[str, Any], seconds: float) -> str:
                       f.get("kernel") or "?", f"{free / 1e9:.0f} GB" if free is not None else "?", "")
         details += [f"{name}: {m.line()}" for m in errors] + [f"{name}: warning: {m.line()}" for m in warns]
     lines = [to_text(table).rstrip("\n"), *details]
-    lines.append(f"preflight: {len(reports)} hosts, {n_ok} ok, {n_bad} mismatched, {n_unr} unreachable "
+    lines.append(f"preflight: {count(len(reports), 'host')}, {n_ok} ok, {n_bad} mismatched, {n_unr} unreachable "
                  f"({seconds:.2f}s)")
     return "\n".join(lines) + "\n"
 

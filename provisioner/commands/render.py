@@ -17,7 +17,7 @@ from rich.console import Console
 from provisioner.commands.common import unwrap
 from provisioner.errors import UsageError
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
 
 HELP = unwrap("""Print the exact files a host gets from templates/ (secrets redacted).
 

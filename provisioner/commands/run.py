@@ -21,8 +21,9 @@ from provisioner.commands.common import (
 )
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Fleet
+from provisioner.reports import count
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
 
 HELP = unwrap("""Apply the playbooks (default playbooks/site.yml) to INVENTORY through ansible-runner.
 
@@ -96,7 +97,7 @@ def register(app: typer.Typer) -> None:
         if not skip_preflight:
             ok, problems = preflight(fleet, targeted)
             if ok and not (quiet or json_out):
-                err.print(f"preflight: ok ({len(targeted)} hosts targeted)")
+                err.print(f"preflight: ok ({count(len(targeted), 'host')} targeted)")
             for p in problems:
                 err.print(f"[red]preflight[/] {p}")
             if not ok:

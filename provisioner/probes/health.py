@@ -25,6 +25,7 @@ from typing import Any
 from provisioner.model import Fleet, Host
 from provisioner.paths import ROLES, data_file
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
+from provisioner.reports import count
 from provisioner.reports.textfile import escape_label as _esc
 
 PROGRAM = ROLES / "node_health" / "files" / "node_health.py"
@@ -262,7 +263,8 @@ def render_text(results: dict[str, HostHealth], seconds: float | None = None) ->
             lines.append(f"{name}: {c['check']}: {c.get('message', '')}")
     n_ok = sum(1 for h in results.values() if h.ok)
     n_unr = sum(1 for h in results.values() if not h.reachable)
-    tail = f"health: {len(results)} hosts, {n_ok} pass, {len(results) - n_ok - n_unr} fail, {n_unr} unreachable"
+    tail = (f"health: {count(len(results), 'host')}, {n_ok} pass, {len(results) - n_ok - n_unr} fail, "
+            f"{n_unr} unreachable")
     if seconds is not None:
         tail += f" ({seconds:.1f}s)"
     lines.append(tail)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from provisioner.reports import count
 from provisioner.results import RunResult
 
 
@@ -20,7 +21,7 @@ def render(result: RunResult, *, diffs: bool = True) -> str:
             for f in h.failures:
                 lines.append(f"  task [{f.role + ' : ' if f.role else ''}{f.task}]: {f.message.splitlines()[0]}")
         if h.drift:
-            lines.append(f"{name}: {len(h.drift)} resource{'s' if len(h.drift) != 1 else ''} drifted")
+            lines.append(f"{name}: {count(len(h.drift), 'resource')} drifted")
             for d in h.drift:
                 lines.append(f"  {d.kind:<8} {d.resource}    (task [{d.role + ' : ' if d.role else ''}{d.task}])")
                 if diffs and d.diff:
@@ -31,7 +32,7 @@ def render(result: RunResult, *, diffs: bool = True) -> str:
     n_hosts = len({d.host for d in result.drift})
     problems = result.unreachable_hosts + result.failed_hosts
     lines.append(
-        f"drift: {n_drift} resource{'s' if n_drift != 1 else ''} on {n_hosts} host{'s' if n_hosts != 1 else ''}"
+        f"drift: {count(n_drift, 'resource')} on {count(n_hosts, 'host')}"
         f" of {len(result.targeted)} checked in {result.duration:.1f}s"
         + (f"; {len(problems)} host(s) could not be checked: {', '.join(sorted(problems))}" if problems else "")
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from provisioner.reports import count
 from provisioner.results import RunResult
 
 COLUMNS = ("ok", "changed", "failed", "unreachable", "skipped", "rescued", "ignored")
@@ -38,8 +39,8 @@ def render(result: RunResult, *, quiet: bool = False) -> str:
         lines.append("NOT RUN (the rollout stopped before reaching them): " + ", ".join(result.not_run_hosts))
     t = result.totals()
     lines.append(
-        f"{len(result.targeted)} hosts in {result.duration:.1f}s: {len(result.failed_hosts)} failed, "
-        f"{len(result.unreachable_hosts)} unreachable, {t['changed']} changes"
+        f"{count(len(result.targeted), 'host')} in {result.duration:.1f}s: {len(result.failed_hosts)} failed, "
+        f"{len(result.unreachable_hosts)} unreachable, {count(t['changed'], 'change')}"
         + (f", {len(result.not_run_hosts)} not run" if result.not_run_hosts else "")
         + ("; rollout stopped (--max-fail-percent / all hosts of a batch failed)" if result.aborted else "")
     )

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from provisioner.reports import count
 from provisioner.rules import Finding
 from provisioner.rules.result import ClusterSummary, ValidationResult
 from provisioner.sizing import human
@@ -48,7 +49,8 @@ def print_report(result: ValidationResult, console: Console) -> None:
     for c in result.clusters:
         console.print(_cluster_table(c))
     if result.findings:
-        # one finding per line (wraps cleanly at any width; a table squeezes long messages into slivers)
+        # one finding per line whatever the width (soft_wrap: never folded, so grep and logs see whole findings;
+        # a table would squeeze long messages into slivers)
         console.print("[bold]findings[/]")
         shown: Counter[str] = Counter()
         hidden: Counter[str] = Counter()
@@ -59,10 +61,11 @@ def print_report(result: ValidationResult, console: Console) -> None:
             shown[f.code] += 1
             sev = "[red]error[/]  " if f.severity == "error" else "[yellow]warning[/]"
             var = f" ({escape(f.var)})" if f.var else ""
-            console.print(f"{sev} [bold]{f.code}[/] {escape(_where(f))}{var}: {escape(f.message)}", highlight=False)
+            console.print(f"{sev} [bold]{f.code}[/] {escape(_where(f))}{var}: {escape(f.message)}", highlight=False,
+                          soft_wrap=True)
         for code, n in hidden.items():
-            console.print(f"... and {n} more {code} finding(s) (--format json lists all)")
+            console.print(f"... and {n} more {code} finding(s) (--format json lists all)", soft_wrap=True)
     n_e, n_w = len(result.errors), len(result.warnings)
     verdict = "[bold green]valid[/]" if result.ok else "[bold red]invalid[/]"
-    console.print(f"{result.source}: {result.hosts} hosts, {len(result.clusters)} clusters: {verdict} "
-                  f"({n_e} error(s), {n_w} warning(s))", highlight=False)
+    console.print(f"{result.source}: {count(result.hosts, 'host')}, {count(len(result.clusters), 'cluster')}: "
+                  f"{verdict} ({n_e} error(s), {n_w} warning(s))", highlight=False, soft_wrap=True)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from provisioner import catalog
 from provisioner.defaults import role_default
+from provisioner.inventory import membership_origin
 from provisioner.model import Fleet, Host
 from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
@@ -138,8 +139,11 @@ def host_in_two_clusters(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     for h in fleet.hosts.values():
         cs = fleet.cluster_of(h.name)
         if len(cs) > 1:
-            yield Finding("HW008", "error", f"host is a member of clusters {', '.join(cs)}: keep it in one",
-                          host=h.name, group=cs[1], var="vllm_cluster")
+            # where each membership is set (the inventory's [group] lines), not where the clusters are configured
+            where = [w for w in (membership_origin(fleet.source, c, h.name) for c in cs) if w]
+            set_in = f" (set in {', '.join(where)})" if where else ""
+            yield Finding("HW008", "error", f"host is a member of clusters {', '.join(cs)}: keep it in one{set_in}",
+                          host=h.name, group=cs[1])
 
 
 @rule("HW009", "RoCE node without HCAs")

@@ -95,6 +95,8 @@ def execute(
     (syntax errors, failed/unreachable hosts) are in the result, never raised."""
     import ansible_runner
 
+    from provisioner.inventory import inventory_source
+
     cfg = config.prepared(fleet)
     assert cfg.targeted is not None and cfg.playbook is not None
     run_dir = new_run_dir(cfg.command, cfg.runs_dir)
@@ -124,7 +126,7 @@ def execute(
             ident=ident,
             project_dir=str(paths.DATA_ROOT),
             playbook=str(cfg.playbook.resolve()),
-            inventory=str(cfg.inventory.resolve()),
+            inventory=str(inventory_source(cfg.inventory)),  # as `ansible-playbook -i` resolves it (and load_fleet)
             limit=cfg.limit,
             tags=cfg.tags,
             skip_tags=cfg.ansible_skip_tags(),

@@ -199,6 +199,8 @@ class RunConfig:
             # the ansible-playbook of the Python running us (a venv's bin/ need not be on PATH)
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             "ANSIBLE_NOCOLOR": "True",
+            # ansible-runner's event callback, naming the host's path of changed file results (runner/callback/)
+            "AWX_LIB_DIRECTORY": str(Path(__file__).resolve().parent / "callback"),
         }
         env = {k: v for k, v in env.items() if v}
         env.update(accelerate_env(self.accelerate))  # the strategy: linear (ansible.cfg) or mitogen_linear

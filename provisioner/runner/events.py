@@ -116,16 +116,47 @@ def _item_label(res: dict[str, Any]) -> str | None:
     return str(label)
 
 
+#: A path on the controller, never the host's: a role's files/ or templates/, Ansible's local temp dir.
+_CONTROLLER_PATH = re.compile(r"/roles/[^/]+/(?:files|templates)/|/\.ansible/tmp/")
+
+
 def _diff_path(res: dict[str, Any]) -> str | None:
-    """The managed path from a diff's headers: `before_header` is the destination; `after_header` may be the
-    rendered temporary source (template in check mode), so it only counts when it is not Ansible's temp dir."""
+    """The managed path from a diff's headers: `before_header` is the destination (set only when it exists);
+    `after_header` is the destination for `content:`, but the controller's source for `src:` (a role's files/, the
+    rendered temporary of a template), so a controller path never counts."""
     diff = res.get("diff")
     for k in ("before_header", "after_header"):
         for d in diff if isinstance(diff, list) else [diff]:
             h = d.get(k) if isinstance(d, dict) else None
-            if isinstance(h, str) and h.startswith("/") and "/.ansible/tmp/" not in h:
+            if isinstance(h, str) and h.startswith("/") and not _CONTROLLER_PATH.search(h):
                 return h.split(" ", 1)[0]
     return None
+
+
+def host_path(action: str, args: Any, res: Any) -> tuple[str, str] | None:
+    """(key, path on the host) to add to a changed result of a file task that does not name it, from the task's
+    templated arguments: in check mode `copy`/`template` return only a diff, whose one header is the controller's
+    source when the destination does not exist yet. None when the result names it already, or has no business to
+    (no_log, not changed, not a file task). Used by the runner's event callback (runner/callback/awx_display.py)."""
+    if not isinstance(res, dict) or not isinstance(args, dict) or not res.get("changed"):
+        return None
+    if res.get("_ansible_no_log") or res.get("censored") or isinstance(res.get("results"), list):
+        return None
+    if _kind(_short_action(action)) != "file" or res.get("dest") or res.get("path"):
+        return None
+    for key in ("dest", "path"):
+        value = args.get(key)
+        if isinstance(value, str) and value.startswith("/"):
+            return key, value
+    return None
+
+
+def name_host_path(result: Any) -> None:
+    """Add `host_path` to an ansible-core TaskResult (the task's templated arguments, its result dict) in place."""
+    task = result._task
+    found = host_path(str(getattr(task, "resolved_action", None) or task.action), task.args, result._result)
+    if found is not None:
+        result._result[found[0]] = found[1]
 
 
 def resources_of(action: str, res: dict[str, Any], task: str) -> list[tuple[str, str]]:
@@ -197,6 +228,7 @@ class EventFolder:
         self.play_counts: dict[str, int] = {}
         self.handler_tasks: set[str] = set()
         self.current_batch: dict[str, Any] | None = None
+        self.current_task: str | None = None  # uuid of the task last started (meta tasks start once per host)
         self.stats_seen = False
 
     def __call__(self, event: dict[str, Any]) -> bool:
@@ -225,12 +257,17 @@ class EventFolder:
             name = ed.get("name") or ed.get("play") or ""
             self.current_batch = {"play": name, "batch": n, "hosts": []}
             self.r.batches.append(self.current_batch)
+            self.current_task = None
             self.progress.play(name, n)
         elif kind in ("playbook_on_task_start", "playbook_on_handler_task_start"):
             # ansible-runner reports handler starts as playbook_on_task_start with is_conditional=True
             handler = kind == "playbook_on_handler_task_start" or bool(ed.get("is_conditional"))
+            uuid = str(ed.get("task_uuid") or ed.get("uuid") or "") or None
             if handler:
-                self.handler_tasks.add(str(ed.get("task_uuid") or ed.get("uuid")))
+                self.handler_tasks.add(str(uuid))
+            if uuid is not None and uuid == self.current_task:
+                return  # a meta task (flush_handlers, end_host...) announces itself once per host: show it once
+            self.current_task = uuid
             self.progress.task(ed.get("task") or ed.get("name") or "", ed.get("role"), handler)
         elif kind == "runner_on_ok":
             h = self._host(ed["host"])

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from provisioner.reports import count
 from provisioner.results import RunResult
 
 
@@ -77,7 +78,7 @@ class LineProgress(_View):
         self.result = result
         self.t0 = time.monotonic()
         mode = "check (drift)" if result.check else "apply"
-        self._say(f"{result.command}: {len(result.targeted)} hosts, forks {result.forks}, {mode}; "
+        self._say(f"{result.command}: {count(len(result.targeted), 'host')}, forks {result.forks}, {mode}; "
                   f"run dir {result.run_dir}")
 
     def play(self, name: str, batch: int) -> None:
@@ -97,7 +98,7 @@ class LineProgress(_View):
 
     def finish(self, result: RunResult) -> None:
         t, reached, failed, unreach = self.counts()
-        self._say(f"done in {result.duration:.1f}s: {t} hosts, {failed} failed, {unreach} unreachable")
+        self._say(f"done in {result.duration:.1f}s: {count(t, 'host')}, {failed} failed, {unreach} unreachable")
 
 
 class LiveProgress(_View):
@@ -107,7 +108,7 @@ class LiveProgress(_View):
         super().__init__()
         from rich.console import Console
 
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)
         self.live: Any = None
 
     def _render(self) -> Any:
@@ -120,10 +121,10 @@ class LiveProgress(_View):
         grid.add_column()
         grid.add_row("play", f"{self.play_name}" + (f"  [cyan]batch {self.batch}[/]" if self.batch > 1 or (
             self.result and self.result.serial) else ""))
-        grid.add_row("task", f"{self.task_name}  ({len(self.task_done)} hosts done)")
+        grid.add_row("task", f"{self.task_name}  ({count(len(self.task_done), 'host')} done)")
         grid.add_row("hosts", f"{t} targeted · {reached} reached · [red]{failed} failed[/] · "
                               f"[magenta]{unreach} unreachable[/]")
-        grid.add_row("elapsed", f"{el:.1f}s · {self.tasks} tasks")
+        grid.add_row("elapsed", f"{el:.1f}s · {count(self.tasks, 'task')}")
         return grid
 
     def start(self, result: RunResult) -> None:
@@ -131,7 +132,7 @@ class LiveProgress(_View):
 
         self.result = result
         self.t0 = time.monotonic()
-        self.console.print(f"[bold]{result.command}[/]: {len(result.targeted)} hosts, forks {result.forks}"
+        self.console.print(f"[bold]{result.command}[/]: {count(len(result.targeted), 'host')}, forks {result.forks}"
                            f"{', check mode' if result.check else ''}; run dir {result.run_dir}", highlight=False)
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True,
                          get_renderable=self._render)

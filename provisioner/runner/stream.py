@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 PROJECT_PARTS = ("ansible.cfg", "galaxy.yml", "meta", "playbooks", "roles", "templates", "plugins")
 #: Environment a worker may not inherit from the controller (paths of this machine).
 _ENV_DROP = ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CACHE_PLUGIN_CONNECTION", "PATH",
-             "ANSIBLE_STRATEGY_PLUGINS", "ANSIBLE_STRATEGY")
+             "ANSIBLE_STRATEGY_PLUGINS", "ANSIBLE_STRATEGY", "AWX_LIB_DIRECTORY")
 
 
 @dataclass
@@ -79,7 +79,9 @@ def ssh_command(node: Host, remote: list[str]) -> list[str]:
 def _copy_inventory(inventory: Path, dest: Path) -> str:
     """The inventory (a file with its group_vars/ and host_vars/ beside it, or a directory) under `dest`; returns the
     path the worker passes to ansible-playbook, relative to its private data dir."""
-    inv = inventory.resolve()
+    from provisioner.inventory import inventory_source
+
+    inv = inventory_source(inventory)  # group_vars/ beside the path given, as ansible-playbook reads them
     if inv.is_dir():
         shutil.copytree(inv, dest / "inventory" / inv.name, symlinks=False)
         return f"inventory/{inv.name}"
