@@ -448,9 +448,10 @@ def test_real_h200_outputs(tmp_path: Path, d: Path, count: int, expect: dict[str
                        env=env, capture_output=True, text=True)
     res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
     assert p.returncode == 0, p.stdout + p.stderr
-    assert statuses(res) == {"gpu": "pass", "driver": "pass", "reboot": "pass", "persistence": "pass", "ecc": "pass", "xid": "pass",
-                             "ib": "skip", "socket_ifname": "skip", "gpudirect": "skip", "allreduce": "skip",
-                             "efa": "skip", "nvlsm": "skip", "imex": "skip", "summary": "pass", **expect}
+    assert statuses(res) == {"gpu": "pass", "driver": "pass", "reboot": "pass", "persistence": "pass", "ecc": "pass",
+                             "xid": "pass", "ib": "skip", "socket_ifname": "skip", "gpudirect": "skip",
+                             "allreduce": "skip", "efa": "skip", "nvlsm": "skip", "imex": "skip", "summary": "pass",
+                             **expect}
     assert res["gpu"]["found"] == {"count": count, "names": ["NVIDIA H200"], "memory_mib": ["143771"]}
 
 
