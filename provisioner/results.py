@@ -69,6 +69,10 @@ class HostResult:
     roles: list[str] = field(default_factory=list)  # roles that ran tasks on the host ("" for play-level tasks)
     seen: bool = False  # any event for this host arrived
     stopped: bool = False  # the rollout stopped (max fail percentage) before the play that stopped reached this host
+    # a task set a `<name>_reboot_required: true` fact (the nvidia_driver handlers: the kernel module changed and no
+    # reboot was allowed); the host's state is unchanged (a run's exit code too), the reports say it per host
+    reboot_required: bool = False
+    reboot_reason: str | None = None  # the matching `<name>_reboot_reason` fact, else who set the flag
 
     @property
     def state(self) -> str:
@@ -151,6 +155,11 @@ class RunResult:
         return sorted(retry)
 
     @property
+    def reboot_hosts(self) -> list[str]:
+        """Hosts a task said need a reboot (the NVIDIA kernel module changed and provision_allow_reboot was false)."""
+        return sorted(n for n, h in self.hosts.items() if h.reboot_required)
+
+    @property
     def drift(self) -> list[DriftItem]:
         return [d for n in sorted(self.hosts) for d in self.hosts[n].drift]
 
@@ -192,6 +201,7 @@ class RunResult:
             "failed_hosts": self.failed_hosts,
             "unreachable_hosts": self.unreachable_hosts,
             "not_run_hosts": self.not_run_hosts,
+            "reboot_required_hosts": self.reboot_hosts,
             "aborted": self.aborted,
             "batches": self.batches,
             "hosts": {n: self.hosts[n].to_dict() for n in sorted(self.hosts)},

@@ -106,8 +106,8 @@ XID_TEXT: Mapping[int, str] = {
 FAULTS = ("missing_gpu", "hca_down", "hca_rate", "xid", "ecc_uncorrectable", "row_remap_pending", "nvlink_down",
           "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded")
 
-_TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "cuda_version", "hcas", "hca_rate", "faults",
-             "gpus", "efa"}
+_TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "kernel_module_version", "cuda_version", "hcas",
+             "hca_rate", "faults", "gpus", "efa"}
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 
@@ -386,8 +386,9 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Validate an operator's spec and return the explicit form the simulators read (raises HwSpecError).
 
     Keys (all optional): `node` (seed for UUIDs, GUIDs, serials), `gpu_model` (one of GPU_MODELS), `gpu_count`,
-    `driver_version`, `cuda_version`, `hcas` (count or list of names), `hca_rate` (Gb/s), `efa` (EFA devices: count
-    or list of rdmap* names), `faults` (see FAULTS).
+    `driver_version` (the installed driver), `kernel_module_version` (the loaded module, default `driver_version`:
+    another version is a node that installed a driver and has not rebooted), `cuda_version`, `hcas` (count or list
+    of names), `hca_rate` (Gb/s), `efa` (EFA devices: count or list of rdmap* names), `faults` (see FAULTS).
     """
     src = dict(spec or {})
     if src.get("schema") == SCHEMA and "input" in src:  # an already resolved spec: resolve its input again
@@ -408,6 +409,9 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     driver = src.get("driver_version", DEFAULT_DRIVER)
     if not isinstance(driver, str) or not _VERSION.match(driver):
         raise _err("driver_version", f"expected a version such as '580.95.05', got {driver!r}")
+    module = src.get("kernel_module_version", driver)
+    if not isinstance(module, str) or not _VERSION.match(module):
+        raise _err("kernel_module_version", f"expected a version such as '580.82.07', got {module!r}")
     cuda = src.get("cuda_version", DEFAULT_CUDA)
     if not isinstance(cuda, str) or not _VERSION.match(cuda):
         raise _err("cuda_version", f"expected a version such as '13.0' (quote it in YAML), got {cuda!r}")
@@ -419,13 +423,15 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     faults = src.get("faults") or {}
     if not isinstance(faults, Mapping):
         raise _err("faults", f"expected a mapping of fault name to value, got {faults!r}")
+    if "kernel_module_version" in src and faults.get("fm_mismatch"):
+        raise _err("kernel_module_version", "set it or the fault fm_mismatch, not both (both set the loaded module)")
 
     model = GPU_MODELS[model_key]
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "node": node,
         "gpu_model": model_key,
-        "driver": {"version": driver, "kernel_module_version": driver, "cuda_version": cuda},
+        "driver": {"version": driver, "kernel_module_version": module, "cuda_version": cuda},
         "persistence": {"forced_off": False},
         "gpus": _default_gpus(model, count, node),
         "gpus_missing": [],

@@ -520,3 +520,78 @@ def parse_imex_ctl(text: str) -> ImexDomain:
             elif line.strip():
                 cols = None
     return ImexDomain(state, tuple(nodes), links)
+
+
+# ------------------------------------------------------------------------------------------ reboot pending
+#: Where Debian/Ubuntu (update-notifier, unattended-upgrades) and the nvidia_driver role say a reboot is due.
+REBOOT_REQUIRED_FILE = "/run/reboot-required"
+_NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+
+
+def parse_nvrm_version(text: str | None) -> str | None:
+    """The loaded module's version from `/proc/driver/nvidia/version` (`NVRM version: NVIDIA UNIX Open Kernel Module
+    for x86_64  580.95.05  Release Build ...`, or the proprietary `NVIDIA UNIX x86_64 Kernel Module  535.104.05 ...`)
+    or from `/sys/module/nvidia/version` (the bare version); None when neither form is there."""
+    text = (text or "").strip()
+    m = _NVRM.search(text)
+    if m:
+        return m.group(1)
+    first = text.splitlines()[0].strip() if text else ""
+    return first if re.fullmatch(r"\d+\.\d+(?:\.\d+)?", first) else None
+
+
+def upstream_version(version: str | None) -> str:
+    """'1:580.95.05-1' -> '580.95.05': the driver version a Debian package version stands for."""
+    v = (version or "").strip()
+    if ":" in v:
+        v = v.split(":", 1)[1]
+    return v.split("-", 1)[0]
+
+
+def parse_dpkg_installed(text: str) -> dict[str, str]:
+    """`dpkg-query -W -f '${Package} ${db:Status-Abbrev} ${Version}\\n' PATTERN...` -> {package: version} of the
+    packages installed (status letter `i`, held or not: `ii `, `hi `); other lines are skipped."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and len(parts[1]) >= 2 and parts[1][1] == "i":
+            out[parts[0]] = parts[2]
+    return out
+
+
+def reboot_mark_writer(content: str, packages: str | None = None) -> str:
+    """Who wrote a reboot-required mark, from its content (the nvidia_driver role says `(provisioner)`) and the
+    `.pkgs` file beside it (the Debian/Ubuntu package hooks list the packages that asked for it)."""
+    if "(provisioner)" in content:
+        return "provisioner's nvidia_driver role"
+    pkgs = [p for p in (packages or "").split() if p]
+    if pkgs:
+        return "a package install (%s)" % ", ".join(pkgs[:6]) + (", ..." if len(pkgs) > 6 else "")
+    return "an unknown writer"
+
+
+@dataclass(frozen=True)
+class RebootVerdict:
+    """Why a node needs a reboot before it serves (`reasons`, empty: none) and what was compared."""
+
+    reasons: tuple[str, ...]
+    compared: bool  # the loaded module and the installed driver were both known
+
+
+def reboot_verdict(mark: str | None, mark_path: str = REBOOT_REQUIRED_FILE, mark_packages: str | None = None,
+                   loaded: tuple[str, str] | None = None,
+                   installed: tuple[str, str] | None = None) -> RebootVerdict:
+    """A node that must reboot before it serves: the reboot-required mark exists (`mark`: its content, None when
+    absent), or the loaded NVIDIA kernel module (`loaded`: (version, where read)) is not the installed driver
+    (`installed`: (version, what says so)); package versions compare by their upstream part."""
+    reasons: list[str] = []
+    if mark is not None:
+        first = next((ln.strip() for ln in mark.splitlines() if ln.strip()), "")
+        quoted = ': "%s"' % first[:200] if first else ""
+        reasons.append("%s exists (written by %s%s): reboot the node"
+                       % (mark_path, reboot_mark_writer(mark, mark_packages), quoted))
+    compared = bool(loaded and installed and loaded[0] and installed[0])
+    if loaded and installed and compared and upstream_version(loaded[0]) != upstream_version(installed[0]):
+        reasons.append("loaded NVIDIA kernel module %s (%s) is not the installed driver %s (%s): reboot the node to "
+                       "load it" % (loaded[0], loaded[1], upstream_version(installed[0]), installed[1]))
+    return RebootVerdict(tuple(reasons), compared)

@@ -25,6 +25,9 @@ def to_dict(result: RunResult) -> dict[str, Any]:
             ],
             "errors": [{"task": f.task, "role": f.role, "message": f.message} for f in h.failures],
             "unreachable_message": h.unreachable_message,
+            # check mode: applying the playbooks would leave the host needing a reboot (the kernel module changes)
+            "reboot_required": h.reboot_required,
+            "reboot_reason": h.reboot_reason,
         }
     return {
         "schema": SCHEMA,
@@ -42,6 +45,7 @@ def to_dict(result: RunResult) -> dict[str, Any]:
             "drifted_resources": len(result.drift),
             "unreachable_hosts": result.unreachable_hosts,
             "check_failed_hosts": result.failed_hosts,
+            "reboot_required_hosts": result.reboot_hosts,
         },
         "hosts": hosts,
         "run_dir": result.run_dir,

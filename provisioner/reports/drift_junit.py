@@ -1,5 +1,6 @@
 """Drift as JUnit XML for CI dashboards: one testcase per host x drifted resource (a failure), one passing testcase
-for a host without drift, an error testcase for a host that could not be checked."""
+for a host without drift, an error testcase for a host that could not be checked, a `reboot` failure for a host that
+applying the playbooks would leave needing a reboot."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def render(result: RunResult) -> str:
             tc = ET.SubElement(suite, "testcase", classname=f"{name}.{d.role or 'play'}", name=f"{d.kind}:{d.resource}")
             el = ET.SubElement(tc, "failure", message=f"{d.kind} {d.resource} drifted (task: {d.task})", type="drift")
             el.text = d.diff or f"{d.kind} {d.resource} differs from the playbooks (task: {d.task})"
+            cases, fails = cases + 1, fails + 1
+        if h.reboot_required:
+            tc = ET.SubElement(suite, "testcase", classname=name, name="reboot")
+            el = ET.SubElement(tc, "failure", message="applying would require a reboot", type="reboot_required")
+            el.text = h.reboot_reason or ""
             cases, fails = cases + 1, fails + 1
         if not cases and h.state != "not_run":
             ET.SubElement(suite, "testcase", classname=name, name="no drift")

@@ -2,7 +2,8 @@
 
 Series: `provisioner_drift_resources{host,role}` (0 for every role that ran clean on a host, so series stay stable),
 `provisioner_drift_last_run_timestamp_seconds`, `provisioner_host_unreachable{host}`, plus
-`provisioner_drift_check_failed{host}` and `provisioner_drift_last_run_duration_seconds`.
+`provisioner_drift_check_failed{host}`, `provisioner_drift_reboot_required{host}` (1: applying would leave the host
+needing a reboot) and `provisioner_drift_last_run_duration_seconds`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ def render(result: RunResult, *, now: float | None = None) -> str:
         h = result.hosts[name]
         failed = 1 if h.failed and not h.unreachable else 0
         out.append(f'provisioner_drift_check_failed{{host="{_esc(name)}"}} {failed}')
+    out.append("# HELP provisioner_drift_reboot_required 1 when applying the playbooks would require a reboot of the "
+               "host (the NVIDIA kernel module changes).")
+    out.append("# TYPE provisioner_drift_reboot_required gauge")
+    for name in sorted(result.hosts):
+        h = result.hosts[name]
+        if not h.unreachable and h.state != "not_run":
+            out.append(f'provisioner_drift_reboot_required{{host="{_esc(name)}"}} {1 if h.reboot_required else 0}')
     out.append("# HELP provisioner_drift_last_run_timestamp_seconds When the last drift check finished (Unix time).")
     out.append("# TYPE provisioner_drift_last_run_timestamp_seconds gauge")
     out.append(f"provisioner_drift_last_run_timestamp_seconds {ts:.3f}")

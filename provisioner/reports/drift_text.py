@@ -28,6 +28,8 @@ def render(result: RunResult, *, diffs: bool = True) -> str:
                     lines.extend("      " + ln for ln in d.diff.rstrip("\n").splitlines())
         elif not h.failures and h.state != "not_run":
             lines.append(f"{name}: no drift")
+        if h.reboot_required:
+            lines.append(f"  applying would require a reboot: {h.reboot_reason or 'a task said so'}")
     n_drift = len(result.drift)
     n_hosts = len({d.host for d in result.drift})
     problems = result.unreachable_hosts + result.failed_hosts

@@ -1,5 +1,6 @@
 """Fold ansible-runner events into a `RunResult` as they arrive (`EventFolder`, the runner's event handler), and
-classify what a changed or failed result stands for (`resources_of`, `failure_message`, `render_diff`).
+classify what a changed or failed result stands for (`resources_of`, `failure_message`, `render_diff`), and note a
+host a task said needs a reboot (`reboot_request`: a `<name>_reboot_required` fact).
 
 Counts per host come from the events as they arrive (ansible-runner's `runner.stats` re-reads every event file); the
 final `playbook_on_stats` event is authoritative for the recap numbers (it knows about rescued blocks). In check mode
@@ -213,6 +214,25 @@ def failure_message(res: dict[str, Any]) -> str:
     return text[:MAX_MESSAGE]
 
 
+#: A fact named `<name>_reboot_required` set true by a task (set_fact, a module's ansible_facts) marks its host as
+#: needing a reboot; `<name>_reboot_reason` says why (roles/nvidia_driver/handlers/main.yml sets both).
+REBOOT_FACT_SUFFIX = "_reboot_required"
+
+
+def reboot_request(facts: Any, role: str | None = None) -> str | None:
+    """Why a result's facts say the host needs a reboot (None: they do not); pure."""
+    if not isinstance(facts, dict):
+        return None
+    for key in sorted(facts):
+        value = facts[key]
+        if key.endswith(REBOOT_FACT_SUFFIX) and (value is True or str(value).strip().lower() in ("true", "yes")):
+            reason = facts.get(key[: -len("_required")] + "_reason")
+            if isinstance(reason, str) and reason.strip():
+                return reason.strip()
+            return f"{key} set" + (f" by role {role}" if role else "")
+    return None
+
+
 def _says_changed(stdout: str, host: str) -> bool:
     return any(ln.strip().startswith(f"changed: [{host}") for ln in stdout.splitlines())
 
@@ -277,6 +297,9 @@ class EventFolder:
             if res.get("censored") and "changed" not in res:
                 # a no_log result carries no `changed` key; the display line ("changed: [host]") still tells
                 res = dict(res, changed=_says_changed(event.get("stdout") or "", h.name))
+            reboot = reboot_request(res.get("ansible_facts"), ed.get("role"))
+            if reboot is not None:
+                h.reboot_required, h.reboot_reason = True, reboot
             if res.get("changed"):
                 h.changed += 1
                 if self.r.check and str(ed.get("task_uuid")) not in self.handler_tasks:

@@ -54,6 +54,9 @@ def test_defaults_are_an_8x_h100_node_with_8_ndr_hcas() -> None:
     ({"faults": {"missing_gpu": 9}}, r"faults.missing_gpu: 9 is out of range \(allowed 1..8\)"),
     ({"faults": {"fm_mismatch": "580.95.05"}}, r"is the installed driver's own version"),
     ({"cuda_version": 13.0}, r"cuda_version: expected a version such as '13.0' \(quote it in YAML\)"),
+    ({"kernel_module_version": 580}, r"kernel_module_version: expected a version such as '580.82.07', got 580"),
+    ({"kernel_module_version": "580.82.07", "faults": {"fm_mismatch": True}},
+     r"kernel_module_version: set it or the fault fm_mismatch, not both"),
 ])
 def test_invalid_specs_are_usage_errors_that_name_the_key(spec: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
@@ -114,6 +117,21 @@ def test_sysfs_tree_uses_the_kernels_formats(tmp_path: Path) -> None:
     assert (tmp_path / "sys/module/nvidia/version").read_text() == "580.95.05\n"
     assert (tmp_path / "proc/driver/nvidia/version").read_text().startswith(
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build")
+
+
+def test_kernel_module_version_is_the_loaded_module_not_the_installed_driver(tmp_path: Path) -> None:
+    """A node that installed 580.95.05 and still runs the 580.82.07 module (no reboot yet): every file the loaded
+    module answers through says 580.82.07; the spec keeps the installed driver."""
+    s = hwspec.resolve({"kernel_module_version": "580.82.07"})
+    assert s["driver"] == {"version": "580.95.05", "kernel_module_version": "580.82.07", "cuda_version": "13.0"}
+    assert hwspec.resolve({})["driver"]["kernel_module_version"] == "580.95.05"  # default: the installed driver
+    hwsim.materialize({"kernel_module_version": "580.82.07"}, tmp_path)
+    assert (tmp_path / "sys/module/nvidia/version").read_text() == "580.82.07\n"
+    assert (tmp_path / "proc/driver/nvidia/version").read_text().startswith(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.82.07  Release Build")
+    assert "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.82.07" in (tmp_path / "kmsg").read_text()
+    hwsim.materialize({}, tmp_path)  # the reboot: the loaded module is the installed one again
+    assert (tmp_path / "sys/module/nvidia/version").read_text() == "580.95.05\n"
 
 
 def test_kmsg_carries_nvrm_xid_lines_in_the_real_format(tmp_path: Path) -> None:
@@ -351,6 +369,7 @@ def test_fabric_manager_registers_the_gpus_while_it_runs(node: Node) -> None:
 
 @pytest.mark.parametrize(("spec", "fm", "driver"), [
     ({"faults": {"fm_mismatch": True}}, "fm-580.95.05", "580.82.07"),  # loaded driver differs from installed FM
+    ({"kernel_module_version": "580.82.07"}, "fm-580.95.05", "580.82.07"),  # the same, as a spec field
     ({}, "fm-580.82.07", "580.95.05"),  # the older FM package installed next to the pinned driver
 ])
 def test_fabric_manager_refuses_a_driver_of_another_version(node: Node, spec: dict, fm: str, driver: str) -> None:

@@ -4,7 +4,8 @@
   spec (provisioner_testbed.hwspec) from a temporary HWSIM_DIR, put first on a fake PATH;
 - the sysfs-shaped InfiniBand tree (--sysfs-root) and the kmsg-shaped file (--kmsg) that
   provisioner_testbed.hwsim.materialize writes from that spec, as on the simulated rack;
-- fake `systemctl` / `journalctl` (the only stand-ins written here: a unit state and a log line);
+- fake `systemctl` / `journalctl` / `dpkg-query` (the only stand-ins written here: a unit state, a log line, the
+  installed kernel module package) and the node's own reboot-required mark (a file in the temp dir);
 - and the real outputs captured on an H200 (tests/fixtures/real) replayed by a one-line fake nvidia-smi.
 No root, no network.
 """
@@ -69,6 +70,11 @@ class Node:
         _script(self.bin / "systemctl", f'#!/bin/sh\ns=$(cat "{self.fm_state}"); echo "$s"; '
                                         '[ "$s" = active ] && exit 0 || exit 3\n')
         _script(self.bin / "journalctl", f'#!/bin/sh\ncat "{self.fm_journal}"\n')
+        # what dpkg-query -W says of the kernel module package (the role installs and holds it: `hi`); empty = none
+        self.dpkg = root / "dpkg-installed"
+        self.dpkg.write_text("nvidia-kernel-open-580 hi  580.95.05-1\n")
+        _script(self.bin / "dpkg-query", f'#!/bin/sh\ncat "{self.dpkg}"; [ -s "{self.dpkg}" ]\n')
+        self.reboot_mark = self.run_dir / "reboot-required"
         self.env = dict(os.environ, PATH=f"{self.bin}:/usr/bin:/bin", HWSIM_DIR=str(self.hwsim),
                         HWSIM_RUN_DIR=str(self.run_dir), HWSIM_MODULE_MARKER=str(self.marker))
         self.spec: dict[str, Any] = {}
@@ -85,7 +91,8 @@ class Node:
 
     def run(self, *args: str, python: str = sys.executable) -> tuple[int, dict[str, dict[str, Any]], str]:
         argv = [python, str(PROGRAM), "--sysfs-root", str(self.hwsim), "--kmsg", str(self.hwsim / "kmsg"),
-                "--nccl-conf", str(self.root / "nccl.conf"), "--allreduce", "off", *args]
+                "--nccl-conf", str(self.root / "nccl.conf"), "--allreduce", "off",
+                "--reboot-required-file", str(self.reboot_mark), "--modinfo", str(self.root / "no-modinfo"), *args]
         p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
         results = {}
         for line in p.stdout.splitlines():
@@ -118,7 +125,7 @@ def test_healthy_node_passes(node: Node) -> None:
     assert rc == 0, out
     st = statuses(res)
     assert st["summary"] == "pass"
-    for c in ("gpu", "driver", "persistence", "ecc", "xid", "nvlink", "ib"):
+    for c in ("gpu", "driver", "reboot", "persistence", "ecc", "xid", "nvlink", "ib"):
         assert st[c] == "pass", (c, res[c])
     assert res["gpu"]["found"]["count"] == 8
     assert res["ib"]["message"].startswith("8 ports ACTIVE")
@@ -271,6 +278,87 @@ def test_fabric_manager_mismatch(node: Node) -> None:
     assert "fabric manager version 580.95.05 != driver 580.82.07" in fm["message"]
     assert "nvidia-fabricmanager is inactive" in fm["message"]
     assert "don't match with driver version 580.82.07" in fm["message"]
+    # the loaded module is not the installed package either: the node must reboot (issue 28)
+    assert res["reboot"]["status"] == "fail" and "reboot the node" in res["reboot"]["message"]
+
+
+# ------------------------------------------------------------------ reboot pending (issue 28, "first hour", item 3)
+MARK = "*** System restart required: NVIDIA kernel module 580.95.05-1 installed (provisioner) ***\n"
+
+
+def test_reboot_required_mark_fails_the_node_until_it_rebooted(node: Node) -> None:
+    """What the nvidia_driver handler writes when the module changed and provision_allow_reboot is false."""
+    node.set_spec()
+    node.persistence_on()
+    node.reboot_mark.write_text(MARK)
+    rc, res, out = node.run(*H100)
+    assert rc == 1, out
+    assert res["summary"]["failed"] == ["reboot"]
+    assert res["reboot"]["message"] == (
+        f'{node.reboot_mark} exists (written by provisioner\'s nvidia_driver role: "{MARK.strip()}"): reboot the node')
+    assert res["reboot"]["found"]["reboot_required_file"] is True
+    # the reboot: /run is a tmpfs, the mark is gone; the loaded module already is the installed one
+    node.reboot_mark.unlink()
+    rc, res, out = node.run(*H100)
+    assert rc == 0, out
+    assert res["reboot"]["status"] == "pass"
+    assert res["reboot"]["message"] == (f"no {node.reboot_mark}; loaded kernel module 580.95.05 == installed driver "
+                                        "(nvidia-kernel-open-580 580.95.05-1)")
+
+
+def test_reboot_required_by_a_package_names_the_packages(node: Node) -> None:
+    node.set_spec()
+    node.reboot_mark.write_text("*** System restart required ***\n")
+    Path(f"{node.reboot_mark}.pkgs").write_text("linux-image-6.1.0-30-amd64\nlinux-base\n")
+    rc, res, _ = node.run(*H100, "--only", "reboot")
+    assert rc == 1
+    assert res["reboot"]["message"] == (f"{node.reboot_mark} exists (written by a package install "
+                                        "(linux-image-6.1.0-30-amd64, linux-base): \"*** System restart required "
+                                        "***\"): reboot the node")
+
+
+def test_loaded_module_not_the_installed_driver_fails_until_reboot(node: Node) -> None:
+    """The simulated node's loaded module (hwspec `kernel_module_version`) is older than the installed package."""
+    node.set_spec(kernel_module_version="580.82.07")
+    node.persistence_on()
+    rc, res, out = node.run(*H100)
+    assert rc == 1, out
+    loaded = node.hwsim / "sys" / "module" / "nvidia" / "version"
+    assert res["reboot"]["message"] == (
+        f"loaded NVIDIA kernel module 580.82.07 ({loaded}) is not the installed driver 580.95.05 "
+        "(nvidia-kernel-open-580 580.95.05-1): reboot the node to load it")
+    assert res["reboot"]["found"]["loaded"] == {"version": "580.82.07", "source": str(loaded)}
+    assert res["reboot"]["found"]["installed"] == {"version": "580.95.05-1",
+                                                   "source": "nvidia-kernel-open-580 580.95.05-1"}
+    # nvidia-smi reports the loaded module too, so the pinned-driver check says the same from its side
+    assert res["summary"]["failed"] == ["driver", "reboot"]
+    node.set_spec()  # rebooted: the installed module is the loaded one
+    rc, res, out = node.run(*H100)
+    assert rc == 0 and res["reboot"]["status"] == "pass", out
+
+
+def test_loaded_module_from_proc_and_installed_from_modinfo(node: Node) -> None:
+    """No /sys/module/nvidia/version: /proc/driver/nvidia/version; no kernel module package (a .run install):
+    `modinfo -F version nvidia` (the module file the next boot loads)."""
+    node.set_spec(kernel_module_version="580.82.07")
+    (node.hwsim / "sys" / "module" / "nvidia" / "version").unlink()
+    node.dpkg.write_text("")
+    _script(node.root / "modinfo", '#!/bin/sh\n[ "$*" = "-F version nvidia" ] && echo 580.95.05\n')
+    rc, res, _ = node.run(*H100, "--only", "reboot", "--modinfo", str(node.root / "modinfo"))
+    assert rc == 1
+    assert res["reboot"]["message"] == (
+        f"loaded NVIDIA kernel module 580.82.07 ({node.hwsim / 'proc' / 'driver' / 'nvidia' / 'version'}) is not the "
+        "installed driver 580.95.05 (modinfo nvidia): reboot the node to load it")
+
+
+def test_no_driver_installed_yet_is_not_a_reboot(node: Node) -> None:
+    node.set_spec()
+    node.dpkg.write_text("")
+    rc, res, _ = node.run(*H100, "--only", "reboot")
+    assert rc == 0
+    assert res["reboot"]["message"] == (
+        f"no {node.reboot_mark} (loaded module not compared: installed driver unknown: no "
+        "nvidia-kernel-open-*,nvidia-dkms-* package, modinfo nvidia failed)")
 
 
 def test_fabric_manager_running(node: Node) -> None:
@@ -344,7 +432,9 @@ def _real_replay_argv(d: Path, tmp_path: Path, count: int) -> list[str]:
     """node_health.py's arguments for a replay of the captures in `d` (nothing else of the machine is read)."""
     return ["--gpu-count", str(count), "--gpu-name", "NVIDIA H200", "--driver", "580.159.04", "--kmsg",
             str(d / "dmesg.txt"), "--allreduce", "off", "--sysfs-root", str(tmp_path), "--nccl-conf",
-            str(tmp_path / "none"), "--fabricmanager-bin", str(tmp_path / "no-fm")]
+            str(tmp_path / "none"), "--fabricmanager-bin", str(tmp_path / "no-fm"), "--reboot-required-file",
+            str(tmp_path / "no-reboot-required"), "--dpkg-query", str(tmp_path / "no-dpkg"), "--modinfo",
+            str(tmp_path / "no-modinfo")]
 
 
 @pytest.mark.parametrize("d, count, expect", [
@@ -358,9 +448,10 @@ def test_real_h200_outputs(tmp_path: Path, d: Path, count: int, expect: dict[str
                        env=env, capture_output=True, text=True)
     res = {json.loads(x)["check"]: json.loads(x) for x in p.stdout.splitlines()}
     assert p.returncode == 0, p.stdout + p.stderr
-    assert statuses(res) == {"gpu": "pass", "driver": "pass", "persistence": "pass", "ecc": "pass", "xid": "pass",
-                             "ib": "skip", "socket_ifname": "skip", "gpudirect": "skip", "allreduce": "skip",
-                             "efa": "skip", "nvlsm": "skip", "imex": "skip", "summary": "pass", **expect}
+    assert statuses(res) == {"gpu": "pass", "driver": "pass", "reboot": "pass", "persistence": "pass", "ecc": "pass",
+                             "xid": "pass", "ib": "skip", "socket_ifname": "skip", "gpudirect": "skip",
+                             "allreduce": "skip", "efa": "skip", "nvlsm": "skip", "imex": "skip", "summary": "pass",
+                             **expect}
     assert res["gpu"]["found"] == {"count": count, "names": ["NVIDIA H200"], "memory_mib": ["143771"]}
 
 

@@ -11,6 +11,8 @@ provisioner CLI: provisioner/probes/nodeparse.py). roles/node_health installs bo
 Checks (each prints one JSON object per line, `--format text` for a table):
   gpu            GPU count and model (nvidia-smi --query-gpu)
   driver         driver version == the pinned one
+  reboot         no reboot pending: no /run/reboot-required, and the loaded NVIDIA kernel module is the installed
+                 driver (a node whose driver changed serves only after it rebooted)
   persistence    persistence mode enabled on every GPU
   fabricmanager  nvidia-fabricmanager active, its version == the driver's, fabric state Completed (NVSwitch systems)
   ecc            no uncorrectable ECC errors (volatile) and no pending / failed row remaps
@@ -44,6 +46,7 @@ import time
 
 from nodeparse import (
     CRITICAL_XIDS,
+    REBOOT_REQUIRED_FILE,
     dig,
     efa_devices,
     parse_fi_info,
@@ -51,16 +54,19 @@ from nodeparse import (
     parse_imex_ctl,
     parse_nccl_conf,
     parse_nvlink_status,
+    parse_dpkg_installed,
+    parse_nvrm_version,
     parse_query_csv,
     parse_smi_q,
     parse_xids,
+    reboot_verdict,
     select_ib_hcas,
     select_interfaces,
 )
 
 VERSION = "1.0"
 
-CHECKS = ("gpu", "driver", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname", "gpudirect",
+CHECKS = ("gpu", "driver", "reboot", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname", "gpudirect",
           "efa", "nvlsm", "imex", "allreduce")
 
 QUERY_FIELDS = "index,name,memory.total,driver_version,persistence_mode,pci.bus_id"
@@ -188,6 +194,53 @@ def check_driver(ctx):
     if versions != [want]:
         return result("driver", "fail", "driver %s, pinned %s" % (",".join(versions) or "none", want), want, versions)
     return result("driver", "pass", "driver %s == pinned" % want, want, versions)
+
+
+def _loaded_module(root):
+    """(version, file) of the loaded NVIDIA kernel module, or None (not loaded, or no such file here)."""
+    for rel in ("sys/module/nvidia/version", "proc/driver/nvidia/version"):
+        path = os.path.join(root, rel)
+        version = parse_nvrm_version(_read(path))
+        if version:
+            return version, path
+    return None
+
+
+def _installed_driver(ctx):
+    """(version, source) of the installed NVIDIA kernel module: its package (dpkg), else `modinfo nvidia` (the module
+    file a boot would load); None when neither knows one."""
+    a = ctx.args
+    patterns = [x for x in a.kmod_package.split(",") if x]
+    rc, out, _ = ctx.run([a.dpkg_query, "-W", "-f", "${Package} ${db:Status-Abbrev} ${Version}\\n"] + patterns)
+    pkgs = parse_dpkg_installed(out) if rc in (0, 1) else {}
+    if pkgs:
+        name = sorted(pkgs)[-1]
+        return pkgs[name], "%s %s" % (name, pkgs[name])
+    rc, out, _ = ctx.run([a.modinfo, "-F", "version", "nvidia"])
+    version = parse_nvrm_version(out) if rc == 0 else None
+    return (version, "modinfo nvidia") if version else None
+
+
+def check_reboot(ctx):
+    a = ctx.args
+    path = a.reboot_required_file
+    mark = (_read(path) or "") if os.path.exists(path) else None
+    loaded = _loaded_module(a.sysfs_root)
+    installed = _installed_driver(ctx)
+    verdict = reboot_verdict(mark, path, _read(path + ".pkgs"), loaded, installed)
+    found = {"reboot_required_file": mark is not None, "loaded": loaded and {"version": loaded[0], "source": loaded[1]},
+             "installed": installed and {"version": installed[0], "source": installed[1]}}
+    exp = {"reboot_required_file": False, "loaded": "the installed driver"}
+    if verdict.reasons:
+        return result("reboot", "fail", "; ".join(verdict.reasons), exp, found)
+    if verdict.compared:
+        return result("reboot", "pass", "no %s; loaded kernel module %s == installed driver (%s)"
+                      % (path, loaded[0], installed[1]), exp, found)
+    if not loaded:
+        why = "no NVIDIA kernel module loaded"
+    else:
+        why = "installed driver unknown: no %s package, modinfo nvidia failed" % a.kmod_package
+    return result("reboot", "pass", "no %s (loaded module not compared: %s)" % (path, why), exp, found)
 
 
 def check_persistence(ctx):
@@ -877,7 +930,7 @@ def check_allreduce(ctx):
 
 
 CHECK_FUNCS = {
-    "gpu": check_gpu, "driver": check_driver, "persistence": check_persistence, "fabricmanager": check_fabricmanager,
+    "gpu": check_gpu, "driver": check_driver, "reboot": check_reboot, "persistence": check_persistence, "fabricmanager": check_fabricmanager,
     "ecc": check_ecc, "xid": check_xid, "nvlink": check_nvlink, "ib": check_ib, "socket_ifname": check_socket_ifname,
     "gpudirect": check_gpudirect, "efa": check_efa, "nvlsm": check_nvlsm, "imex": check_imex,
     "allreduce": check_allreduce,
@@ -893,6 +946,12 @@ def build_parser():
     p.add_argument("--gpu-name", action="append", default=[],
                    help="accepted nvidia-smi product name (repeatable), e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--driver", help="pinned driver version (580.95.05 or the package version 580.95.05-1)")
+    p.add_argument("--reboot-required-file", default=REBOOT_REQUIRED_FILE,
+                   help="the reboot-pending mark (default %s): its presence fails the reboot check" % REBOOT_REQUIRED_FILE)
+    p.add_argument("--kmod-package", default="nvidia-kernel-open-*,nvidia-dkms-*",
+                   help="dpkg patterns of the NVIDIA kernel module package (comma list): the installed driver")
+    p.add_argument("--dpkg-query", default="dpkg-query")
+    p.add_argument("--modinfo", default="modinfo", help="modinfo (used when no kernel module package is installed)")
     p.add_argument("--fabricmanager", choices=("auto", "required", "off"), default="auto",
                    help="auto: checked when an NVSwitch fabric or nv-fabricmanager is present (default); required: "
                    "nv-fabricmanager must run on this node, fails when it cannot be checked")
