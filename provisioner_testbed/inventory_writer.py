@@ -115,6 +115,9 @@ def render(rack: InvRack) -> dict[str, str]:
         "apt_proxy": rack.proxy_url,
         # Containers run the controller's kernel: no headers/DKMS build.
         "nvidia_driver_install_headers": False,
+        # A fresh host reboots into the driver it just got (a container reboot takes seconds): the health gate's
+        # `reboot` check fails a node that carries /run/reboot-required or runs another module than it has installed.
+        "provision_allow_reboot": True,
         **rack.extra_vars,
     }
     files["group_vars/all.yml"] = _yaml(
