@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
-# `make test`: the lanes at once, each in its own pytest process with its own log: unit (in-process, no subprocess or
-# network: tests/unit/conftest.py enforces it), integration (real ansible-playbook/ansible-runner, lint, wheel, galaxy,
-# nginx, promtool; no rack), the simulated-rack suite (tests/testbed) and vLLM end to end (tests/vllm). Each lane's
-# `--durations` table ends its log, so the next slow test is visible. Exit: the first failing lane's code (5 = a lane
-# collected no tests, which fails CI).
+# `make test`: the lanes at once, each in its own pytest process with its own log:
+#   unit          tests/unit, in-process (no subprocess or network: tests/unit/conftest.py enforces it)
+#   integration   tests/integration: real ansible-playbook/ansible-runner, lint, wheel, galaxy, nginx, promtool
+#   rack-a/rack-b tests/testbed, split by module into two lanes of about the same length (each module brings up its
+#                 own racks, so modules in different lanes never share one)
+#   vllm          tests/vllm (+ the sharding module): vLLM CPU clusters on the rack
+# Every tests/testbed module must be in exactly one rack lane (checked below: a new module is never left out).
+# Each lane's `--durations` table ends its log, so the next slow test is visible. Exit: the first failing lane's
+# code (5 = a lane collected no tests, which fails CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=${PYTEST:-.venv/bin/pytest}
 LOGS=${PROVISIONER_TEST_LOGS:-.runs/test-logs}
 mkdir -p "$LOGS"
-# test_shards.py (~13 min) runs in the vLLM lane, the shorter of the two rack lanes (tests/testbed is the long pole)
-declare -A args=([unit]='tests/unit' [integration]='tests/integration' [testbed]='tests/testbed --ignore=tests/testbed/test_shards.py'
-                 [vllm]='tests/vllm tests/testbed/test_shards.py')
+T=tests/testbed
+# minutes measured on the 2-core machine with all lanes running (docs/development.md): keep the lanes even
+RACK_A="$T/test_fabrics.py $T/test_drift_matrix.py $T/test_dataflow.py $T/test_inservice_gate.py
+        $T/test_preflight_iface_rack.py $T/test_installed_rack.py"
+RACK_B="$T/test_run_drift.py $T/test_site.py $T/test_site_trust.py $T/test_demo.py $T/test_rack.py
+        $T/test_unit_restarts.py $T/test_preflight_health.py"
+VLLM_EXTRA="$T/test_shards.py"
+declare -A args=([unit]='tests/unit' [integration]='tests/integration' [rack-a]="$RACK_A" [rack-b]="$RACK_B"
+                 [vllm]="tests/vllm $VLLM_EXTRA")
+for f in $T/test_*.py; do
+  n=$(printf '%s\n' $RACK_A $RACK_B $VLLM_EXTRA | grep -cxF "$f")
+  [ "$n" -eq 1 ] || { echo "$f is in $n rack lanes (.ci/test-suites.sh): put it in exactly one" >&2; exit 2; }
+done
 declare -A pid
-# PROVISIONER_LANES="unit integration" runs only those lanes (developer loops); CI runs all four
-LANES=${PROVISIONER_LANES:-unit integration testbed vllm}
+# PROVISIONER_LANES="unit integration" runs only those lanes (developer loops); CI runs all of them
+LANES=${PROVISIONER_LANES:-unit integration rack-a rack-b vllm}
 for s in $LANES; do
   [ -n "${args[$s]:-}" ] || { echo "unknown lane '$s' (lanes: ${!args[*]})" >&2; exit 2; }
 done
 for s in $LANES; do
-  ( t0=$(date +%s); eval "$PYTEST ${args[$s]} --durations=25 $*" >"$LOGS/$s.log" 2>&1
+  # shellcheck disable=SC2086
+  ( t0=$(date +%s); eval "$PYTEST $(echo ${args[$s]}) --durations=25 $*" >"$LOGS/$s.log" 2>&1
     echo "$? $(( $(date +%s) - t0 ))" >"$LOGS/$s.rc" ) &
   pid[$s]=$!
-  echo "== $s: $PYTEST ${args[$s]} (log $LOGS/$s.log)"
+  echo "== $s: $PYTEST $(echo ${args[$s]}) (log $LOGS/$s.log)"
 done
 rc=0
 for s in $LANES; do
@@ -32,4 +47,6 @@ for s in $LANES; do
   cat "$LOGS/$s.log"
   if [ "$rc" -eq 0 ] && [ "$r" -ne 0 ]; then rc=$r; fi
 done
+echo; echo "== lanes (seconds):"
+for s in $LANES; do read -r r secs <"$LOGS/$s.rc" 2>/dev/null && echo "   $s rc=$r ${secs}s"; done
 exit "$rc"
