@@ -1,19 +1,19 @@
 """The installed package provisions a rack: the wheel of this checkout in a fresh venv (tests/support/installed_wheel.py),
 run from a directory that holds only a copy of the rack's generated inventory.
 
-Rack PROVISIONER_PACKAGE_RACK (default `pkg`, 2 plain hosts; PROVISIONER_TESTBED_TEARDOWN=1 removes it at the end
-when this session created it). site.yml without the vLLM area (`--skip-tags vllm`: no vLLM layer on a plain rack).
-1. `provision run` converges both hosts (exit 0), with the playbooks, roles and ansible.cfg from the installed
-   package, run directories and facts in PROVISION_STATE_DIR (nothing written into site-packages);
-2. `provision run --check` on the converged rack connects, completes with exit 0 and changes nothing.
+On the session rack `rack` (`make demo`'s plain rack: tests/testbed/test_demo.py converges it first in its lane; alone,
+this module converges it from bare), node01 and node02 only:
+1. node01 is broken by hand (/etc/nccl.conf removed, nvidia-persistenced stopped and disabled); the installed
+   package's `provision run --limit node01,node02` heals it (exit 0, changes on node01), with the playbooks, roles
+   and ansible.cfg from the installed package, run directories and facts in PROVISION_STATE_DIR (nothing written into
+   site-packages); node01's /etc/nccl.conf is what the installed package's `render` gives;
+2. `provision run --check` then connects, completes with exit 0 and changes nothing.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,29 +24,21 @@ from installed_wheel import Installed, installed  # noqa: E402  (tests/support, 
 
 pytestmark = pytest.mark.testbed
 
-NODES = 2
+HOSTS = ("node01", "node02")
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Installed, Path, Path, Any]]:
-    if os.geteuid() != 0:
-        pytest.skip("the simulated rack needs root")
-    from provisioner_testbed import rack
-
+def rig(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Installed, Path, Path, Any]]:
     pkg = installed(tmp_path_factory.mktemp("wheel"))
-    name = os.environ.get("PROVISIONER_PACKAGE_RACK", "pkg")
-    existed = rack.RackState.load(name) is not None
-    h = rack.ensure(name, NODES, log=lambda m: print(f"testbed: {m}"))
+    h = testbed
     site = tmp_path_factory.mktemp("site")
     shutil.copytree(Path(h.inventory).parent, site / "inventory")  # hosts.ini + group_vars/, absolute key paths
     state = tmp_path_factory.mktemp("state")
     yield pkg, site, state, h
-    if not existed and os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
-        rack.down(name)
 
 
 def _run(pkg: Installed, site: Path, state: Path, *args: str) -> tuple[Any, dict[str, Any]]:
-    p = pkg.provision("run", "inventory/hosts.ini", "--skip-tags", "vllm", "--json", *args, cwd=site,
+    p = pkg.provision("run", "inventory/hosts.ini", "--limit", ",".join(HOSTS), "--json", *args, cwd=site,
                       env=pkg.env(PROVISION_STATE_DIR=str(state)), timeout=1800)
     assert "Traceback" not in p.stderr, p.stderr
     assert "playbook not found" not in p.stdout + p.stderr and "data missing" not in p.stderr, p.stderr
@@ -59,9 +51,14 @@ def _run(pkg: Installed, site: Path, state: Path, *args: str) -> tuple[Any, dict
 
 def test_installed_run_then_check(rig: tuple[Installed, Path, Path, Any]) -> None:
     pkg, site, state, h = rig
+    broken = h.ssh("node01", "rm -f /etc/nccl.conf; systemctl disable --now nvidia-persistenced 2>/dev/null; true")
+    assert broken.returncode == 0, broken.stderr
     p, first = _run(pkg, site, state)
     assert p.returncode == 0, p.stderr[-4000:] + json.dumps(first.get("failures"), indent=1)
-    assert first["succeeded"] and sorted(first["hosts"]) == sorted(h.hosts)
+    assert first["succeeded"] and sorted(first["hosts"]) == sorted(HOSTS)
+    assert first["hosts"]["node01"]["changed"] > 0, first["hosts"]["node01"]
+    assert h.ssh("node01", "systemctl is-enabled nvidia-persistenced && systemctl is-active nvidia-persistenced"
+                 ).returncode == 0
     data = pkg.site_packages / "provisioner" / "_data"
     assert Path(first["playbook"]).resolve() == (data / "playbooks" / "site.yml").resolve()
     run_dir = Path(first["run_dir"])
@@ -78,6 +75,6 @@ def test_installed_run_then_check(rig: tuple[Installed, Path, Path, Any]) -> Non
     p, check = _run(pkg, site, state, "--check")
     assert p.returncode == 0, p.stderr[-4000:] + json.dumps(check.get("failures"), indent=1)
     assert check["check"] is True and check["succeeded"]
-    assert sorted(check["hosts"]) == sorted(h.hosts)
+    assert sorted(check["hosts"]) == sorted(HOSTS)
     assert all(x["unreachable"] == 0 and x["failed"] == 0 and x["ok"] > 0 for x in check["hosts"].values()), check
     assert all(x["changed"] == 0 for x in check["hosts"].values()), json.dumps(check["hosts"], indent=1)
