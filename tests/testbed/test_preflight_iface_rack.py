@@ -3,8 +3,8 @@ an interface the node does not have (the rendered /etc/nccl.conf would say NCCL_
 bootstrap would die with "no socket interface found") fails that host, naming the host, the check, the expected
 setting and the interfaces found; the other host passes.
 
-Uses its own small rack (PROVISIONER_PFI_RACK, default `pfi`, 2 hosts) and a copy of its inventory; nothing on the
-hosts is changed (no GPU stack needed: the check reads /sys/class/net in the same single SSH exec).
+Uses the session rack `rack` (`make demo`'s, read-only here) and a copy of its inventory; nothing on the hosts is
+changed (no GPU stack needed: the check reads /sys/class/net in the same single SSH exec).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import pytest
 import yaml
 
 from provisioner import PROJECT_ROOT
-from testbed_rigs import own_rack  # noqa: E402  (same directory)
 
 pytestmark = pytest.mark.testbed
 
@@ -29,9 +27,8 @@ PROVISION = [sys.executable, "-m", "provisioner.cli"]
 
 
 @pytest.fixture(scope="module")
-def rig() -> Iterator[Any]:
-    with own_rack("PROVISIONER_PFI_RACK", "pfi", 2) as h:
-        yield h
+def rig(testbed: Any) -> Any:
+    return testbed
 
 
 def inventory_copy(h: Any, dest: Path, host_vars: dict[str, dict[str, str]]) -> Path:
