@@ -1,6 +1,7 @@
 """The vLLM launch's in-service gate on the simulated rack (roles/vllm_launch, docs/vllm.md "The in-service gate").
 
-Rack PROVISIONER_GATE_RACK (default `gate`, 3 plain hosts: `vllm_pp` = node01+node02, `vllm_single` = node03). The
+Rack PROVISIONER_HEALTH_RACK (default `health`, shared with test_preflight_health.py, which runs before it in its
+lane: 4 plain hosts, `vllm_pp` = node01+node02, `vllm_single` = node03, node04 in no cluster). The
 stand-in GPU stack is installed with apt (as test_preflight_health.py does) so the real health gate can pass; node01
 and node03 get the mark through `provision onboard --skip-run` (preflight + health + mark), node02 does not.
 
@@ -56,7 +57,9 @@ def provision(*args: str, timeout: float = 1200) -> tuple[int, Any, str]:
 def rig() -> Iterator[Any]:
     from provisioner_testbed import rack
 
-    with own_rack("PROVISIONER_GATE_RACK", "gate", 3) as h:
+    # the rack of test_preflight_health.py (same lane, runs first; same clusters: vllm_pp = node01+node02,
+    # vllm_single = node03, node04 in none): its stand-in stack is installed already, faults and marks are cleared here
+    with own_rack("PROVISIONER_HEALTH_RACK", "health", 4) as h:
         for host in h.names:
             rack.clear(h.name, host)
             assert h.ssh(host, CLEAN).returncode == 0
