@@ -157,6 +157,14 @@ class _Locked:
         with self.lock:
             self.inner.host_event(host, kind, message)
 
+    def retry(self, host: str, subject: str, attempt: int, attempts: int) -> None:
+        with self.lock:
+            self.inner.retry(host, subject, attempt, attempts)
+
+    def item_event(self, host: str, subject: str, kind: str) -> None:
+        with self.lock:
+            self.inner.item_event(host, subject, kind)
+
 
 def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder: EventFolder,
               outcome: ShardOutcome) -> None:
