@@ -141,24 +141,29 @@ def run_logged(argv: Sequence[str], log: IO[str], *, env: Mapping[str, str] | No
     reader.start()
     kept: list[str] = []
     next_tick = time.monotonic() + tick_s
-    while True:
-        try:
-            ln = lines.get(timeout=max(0.0, next_tick - time.monotonic()))
-        except queue.Empty:
-            ln = ""
-        if ln is None:
-            break
-        if ln:
-            log.write(ln)
-            log.flush()
-            if keep_output:
-                kept.append(ln)
-            if on_line is not None:
-                on_line(ln.rstrip("\n"))
-        if time.monotonic() >= next_tick:
-            next_tick = time.monotonic() + tick_s
-            if on_tick is not None:
-                on_tick()
+    try:
+        while True:
+            try:
+                ln = lines.get(timeout=max(0.0, next_tick - time.monotonic()))
+            except queue.Empty:
+                ln = ""
+            if ln is None:
+                break
+            if ln:
+                log.write(ln)
+                log.flush()
+                if keep_output:
+                    kept.append(ln)
+                if on_line is not None:
+                    on_line(ln.rstrip("\n"))
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + tick_s
+                if on_tick is not None:
+                    on_tick()
+    except BaseException:  # interrupted (Ctrl-C): as subprocess.run does, the child goes too
+        proc.kill()
+        proc.wait()
+        raise
     rc = proc.wait()
     reader.join(timeout=5)
     return Ran(rc, "".join(kept))

@@ -38,7 +38,7 @@ import shutil
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from provisioner_testbed import wheelhouse as wheels
@@ -269,7 +269,7 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
         phases = Phases("vLLM layer", started, total=BUILD_PHASES)
         wheel_count = count_wheels(wheelhouse)
 
-        def say(lines: list[str | None]) -> None:
+        def say(lines: Sequence[str | None]) -> None:
             for ln in lines:
                 if ln and log:
                     log(ln)
