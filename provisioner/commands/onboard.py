@@ -97,6 +97,15 @@ def launch_targets(fleet: Fleet, in_service: list[str]) -> list[str]:
     return out
 
 
+def launched_clusters(out: dict[str, Outcome]) -> list[str]:
+    """Clusters the onboarding launched (an onboarded member reports `launch == "ok"`), in first-seen order. Pure."""
+    names: list[str] = []
+    for o in out.values():
+        if o.launch == "ok":
+            names += [c for c in o.clusters if c not in names]
+    return names
+
+
 def register(app: typer.Typer) -> None:
     @app.command("onboard", help=HELP)
     def onboard_cmd(
@@ -199,10 +208,14 @@ def register(app: typer.Typer) -> None:
                     o.launch = "ok"
                 # else: the playbook has no vllm-tagged task for the host (e.g. --playbook health.yml): not run
 
+        from provisioner.endpoints import endpoint_lines, endpoints_for
+
+        endpoints = endpoints_for(fleet, launched_clusters(out))
         doc = {"ok": all(o.in_service and o.launch != "failed" for o in out.values()),
                "seconds": round(time.monotonic() - t0, 2),
                "run_dir": run_dir, "launch_run_dir": launch_dir, "hosts": {h: asdict(o) for h, o in out.items()},
-               "clusters_affected": sorted({c for o in out.values() if not o.in_service for c in o.clusters})}
+               "clusters_affected": sorted({c for o in out.values() if not o.in_service for c in o.clusters}),
+               "endpoints": [e.to_dict() for e in endpoints]}
         if fmt is Format.json:
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
@@ -210,6 +223,9 @@ def register(app: typer.Typer) -> None:
                 sys.stdout.write(o.line() + "\n")
             n = sum(o.in_service for o in out.values())
             sys.stdout.write(f"onboard: {n}/{count(len(out), 'host')} in service ({doc['seconds']:.1f}s)\n")
+            if endpoints:
+                sys.stdout.write(f"serving: {count(len(endpoints), 'vLLM cluster')}\n")
+                sys.stdout.write("".join(f"  {ln}\n" for ln in endpoint_lines(endpoints)))
         for path in [report] + ([Path(run_dir) / "onboard.json"] if run_dir else []):
             if path is not None:
                 try:

@@ -73,6 +73,7 @@ def register(app: typer.Typer) -> None:
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
         exec_node: Annotated[list[str] | None, typer.Option("--exec-node", help=EXEC_NODE_HELP)] = None,
     ) -> None:
+        from provisioner.endpoints import LaunchSeen, endpoint_lines, endpoints_for, launched_clusters
         from provisioner.reports import run_json, run_text
         from provisioner.runner import make_progress, run_playbook, validate_serial
 
@@ -105,10 +106,12 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(int(Exit.FAIL))
 
         progress = make_progress("none" if (json_out or quiet) else "auto")
+        seen = LaunchSeen()
         result = run_playbook(
             inventory, command="run", playbook=playbook, limit=limit_abs, tags=tags, skip_tags=skip_tags,
             check=check, serial=serial, max_fail_percent=max_fail_percent, extravars=xv, targeted=targeted,
             progress=progress, accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
+            on_event=seen,
         )
         if not (json_out or quiet):
             for line in shard_lines(result):
@@ -117,4 +120,8 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(run_json.render(result))
         else:
             sys.stdout.write(run_text.render(result, quiet=quiet))
+            endpoints = [] if quiet else endpoints_for(fleet, launched_clusters(fleet, result, seen))
+            if endpoints:
+                sys.stdout.write(f"serving: {count(len(endpoints), 'vLLM cluster')}\n")
+                sys.stdout.write("".join(f"  {ln}\n" for ln in endpoint_lines(endpoints)))
         raise typer.Exit(int(Exit.OK if result.succeeded else Exit.FAIL))

@@ -203,5 +203,5 @@ def run_playbook(
         fleet = fleet or load_fleet(inventory, extra_vars=extravars)
         hosts = list(targeted) if targeted is not None else target_hosts(fleet, config.limit)
         return execute_sharded(config, plan(fleet, hosts, exec_nodes), fleet, progress=progress,
-                               on_run_dir=on_run_dir)
+                               on_run_dir=on_run_dir, on_event=on_event)
     return execute(config, progress=progress, on_event=on_event, on_run_dir=on_run_dir, fleet=fleet)

@@ -117,6 +117,21 @@ def _item_label(res: dict[str, Any]) -> str | None:
     return str(label)
 
 
+def retry_subject(host: str, res: Any) -> str:
+    """What a retrying (or finished) loop item waits for: its label, with the host it is delegated to when the item
+    names one (`head`: the vLLM launch's plan); the host for a task without a loop or with a no_log result. Never
+    anything else of the result."""
+    if not isinstance(res, dict) or res.get("censored") or res.get("_ansible_no_log"):
+        return host
+    raw = res.get("_ansible_item_label", res.get("item"))
+    label = _item_label(res)
+    if not label or (isinstance(raw, dict) and label.startswith("{")):  # a whole item is no name (nor shown)
+        return host
+    item = res.get("item")
+    head = item.get("head") if isinstance(item, dict) else None
+    return f"{label} (head {head})" if isinstance(head, str) and head and head != label else label
+
+
 #: A path on the controller, never the host's: a role's files/ or templates/, Ansible's local temp dir.
 _CONTROLLER_PATH = re.compile(r"/roles/[^/]+/(?:files|templates)/|/\.ansible/tmp/")
 
@@ -330,6 +345,15 @@ class EventFolder:
             h.skipped += 1
             self._role(h, ed)
             self.progress.host_event(h.name, "skipped")
+        elif kind == "runner_retry":
+            res = ed.get("res") or {}
+            attempt, attempts = res.get("attempts"), res.get("retries")
+            if isinstance(attempt, int) and isinstance(attempts, int) and ed.get("host"):
+                self.progress.retry(ed["host"], retry_subject(ed["host"], res), attempt, attempts)
+        elif kind in ("runner_item_on_ok", "runner_item_on_failed") and ed.get("host"):
+            res = ed.get("res") or {}
+            self.progress.item_event(ed["host"], retry_subject(ed["host"], res),
+                                     "ok" if kind == "runner_item_on_ok" else "failed")
         elif kind == "playbook_on_no_hosts_remaining":
             self.r.aborted = True
         elif kind == "playbook_on_stats":

@@ -157,6 +157,14 @@ class _Locked:
         with self.lock:
             self.inner.host_event(host, kind, message)
 
+    def retry(self, host: str, subject: str, attempt: int, attempts: int) -> None:
+        with self.lock:
+            self.inner.retry(host, subject, attempt, attempts)
+
+    def item_event(self, host: str, subject: str, kind: str) -> None:
+        with self.lock:
+            self.inner.item_event(host, subject, kind)
+
 
 def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder: EventFolder,
               outcome: ShardOutcome) -> None:
@@ -252,10 +260,11 @@ def execute_sharded(
     *,
     progress: Progress | None = None,
     on_run_dir: Callable[[Path], None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> RunResult:
     """Run `config` as `shards`, all at once, and fold every shard's events into one `RunResult` (the same report a
     single-controller run gives; `result.json` adds "shards"). A shard whose node cannot be reached leaves its hosts
-    unreachable, naming the node."""
+    unreachable, naming the node. `on_event` sees every shard's events, from the shards' threads."""
     check_accelerate(config.accelerate)
     targeted = tuple(h for s in shards for h in s.hosts)
     cfg = replace(config, targeted=targeted).prepared(fleet)
@@ -276,7 +285,7 @@ def execute_sharded(
     outcomes = [ShardOutcome(node=s.node, hosts=s.hosts, units=s.units, shard=s.label) for s in shards]
     parts = [RunResult(command=cfg.command, inventory=result.inventory, playbook=result.playbook, run_dir=str(run_dir),
                        artifact_dir="", started=result.started, check=cfg.check) for _ in shards]
-    folders = [EventFolder(part, shared, None) for part in parts]
+    folders = [EventFolder(part, shared, on_event) for part in parts]  # on_event: from the shards' threads
     prog.start(result)
     t0 = time.monotonic()
 
