@@ -183,7 +183,7 @@ ROUND: dict[str, tuple[str, set[tuple[str, str, Any]]]] = {
                {("package", "nvidia-open-580", "nvidia_driver"), ("package", "nvidia-utils-580", "nvidia_driver"),
                 ("file", "/etc/apt/preferences.d/nvidia-driver", "nvidia_driver"),
                 ("service", "nvidia-persistenced", "nvidia_persistenced"),
-                ("file", "Render /etc/nccl.conf", "nccl_tuning")}),
+                ("file", "/etc/nccl.conf", "nccl_tuning")}),
     # Fabric Manager removed (its unit with it); NCCL installed but not held; our nftables table deleted
     "node02": ("apt-mark unhold nvidia-fabricmanager-580 libnccl2 >/dev/null; "
                "dpkg -r nvidia-fabricmanager-580 >/dev/null 2>&1; nft delete table inet provisioner_cluster",
@@ -197,7 +197,7 @@ ROUND: dict[str, tuple[str, set[tuple[str, str, Any]]]] = {
                "rm /etc/security/limits.d/90-provisioner-rdma.conf; rm /etc/apt/keyrings/nvidia-cuda.*; "
                "DEBIAN_FRONTEND=noninteractive apt-get -q -y remove perftest >/dev/null 2>&1",
                {("service", "nvidia-persistenced", "nvidia_persistenced"),
-                ("file", "Install the unit that loads the table at boot", "cluster_firewall"),
+                ("file", FW_UNIT, "cluster_firewall"),
                 ("service", "provisioner-firewall", "cluster_firewall"),
                 ("file", "/etc/security/limits.d/90-provisioner-rdma.conf", "infiniband"),
                 ("file", "KEYRING", "nvidia_driver"),
@@ -208,7 +208,7 @@ ROUND: dict[str, tuple[str, set[tuple[str, str, Any]]]] = {
                f"echo '# edited' >> {FW_RULES}; rm /etc/apt/apt.conf.d/90provisioner-proxy",
                {("package", "nvidia-persistenced", "nvidia_persistenced"),
                 ("service", "nvidia-persistenced", "nvidia_persistenced"),
-                ("file", "Render /etc/nccl.conf", "nccl_tuning"),
+                ("file", "/etc/nccl.conf", "nccl_tuning"),
                 ("service", "provisioner-firewall", "cluster_firewall"), ("other", LOAD_TABLE, "cluster_firewall"),
                 ("file", FW_RULES, "cluster_firewall"),
                 ("service", "nvidia-fabricmanager", "fabric_manager"),
