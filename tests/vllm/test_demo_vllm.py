@@ -26,3 +26,25 @@ def test_the_session_rack_is_make_demo_vllm(vllm_rack: VllmRack) -> None:
         code, text = http(vllm_rack.url(cluster, "/v1/completions"), data=body, key=vllm_rack.api_key, timeout=300)
         assert code == 200, (cluster, text)
         assert json.loads(text)["usage"]["completion_tokens"] == 4
+
+
+def test_the_demo_says_where_each_cluster_answers_and_its_curl_works(vllm_rack: VllmRack) -> None:
+    """Issue 28 item 9: onboard ends with each launched cluster's endpoint, model, where the key is and a curl line
+    that works as printed (run from the checkout, as the operator would paste it); the key itself is never printed."""
+    import subprocess
+
+    from provisioner import PROJECT_ROOT
+
+    if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") == "1":
+        pytest.skip("PROVISIONER_VLLM_SKIP_RUN=1: the onboard step was not run")
+    out = vllm_rack.run_output
+    assert "serving: 2 vLLM clusters" in out, out[-3000:]
+    assert vllm_rack.api_key not in out
+    curls = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("curl -s http")]
+    assert len(curls) == 2, curls
+    lines = [ln.strip() for ln in out.splitlines()]
+    for cluster in ("vllm_pp", "vllm_single"):
+        assert any(ln.startswith(f"{cluster}: http://") and "model tiny-llama" in ln for ln in lines), cluster
+    for line in curls:
+        p = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
+        assert p.returncode == 0 and "tiny-llama" in p.stdout, (line, p.stdout[-500:], p.stderr[-500:])
