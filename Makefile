@@ -8,7 +8,7 @@ PY    := $(VENV)/bin/python
 help:
 	@echo "make deps       install the Debian packages the suite needs (root or sudo)"
 	@echo "make venv       create .venv with the first Python >= 3.12 found (PATH, then pyenv)"
-	@echo "make test       run the whole test suite (unit + simulated rack + vLLM end-to-end; root needed for the rack)"
+	@echo "make test       the whole suite: unit, integration, two rack lanes, vLLM side by side (root needed for the rack)"
 	@echo "make test-unit  unit tests only (in-process: no subprocess, network, root or rack; under 2 minutes)"
 	@echo "make test-integration  real ansible-playbook/ansible-runner, lint, wheel, galaxy (no root, no rack)"
 	@echo "make lint       ansible-lint (production profile) + yamllint"
