@@ -4,31 +4,19 @@ and a curl line whose shell expansion reads that file; the key itself never appe
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from vllm_rack_inventory import write_vllm_rack_inventory
 
 from provisioner.endpoints import cluster_endpoints, endpoint_lines, key_source, var_files
 from provisioner.inventory import load_fleet
 from provisioner.render import role_defaults
-from provisioner_testbed import inventory_writer as invw
 from provisioner_testbed import vllm_image
 
 
 def _vllm_rack(tmp_path: Path) -> Path:
-    cache = tmp_path / "cache"
-    cfg = vllm_image.model_config_path(cache)
-    cfg.parent.mkdir(parents=True)
-    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-                               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
-                               "max_position_embeddings": 2048, "torch_dtype": "float32"}))
-    hosts = tuple(invw.InvHost(name=f"node{i:02d}", address=f"198.18.7.{10 + i}", gpu_count=1) for i in (1, 2, 3))
-    extra, cluster_vars = vllm_image.testbed_rack_inventory(
-        invw.clusters([h.name for h in hosts]), {h.name: h.gpu_count for h in hosts}, "198.18.7.1/24", cache)
-    r = invw.InvRack(name="v", hosts=hosts, key_file="/k", known_hosts="/kh", repo_url="http://198.18.7.1:8090/nvidia/",
-                     proxy_url="http://198.18.7.1:3128", extra_vars=extra, cluster_vars=cluster_vars)
-    return invw.write(r, tmp_path / "inv")
+    return write_vllm_rack_inventory(tmp_path)
 
 
 def _sed(expansion: str, cwd: Path) -> str:

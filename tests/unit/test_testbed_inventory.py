@@ -98,24 +98,14 @@ def test_vllm_layer_settings_replace_the_catalog_model(tmp_path: Path) -> None:
 
 def test_with_vllm_rack_inventory_is_cpu_vllm_ready_as_written(tmp_path: Path) -> None:
     """`testbed up --with-vllm` writes everything `provision onboard` needs (nothing is patched in afterwards)."""
-    import json
+
+    from vllm_rack_inventory import write_vllm_rack_inventory
 
     from provisioner.rules import run_rules
     from provisioner_testbed import vllm_image
 
-    cache = tmp_path / "cache"
-    cfg = vllm_image.model_config_path(cache)  # what the layer build exports on the controller
-    cfg.parent.mkdir(parents=True)
-    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-                               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
-                               "max_position_embeddings": 2048, "torch_dtype": "float32"}))
-    hosts = tuple(invw.InvHost(name=f"node{i:02d}", address=f"198.18.7.{10 + i}", gpu_count=1) for i in (1, 2, 3))
-    extra, cluster_vars = vllm_image.testbed_rack_inventory(
-        invw.clusters([h.name for h in hosts]), {h.name: h.gpu_count for h in hosts}, "198.18.7.1/24", cache)
-    r = invw.InvRack(name="v", hosts=hosts, key_file="/k", known_hosts="/kh", repo_url="http://198.18.7.1:8090/nvidia/",
-                     proxy_url="http://198.18.7.1:3128", extra_vars=extra, cluster_vars=cluster_vars)
-    fleet = load_fleet(invw.write(r, tmp_path / "inv"))
+    cfg = vllm_image.model_config_path(tmp_path / "cache")  # what the layer build exports on the controller
+    fleet = load_fleet(write_vllm_rack_inventory(tmp_path))
     h = fleet.hosts["node02"].vars
     assert h["gpu_needs_fabric_manager"] is False  # one simulated GPU: no NVSwitch, no Fabric Manager
     assert h["vllm_client_networks"] == ["198.18.7.0/24"]
@@ -127,7 +117,7 @@ def test_with_vllm_rack_inventory_is_cpu_vllm_ready_as_written(tmp_path: Path) -
         assert c.get("model_config") == str(cfg) and c.get("model_arch") is None
     assert [f for f in run_rules(fleet) if getattr(f, "severity", "") == "error"] == []
     # 8-GPU HGX nodes keep their NVSwitch: the role's default decides
-    extra8, _ = vllm_image.testbed_rack_inventory({"vllm_single": ["n1"]}, {"n1": 8}, "198.18.7.0/24", cache)
+    extra8, _ = vllm_image.testbed_rack_inventory({"vllm_single": ["n1"]}, {"n1": 8}, "198.18.7.0/24", tmp_path / "cache")
     assert "gpu_needs_fabric_manager" not in extra8
 
 
