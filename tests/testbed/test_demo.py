@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from makefile_recipe import make_recipe
 from testbed_rigs import PROVISION, CliRig
 
 from provisioner import PROJECT_ROOT
@@ -26,28 +27,18 @@ pytestmark = pytest.mark.testbed
 DEMO_INVENTORY = "inventories/testbed/hosts.ini"
 
 
-def make_recipe(target: str) -> list[list[str]]:
-    """The recipe lines of a Makefile target as argv lists, `$(VENV)/bin/provision` -> this interpreter's CLI."""
-    lines, inside = [], False
-    for line in (PROJECT_ROOT / "Makefile").read_text().splitlines():
-        if line.startswith(f"{target}:"):
-            inside = True
-            continue
-        if inside and line.startswith("\t"):
-            if not line.strip().startswith("#"):
-                argv = shlex.split(line.strip())
-                assert argv[0] == "$(VENV)/bin/provision", line
-                lines.append([*PROVISION, *argv[1:]])
-        elif inside:
-            break
-    return lines
+def demo_recipe() -> list[list[str]]:
+    """`make demo`'s recipe as argv lists, `$(VENV)/bin/provision` -> this interpreter's CLI."""
+    argvs = [shlex.split(cmd) for cmd in make_recipe((PROJECT_ROOT / "Makefile").read_text(), "demo")]
+    assert all(argv[0] == "$(VENV)/bin/provision" for argv in argvs), argvs
+    return [[*PROVISION, *argv[1:]] for argv in argvs]
 
 
 @pytest.fixture(scope="module")
 def demo(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> CliRig:
     assert str(Path(testbed.inventory).relative_to(PROJECT_ROOT)) == DEMO_INVENTORY, testbed.inventory
     rig = CliRig(testbed, tmp_path_factory.mktemp("demo-runs"))
-    cmds = make_recipe("demo")
+    cmds = demo_recipe()
     assert [c[len(PROVISION)] for c in cmds] == ["testbed", "run"], cmds
     for argv in cmds:
         p = rig.cli(*argv[len(PROVISION):])

@@ -12,6 +12,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from makefile_recipe import make_recipe  # tests/support
+
 PROVISION = str(Path(sys.executable).parent / "provision")
 SPEC = Path(__file__).with_name("rack-spec.yaml")  # one GPU per simulated node: TP 1 x PP n is valid
 NODES = 3
@@ -19,21 +21,6 @@ RUN_TIMEOUT = 3600
 MAKEFILE = Path(__file__).resolve().parents[2] / "Makefile"
 #: The README's demo: `make demo-vllm`. The session fixture runs exactly its commands (on its own rack name).
 DEMO_TARGET = "demo-vllm"
-
-
-def make_recipe(makefile: str, target: str) -> list[str]:
-    """The command lines of a Makefile target's recipe (tab-indented lines; comment lines dropped)."""
-    lines = makefile.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.split(":", 1)[0].strip() == target and ":" in ln
-                 and not ln.startswith("\t") and not ln.startswith("."))
-    out = []
-    for ln in lines[start + 1:]:
-        if not ln.startswith("\t"):
-            break
-        cmd = ln.strip().lstrip("@-").strip()
-        if cmd and not cmd.startswith("#"):
-            out.append(cmd)
-    return out
 
 
 def demo_commands(makefile: str, rack: str, provision: str = PROVISION) -> list[list[str]]:
