@@ -25,6 +25,7 @@ HELP = "Provision NVIDIA GPU racks for vLLM with Ansible.\n\nExit codes: 0 ok, 1
 COMMANDS = (
     "validate",
     "render",
+    "plan",
     "run",
     "drift",
     "preflight",

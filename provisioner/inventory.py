@@ -8,10 +8,9 @@ computed once per distinct set of groups instead of once per host (5,000 hosts i
 of merges), so loading costs about Ansible's own parse. `tests/unit/test_inventory.py` checks the result against
 `VariableManager.get_vars` on the same inventories.
 
-Two entry points, one reader (`_read`): `load_fleet(path)` for the CLI (any source ansible-core accepts: INI/YAML
-file or directory, an executable script, an inventory plugin config), and `fleet_from_play(hostvars)` for the
-plugins inside a play (filters, the validate action plugin): the play's own, already parsed inventory with its extra
-vars on top, so a plugin never opens the inventory again and `-e` reaches what it computes.
+`load_fleet(path)` is the CLI's entry point (any source ansible-core accepts: INI/YAML file or directory, an
+executable script, an inventory plugin config). Inside a play nothing reads the inventory again: the provisioner_plan
+action builds its Fleet from what Ansible resolved (provisioner.plan.fleet_from_vars).
 
 Paths: an inventory path is made absolute first, as ansible-playbook and ansible-inventory do with `-i`
 (`unfrackpath(path, follow=False)`: from the working directory, symlinks kept), and ansible-core's per-directory
@@ -35,35 +34,7 @@ from typing import Any
 
 from provisioner.errors import UsageError
 from provisioner.model import Cluster, Fleet, Host, freeze
-
-# Defaults applied to every vllm_cluster dict (documented in docs/inventory.md).
-VLLM_CLUSTER_DEFAULTS: dict[str, Any] = {
-    "dtype": "bfloat16",
-    "quantization": None,
-    "kv_cache_dtype": "auto",
-    "tensor_parallel_size": 1,
-    "pipeline_parallel_size": 1,
-    "max_model_len": 4096,
-    "max_num_seqs": 256,
-    "max_num_batched_tokens": None,
-    "gpu_memory_utilization": 0.9,
-    "block_size": 16,
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": True,
-    "executor": "mp",
-    "port": 8000,
-    "master_port": 29501,
-    "extra_args": [],
-}
-
-# Connection variables the probes (paramiko) need to reach hosts the way Ansible does.
-_ANSIBLE_KEEP = {
-    "ansible_host", "ansible_port", "ansible_user", "ansible_ssh_user", "ansible_ssh_port",
-    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_private_key_file",
-    "ansible_private_key_file", "ansible_python_interpreter", "ansible_connection",
-    "ansible_become", "ansible_become_user",
-    "ansible_architecture",  # a hint the rules compare with the GPU model's cpu_arch (HW015)
-}
+from provisioner.plan import make_cluster, make_host
 
 
 def _quiet_ansible() -> None:
@@ -97,7 +68,7 @@ def _fresh_vars_plugins() -> None:
 
 def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | None = None) -> Fleet:
     """Read the inventory at `path`; raise UsageError (exit 2) when it cannot be read or parsed. `extra_vars` (the
-    run's `-e`) are laid on top as in a play (`fleet_from_play`): the rules see what the play will see. A relative
+    run's `-e`) are laid on top as in a play: the rules see what the play will see. A relative
     `path` is resolved from the working directory exactly as `ansible-playbook -i` does (`inventory_source`)."""
     _quiet_ansible()
     p = inventory_source(path)
@@ -121,7 +92,7 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
     try:
         with contextlib.redirect_stderr(chatter):
             inv = InventoryManager(loader=loader, sources=[str(p)])
-            hosts, group_vars, groups = _read(loader, inv, extra_vars=dict(extra_vars or {}))
+            hosts, group_vars, groups = _read(loader, inv, [str(p)], extra_vars=dict(extra_vars or {}))
     except AnsibleError as exc:
         failure = exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -179,37 +150,7 @@ def _fleet(inv: Any, source: Path, hosts: dict[str, Host], group_vars: dict[str,
     )
 
 
-# One Fleet per play's inventory (a filter or action plugin may be called many times with the same hostvars):
-# (the InventoryManager, the VariableManager, the host count) -> Fleet. The objects themselves are kept and compared
-# by identity, so a new play run (new objects) never sees an old Fleet; an `add_host` changes the host count.
-_PLAY_CACHE: dict[int, tuple[Any, Any, int, Fleet]] = {}
-
-
-def fleet_from_play(hostvars: Any) -> Fleet:
-    """The `Fleet` of a running play, from its `hostvars` (ansible's HostVars: the play's own InventoryManager,
-    DataLoader and VariableManager), for filter and action plugins.
-
-    The inventory is not read again: whatever source the play was given (INI/YAML file, directory, script, inventory
-    plugin, AWX) is already parsed in `hostvars._inventory`; variables are merged exactly as `load_fleet` does
-    (`_read`), then the play's extra vars (`-e`) are laid on top, as Ansible gives them the highest precedence: over
-    every host's variables, and over each group's own value of a variable the group sets (so `-e vllm_cluster=...`
-    replaces the settings of every cluster, as every member would see it in the play)."""
-    inv = hostvars._inventory
-    vm = hostvars._variable_manager
-    count = len(inv.hosts)
-    hit = _PLAY_CACHE.get(id(inv))
-    if hit is not None and hit[0] is inv and hit[1] is vm and hit[2] == count:
-        return hit[3]
-    _quiet_ansible()
-    hosts, group_vars, groups = _read(hostvars._loader, inv, extra_vars=dict(vm.extra_vars or {}))
-    sources = [s for s in (inv._sources or []) if s]
-    fleet = _fleet(inv, Path(sources[0]) if sources else Path.cwd(), hosts, group_vars, groups)
-    _PLAY_CACHE.clear()  # one play's inventory at a time
-    _PLAY_CACHE[id(inv)] = (inv, vm, count, fleet)
-    return fleet
-
-
-def _read(loader: Any, inv: Any, extra_vars: dict[str, Any] | None = None,
+def _read(loader: Any, inv: Any, sources: list[str], extra_vars: dict[str, Any] | None = None,
           ) -> tuple[dict[str, Host], dict[str, Any], dict[str, tuple[str, ...]]]:
     """Hosts with merged vars (Ansible's precedence), each group's own vars, group -> member host names.
     `extra_vars` (a play's -e): on top of every host's vars and of the variables each group sets itself."""
@@ -218,7 +159,6 @@ def _read(loader: Any, inv: Any, extra_vars: dict[str, Any] | None = None,
     from ansible.utils.vars import combine_vars
     from ansible.vars.plugins import get_vars_from_inventory_sources
 
-    sources = inv._sources
     all_group = inv.groups["all"]
     stage = "task"  # what VariableManager.get_vars uses by default (ansible-playbook's view)
 
@@ -260,13 +200,7 @@ def _read(loader: Any, inv: Any, extra_vars: dict[str, Any] | None = None,
         hv = combine_vars(hv, plugin_vars([h]))
         if extra_vars:
             hv = combine_vars(hv, extra_vars)
-        merged = {k: v for k, v in hv.items() if not k.startswith("ansible_") or k in _ANSIBLE_KEEP}
-        hosts[h.name] = Host(
-            name=h.name,
-            address=str(hv.get("ansible_host") or h.name),
-            groups=tuple(sorted(g.name for g in host_groups)),
-            vars=freeze(merged),
-        )
+        hosts[h.name] = make_host(h.name, hv, (g.name for g in host_groups))
 
     group_vars: dict[str, Any] = {}
     groups: dict[str, tuple[str, ...]] = {}
@@ -283,24 +217,11 @@ def _read(loader: Any, inv: Any, extra_vars: dict[str, Any] | None = None,
 
 
 def _clusters(inv: Any, hosts: dict[str, Host], group_vars: dict[str, Any]) -> dict[str, Cluster]:
-    """A cluster is a group whose *own* vars (inline or group_vars/) define `vllm_cluster`."""
-    out: dict[str, Cluster] = {}
-    for name, g in inv.groups.items():
-        gv = group_vars.get(name, {})
-        if "vllm_cluster" not in gv:
-            continue
-        raw = gv.get("vllm_cluster")
-        settings = dict(VLLM_CLUSTER_DEFAULTS)
-        if isinstance(raw, dict):
-            settings.update(raw)
-        member_names = [h.name for h in g.get_hosts()]
-
-        def key(n: str) -> tuple[int, int, str]:
-            r = hosts[n].node_rank
-            return (0, r, n) if r is not None else (1, 0, n)
-
-        out[name] = Cluster(name=name, settings=freeze(settings), members=tuple(sorted(member_names, key=key)))
-    return out
+    """A cluster is a group whose *own* vars (inline or group_vars/) define `vllm_cluster` (what the rules check; a
+    play finds the same groups from resolved variables, provisioner.plan.detect_clusters, rule CL019)."""
+    return {name: make_cluster(name, group_vars.get(name, {}).get("vllm_cluster"), [h.name for h in g.get_hosts()],
+                               hosts)
+            for name, g in inv.groups.items() if "vllm_cluster" in group_vars.get(name, {})}
 
 
 # --- error messages -----------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def run_rules(fleet: Fleet, ctx: RuleContext | None = None) -> list[Finding]:
     return out
 
 
-def _origin(value: Any) -> str | None:
+def origin(value: Any) -> str | None:
     """'path:line' of a value Ansible loaded (ansible-core tags values with their origin), else None."""
     if value is None:
         return None
@@ -111,7 +111,7 @@ def _with_origin(fleet: Fleet, f: Finding) -> Finding:
         value = fleet.hosts[f.host].vars.get(f.var)
     elif f.group:
         value = fleet.group_vars.get(f.group, {}).get(f.var)
-    where = _origin(value)
+    where = origin(value)
     return replace(f, message=f"{f.message} (set in {where})") if where else f
 
 

