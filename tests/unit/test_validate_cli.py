@@ -295,6 +295,42 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path, setup: Any, needle: s
     assert p.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("files", "needle"),
+    [
+        ({"host_vars/n2.yml": "- gpu_count: 8\n"}, "host_vars/n2.yml:1: "),
+        ({"host_vars/n2.yml": "# the count\n\njust a string\n"}, "host_vars/n2.yml:3: "),
+        ({"host_vars/n2/hw.yml": "true\n"}, "host_vars/n2/hw.yml:1: "),
+        ({"group_vars/all.yml": "42\n"}, "group_vars/all.yml:1: "),
+        ({"host_vars/n2.yml": "gpu_count: [8\n"}, "host_vars/n2.yml:2: "),
+    ],
+)
+def test_usage_error_in_a_vars_file_names_that_file(tmp_path: Path, files: dict[str, str], needle: str) -> None:
+    p = provision("validate", str(write_inventory(tmp_path, files=files)), columns=500)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert needle in p.stderr and "hosts.ini" not in p.stderr, p.stderr
+    assert "Tagged" not in p.stderr and "<class" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_findings_name_the_vars_file_of_the_value(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, host_vars={"n2": {"gpu_count": "8", "nvidia_driver_version": 580.95}})
+    _, out = validate_json(inv)
+    by = {f["code"]: f["message"] for f in out["errors"] if f["host"] == "n2"}
+    assert "host_vars/n2.yml:1)" in by["HW002"], by
+    assert "host_vars/n2.yml:2)" in by["VAR001"] and "the float 580.95" in by["VAR001"], by
+    assert not [m for m in by.values() if "Tagged" in m or "<class" in m], by
+
+
+def test_plain_reasons_have_no_internal_type_names() -> None:
+    from provisioner.inventory import _plain
+
+    assert _plain("expected dicts but got a 'dict' and a '_AnsibleTaggedStr'.") == \
+        "expected dicts but got a 'dict' and a string."
+    assert _plain('Invalid "hosts" entry, requires a dictionary, found "<class \'ansible._AnsibleTaggedList\'>"') == \
+        'Invalid "hosts" entry, requires a dictionary, found list'
+
+
 def test_bad_format_is_usage_error() -> None:
     p = provision("validate", "inventories/rack-a.ini", "--format", "xml")
     assert p.returncode == 2 and "Traceback" not in p.stderr
