@@ -265,16 +265,73 @@ def _describe(exc: BaseException) -> tuple[str | None, str]:
         if msg and not msg.startswith(("Failed to parse inventory.", "Failed to parse inventory with")):
             reason = msg.removeprefix("Failed to parse inventory: ")
     where_s = None if where is None else (f"{where[0]}:{where[1]}" if where[1] else where[0])
-    return where_s, reason or type(exc).__name__
+    return where_s, _plain(reason) or type(exc).__name__
+
+
+# ansible-core's internal names of the types it tags values with, as a reader knows them
+_TYPE_WORDS = {"str": "string", "unicode": "string", "int": "integer", "float": "number", "bool": "boolean",
+               "dict": "mapping", "list": "list", "nonetype": "null", "tuple": "list"}
+
+
+def _type_word(name: str) -> str:
+    base = re.sub(r"^_?AnsibleTagged", "", name.rsplit(".", 1)[-1]).removeprefix("_")
+    return _TYPE_WORDS.get(base.lower(), base.lower())
+
+
+def _plain(reason: str) -> str:
+    """A reason without Python internals: `'_AnsibleTaggedStr'` / `<class 'x.Y'>` become the type's plain name."""
+    reason = re.sub(r"""["']?<class '([\w.]+)'>["']?""", lambda m: _type_word(m.group(1)), reason)
+    reason = re.sub(r"""'(_?AnsibleTagged\w+|NoneType)'""", lambda m: _type_word(m.group(1)), reason)
+    if "surrogates not allowed" in reason or "can't decode" in reason:
+        reason = f"not valid UTF-8 text ({reason})"
+    return reason
 
 
 def _explain_source(loader: Any, p: Path) -> tuple[str, str] | None:
-    """Re-parse a failed inventory file with the one plugin meant for it, to report the line and the real reason."""
-    if not p.is_file():
-        return None
-    if p.suffix in (".yml", ".yaml", ".json"):
-        return _explain_yaml(loader, p)
-    return _explain_ini(loader, p)
+    """Re-parse a failed inventory file with the one plugin meant for it, to report the line and the real reason;
+    when the inventory itself parses, look for the group_vars/ or host_vars/ file that broke the load."""
+    found = None
+    if p.is_file():
+        found = _explain_yaml(loader, p) if p.suffix in (".yml", ".yaml", ".json") else _explain_ini(loader, p)
+    return found or _explain_vars_files(p)
+
+
+_VARS_SUFFIXES = ("", ".yml", ".yaml", ".json")  # what ansible-core's host_group_vars plugin reads
+
+
+def _explain_vars_files(p: Path) -> tuple[str, str] | None:
+    """(file:line, reason) for the first group_vars/host_vars file beside the inventory whose document is not a
+    mapping of variables (a list, a string...: Ansible only says it could not combine a dict with it)."""
+    import yaml
+
+    base = p if p.is_dir() else p.parent
+    for sub in ("group_vars", "host_vars"):
+        top = base / sub
+        if not top.is_dir():
+            continue
+        for f in sorted(x for x in top.rglob("*") if x.is_file()):
+            rel = f.relative_to(top)
+            if any(part.startswith(".") for part in rel.parts) or f.suffix not in _VARS_SUFFIXES:
+                continue
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue  # Ansible names those itself
+            if text.lstrip().startswith("$ANSIBLE_VAULT"):
+                continue  # a vaulted file: its plain text is not ours to read
+            try:
+                node = yaml.compose(text)  # no constructors: custom tags (!vault, !unsafe) are fine
+            except yaml.YAMLError:
+                continue  # Ansible reports YAML errors with the file and line
+            if node is None or isinstance(node, yaml.MappingNode):
+                continue
+            kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
+            if isinstance(node, yaml.ScalarNode):
+                value = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+                kind = f"the single value {value!r}"
+            return (f"{f}:{node.start_mark.line + 1}",
+                    f"a {sub} file must be a mapping of variable names to values (name: value lines), found {kind}")
+    return None
 
 
 def _explain_yaml(loader: Any, p: Path) -> tuple[str, str] | None:
@@ -298,8 +355,7 @@ def _explain_yaml(loader: Any, p: Path) -> tuple[str, str] | None:
         plugin.parse(InventoryData(), loader, str(p.resolve()), cache=False)
     except Exception as exc:  # noqa: BLE001 - we only harvest the message
         _, reason = _describe(exc)
-        return str(p), re.sub(r'"<class \'(?:[\w.]*\.)?(?:_AnsibleTagged)?(\w+)\'>"', lambda m: m.group(1).lower(),
-                              reason)
+        return str(p), reason
     return None
 
 

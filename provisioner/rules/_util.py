@@ -22,7 +22,7 @@ def type_name(v: Any) -> str:
                  (list, "list"), (tuple, "list")):
         if isinstance(v, t):
             return n
-    return type(v).__name__
+    return type(v).__name__.removeprefix("_AnsibleTagged").lower()  # e.g. a YAML date: "date"
 
 
 def show(v: Any) -> str:

@@ -276,3 +276,73 @@ def cpu_arch_mismatch(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             yield _err("HW015", h, "ansible_architecture", f"ansible_architecture = {show(arch)} but "
                        f"{h.gpu_model} nodes are {spec.cpu_arch}: fix gpu_model or the architecture hint (the "
                        f"roles install {spec.cpu_arch} packages for this model)")
+
+
+# inventory switches whose default the roles derive from the GPU catalog: variable -> (catalog field, what it runs)
+CATALOG_SWITCHES = (
+    ("gpu_needs_fabric_manager", "fabric_manager", "Fabric Manager (NVSwitch)"),
+    ("gpu_needs_nvlsm", "nvlsm", "NVLSM"),
+    ("gpu_needs_imex", "imex", "IMEX (multi-node NVLink)"),
+)
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _as_bool(v: object) -> bool | None:
+    """Ansible's `| bool` of an inventory value; None when it is not a boolean (or a Jinja expression)."""
+    if isinstance(v, bool):
+        return v
+    if is_int(v) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
+        return v.strip().lower() in _TRUE
+    return None
+
+
+@rule("HW016", "inventory override disagrees with the GPU catalog")
+def catalog_override(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """Values the roles derive from gpu_model's catalog entry, set by hand: gpu_needs_fabric_manager / _nvlsm / _imex
+    (turning one on for a model without that hardware is an error: the daemon cannot start; turning it off a
+    warning: the node loses it; not for Fabric Manager/NVLSM on fewer GPUs than a full baseboard, which has no
+    NVSwitch), node_health_gpu_names without the catalog's nvidia-smi name (warning: the health
+    gate would fail every GPU), gpu_count above the catalog's max_per_node (error on NVSwitch/NVL72 boards, whose
+    GPU count is fixed; warning elsewhere)."""
+    for h in fleet.gpu_nodes:
+        spec = catalog.gpu(h.gpu_model)
+        if spec is None:
+            continue
+        m = spec.name
+        for var, fact, what in CATALOG_SWITCHES:
+            if var not in h.vars:
+                continue
+            raw = h.vars[var]
+            if isinstance(raw, str) and "{{" in raw:
+                continue  # a Jinja expression: decided in the play
+            want = bool(getattr(spec, fact))
+            got = _as_bool(raw)
+            if got is None:
+                yield _err("HW016", h, var, f"{var} = {show(raw)} is a {type_name(raw)}: expected true or false "
+                           f"(catalog says {fact}: {str(want).lower()} for {m}; leave it unset to follow the catalog)")
+            elif got and not want:
+                yield _err("HW016", h, var, f"{var} = true but the catalog says {fact}: false for {m}: {what} "
+                           "cannot run on this hardware; remove it (or fix gpu_model)")
+            elif want and not got and not (fact != "imex" and is_int(n := h.vars.get("gpu_count"))
+                                           and n < spec.max_per_node):
+                # (fewer GPUs than a full NVSwitch baseboard, e.g. a 4-GPU HGX or the simulated 1-GPU node: no
+                # NVSwitch, so no Fabric Manager/NVLSM; not reported)
+                yield Finding("HW016", "warning", f"{var} = false but the catalog says {fact}: true for {m}: the "
+                              f"node runs without {what}; remove it unless the board really lacks it",
+                              host=h.name, var=var)
+        names = h.vars.get("node_health_gpu_names")
+        if isinstance(names, (list, tuple)) and names and spec.smi_name not in names:
+            yield Finding("HW016", "warning", f"node_health_gpu_names = {show(names)} leaves out "
+                          f"{spec.smi_name!r}, the nvidia-smi name the catalog says for {m}: the health gate would "
+                          "fail every GPU of this model; add it, or fix gpu_model", host=h.name,
+                          var="node_health_gpu_names")
+        n = h.vars.get("gpu_count")
+        if is_int(n) and n > spec.max_per_node:
+            fixed = spec.nvswitch or spec.imex
+            yield Finding("HW016", "error" if fixed else "warning", f"gpu_count = {n} but the catalog says at most "
+                          f"{spec.max_per_node} GPUs per node for {m}"
+                          f"{' (a fixed baseboard/tray)' if fixed else ''}: fix gpu_count or gpu_model",
+                          host=h.name, var="gpu_count")

@@ -1,4 +1,4 @@
-"""Variable-type rules (VAR0xx): values INI literal-evaluation has visibly mangled."""
+"""Variable-type rules (VAR0xx): values INI literal-evaluation (or unquoted YAML) has visibly mangled."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
-from provisioner.rules._util import is_number
+from provisioner.rules._util import is_number, type_name
 from provisioner.rules.context import RuleContext
 
 
@@ -16,9 +16,9 @@ def _versionish(name: Any) -> bool:
 
 
 def _msg(var: str, v: Any) -> str:
-    return (f"{var} arrived as {type(v).__name__} {v!r}: INI [group:vars] and host lines evaluate values as Python "
-            f"literals (12.10 becomes 12.1); quote it ({var}=\"...\") or move it to group_vars/*.yml as a quoted "
-            "string")
+    return (f"{var} arrived as the {type_name(v)} {v!r}: INI [group:vars] and host lines evaluate values as Python "
+            f"literals and YAML reads an unquoted 12.10 the same way (12.10 becomes 12.1); quote it "
+            f"({var}=\"...\" in INI, {var}: \"...\" in YAML)")
 
 
 @rule("VAR001", "version string mangled into a number")

@@ -7,6 +7,8 @@ from pathlib import Path
 from inventory_factory import BASE_INI, DELETE, gpu_nodes
 from rules_helpers import findings
 
+from provisioner.rules import Finding
+
 
 def test_base_inventory_is_clean(tmp_path: Path) -> None:
     assert findings(tmp_path) == []
@@ -66,3 +68,21 @@ def test_messages_say_where_the_value_was_set(tmp_path: Path) -> None:
     (g,) = findings(tmp_path / "b", "NCCL001", ini=BASE_INI.replace("n1 ansible_host=10.0.0.1",
                                                                        "n1 ansible_host=10.0.0.1 nccl_ib_timeout=40"))
     assert g.message.endswith("hosts.ini:2)"), g.message
+
+
+
+def test_catalog_overrides_say_what_the_catalog_says(tmp_path: Path) -> None:
+    def one(d: str, **gv: object) -> Finding:
+        fs = [f for f in findings(tmp_path / d, "HW016", group_vars=gpu_nodes(**gv)) if f.host == "n1"]
+        assert len(fs) == 1, fs
+        return fs[0]
+
+    f = one("fm-off", gpu_needs_fabric_manager=False)
+    assert f.severity == "warning" and "catalog says fabric_manager: true for H100-SXM5-80GB" in f.message
+    f = one("imex-on", gpu_needs_imex="yes")
+    assert f.severity == "error" and "catalog says imex: false for H100-SXM5-80GB" in f.message
+    f = one("names", node_health_gpu_names=["NVIDIA H100 PCIe"])
+    assert f.severity == "warning" and "'NVIDIA H100 80GB HBM3'" in f.message
+    f = one("count", gpu_model="L40S-48GB", gpu_count=10)
+    assert f.severity == "warning" and "at most 8 GPUs per node for L40S-48GB" in f.message
+    assert not findings(tmp_path / "jinja", "HW016", group_vars=gpu_nodes(gpu_needs_imex="{{ x | bool }}"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inventory_factory import gpu_nodes
+from inventory_factory import DELETE, gpu_nodes
 from provisioner.rules.nccl import algo_problems
 from rules_helpers import findings
 
@@ -34,3 +34,37 @@ def test_timeout_bounds(tmp_path: Path) -> None:
 def test_defaults_apply_when_unset(tmp_path: Path) -> None:
     # nothing set: nccl_algo Ring, timeout 22, retry 7 -> no finding
     assert [f for f in findings(tmp_path) if f.code.startswith("NCCL")] == []
+
+
+EFA = {"fabric": "efa", "ib_hcas": DELETE, "efa_device_count": 32, "efa_installer_sha256": "0" * 64,
+       "efa_installer_url": "https://mirror.example/efa/aws-efa-installer-1.43.2.tar.gz"}
+
+
+def test_managed_key_in_nccl_extra_names_the_variable(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "NCCL006", group_vars=gpu_nodes(nccl_extra={"NCCL_IB_HCA": "=mlx5_0:1"}))
+    assert [f.host for f in fs] == ["n1", "n2"]
+    f = fs[0]
+    assert f.severity == "error" and f.var == "nccl_extra"
+    assert "NCCL_IB_HCA" in f.message and "set ib_hcas" in f.message and "first" in f.message
+    assert "gpu_nodes.yml:" in f.message  # where nccl_extra is set
+
+
+def test_tuner_plugin_is_managed_on_efa_only(tmp_path: Path) -> None:
+    extra = {"NCCL_TUNER_PLUGIN": "/opt/x/libtuner.so"}
+    assert not findings(tmp_path / "ib", "NCCL006", group_vars=gpu_nodes(nccl_extra=extra))
+    fs = findings(tmp_path / "efa", "NCCL006", group_vars=gpu_nodes(**EFA, nccl_extra=extra))
+    assert fs and "efa_nccl_tuner" in fs[0].message
+
+
+def test_ib_keys_on_efa_are_refused_once(tmp_path: Path) -> None:
+    fs = findings(tmp_path, group_vars=gpu_nodes(**EFA, nccl_extra={"NCCL_IB_HCA": "=mlx5_0", "NCCL_IB_SL": 1}))
+    codes = sorted(f.code for f in fs if f.code.startswith("NCCL") and f.host == "n1")
+    assert codes == ["NCCL007", "NCCL007"], fs
+    assert all("aws-ofi-nccl" in f.message for f in fs if f.code == "NCCL007")
+
+
+def test_ib_keys_on_ethernet_are_a_warning(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "NCCL007", group_vars=gpu_nodes(fabric="ethernet", ib_hcas=DELETE,
+                                                            nccl_extra={"NCCL_IB_SL": 1}))
+    fs = [f for f in fs if f.host == "n1"]
+    assert [f.severity for f in fs] == ["warning"] and "NCCL_IB_DISABLE=1" in fs[0].message

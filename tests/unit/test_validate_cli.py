@@ -98,6 +98,11 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "HW015": ([{"group_vars": gb(ansible_architecture="x86_64")},
                {"group_vars": gpu_nodes(ansible_architecture="aarch64")}],
               [{"group_vars": gb(ansible_architecture="aarch64")}, {"group_vars": gb(ansible_architecture="arm64")}]),
+    "HW016": ([{"group_vars": gpu_nodes(gpu_model="H100-PCIe-80GB", gpu_needs_fabric_manager=True)},
+               {"group_vars": gb(gpu_count=8)}, {"group_vars": gpu_nodes(gpu_needs_imex="maybe")}],
+              [{"group_vars": gpu_nodes(gpu_needs_fabric_manager=True, gpu_needs_imex=False,
+                                        node_health_gpu_names=["NVIDIA H100 80GB HBM3"])},
+               {"group_vars": gpu_nodes(gpu_count=1, gpu_needs_fabric_manager=False)}]),
     "NVL001": ([{"group_vars": gb(nvlink_domain=DELETE)}, {"group_vars": gb(nvlink_domain=7)}],
                [{"group_vars": gb()}]),
     "NVL002": ([{"ini": trays(19), "group_vars": gb()}], [{"ini": trays(18), "group_vars": gb()}]),
@@ -120,6 +125,20 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "NCCL005": ([{"group_vars": gpu_nodes(nccl_extra={"NCCL_PROTO": "LL128"})},
                  {"group_vars": gpu_nodes(nccl_ib_hca="mlx5_0:1,mlx5_1:1")}],
                 [{"group_vars": gpu_nodes(nccl_ib_hca="=mlx5_0:1,mlx5_1:1")}]),
+    "NCCL006": ([{"group_vars": gpu_nodes(nccl_extra={"NCCL_IB_TIMEOUT": 20})},
+                 {"group_vars": gpu_nodes(nccl_extra={"NCCL_SOCKET_IFNAME": "=eth0"})},
+                 {"group_vars": gpu_nodes(**{**EFA, "nccl_extra": {"NCCL_ALGO": "Tree"}})}],
+                [{"group_vars": gpu_nodes(nccl_extra={"NCCL_IB_QPS_PER_CONNECTION": 4, "NCCL_TUNER_PLUGIN": "x.so"})}]),
+    "NCCL007": ([{"group_vars": gpu_nodes(**{**EFA, "nccl_extra": {"NCCL_IB_QPS_PER_CONNECTION": 4}})},
+                 {"group_vars": gpu_nodes(**{**EFA, "nccl_extra": {"NCCL_NET": "Socket"}})},
+                 {"group_vars": gpu_nodes(nccl_extra={"NCCL_NET": "Socket"})},
+                 {"group_vars": gpu_nodes(nccl_extra={"NCCL_NET_PLUGIN": "ofi"})}],
+                [{"group_vars": gpu_nodes(**{**EFA, "nccl_extra": {"NCCL_NET": "Libfabric"}})},
+                 {"group_vars": gpu_nodes(nccl_extra={"NCCL_NET": "IB"})}]),
+    "ENV001": ([{"group_vars": gpu_nodes(vllm_env_extra={"VLLM_HOST_IP": "10.0.0.9"})},
+                {"group_vars": gpu_nodes(vllm_env_extra={"NCCL_DEBUG": "INFO"})},
+                {"group_vars": gpu_nodes(vllm_env_extra="HF_HUB_OFFLINE=1")}],
+               [{"group_vars": gpu_nodes(vllm_env_extra={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": 1})}]),
     "VAR001": ([{"ini": BASE_INI + "\n[gpu_nodes:vars]\ncuda_version=12.10\n"},
                 {"ini": BASE_INI.replace("n1 ansible_host=10.0.0.1", "n1 ansible_host=10.0.0.1 driver_version=580.95")}],
                [{"ini": BASE_INI + "\n[gpu_nodes:vars]\ncuda_version='12.10'\n"},
@@ -277,6 +296,42 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path, setup: Any, needle: s
     assert needle in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert p.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("files", "needle"),
+    [
+        ({"host_vars/n2.yml": "- gpu_count: 8\n"}, "host_vars/n2.yml:1: "),
+        ({"host_vars/n2.yml": "# the count\n\njust a string\n"}, "host_vars/n2.yml:3: "),
+        ({"host_vars/n2/hw.yml": "true\n"}, "host_vars/n2/hw.yml:1: "),
+        ({"group_vars/all.yml": "42\n"}, "group_vars/all.yml:1: "),
+        ({"host_vars/n2.yml": "gpu_count: [8\n"}, "host_vars/n2.yml:2: "),
+    ],
+)
+def test_usage_error_in_a_vars_file_names_that_file(tmp_path: Path, files: dict[str, str], needle: str) -> None:
+    p = provision("validate", str(write_inventory(tmp_path, files=files)), columns=500)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert needle in p.stderr and "hosts.ini" not in p.stderr, p.stderr
+    assert "Tagged" not in p.stderr and "<class" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_findings_name_the_vars_file_of_the_value(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, host_vars={"n2": {"gpu_count": "8", "nvidia_driver_version": 580.95}})
+    _, out = validate_json(inv)
+    by = {f["code"]: f["message"] for f in out["errors"] if f["host"] == "n2"}
+    assert "host_vars/n2.yml:1)" in by["HW002"], by
+    assert "host_vars/n2.yml:2)" in by["VAR001"] and "the float 580.95" in by["VAR001"], by
+    assert not [m for m in by.values() if "Tagged" in m or "<class" in m], by
+
+
+def test_plain_reasons_have_no_internal_type_names() -> None:
+    from provisioner.inventory import _plain
+
+    assert _plain("expected dicts but got a 'dict' and a '_AnsibleTaggedStr'.") == \
+        "expected dicts but got a 'dict' and a string."
+    assert _plain('Invalid "hosts" entry, requires a dictionary, found "<class \'ansible._AnsibleTaggedList\'>"') == \
+        'Invalid "hosts" entry, requires a dictionary, found list'
 
 
 def test_bad_format_is_usage_error() -> None:
