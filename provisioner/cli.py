@@ -30,6 +30,8 @@ COMMANDS = (
     "preflight",
     "health",
     "onboard",
+    "power",
+    "firmware",
     "bench",
     "monitoring",
     "testbed",
