@@ -31,6 +31,8 @@ COMMANDS = (
     "preflight",
     "health",
     "onboard",
+    "power",
+    "firmware",
     "bench",
     "monitoring",
     "testbed",

@@ -595,3 +595,53 @@ def reboot_verdict(mark: str | None, mark_path: str = REBOOT_REQUIRED_FILE, mark
         reasons.append("loaded NVIDIA kernel module %s (%s) is not the installed driver %s (%s): reboot the node to "
                        "load it" % (loaded[0], loaded[1], upstream_version(installed[0]), installed[1]))
     return RebootVerdict(tuple(reasons), compared)
+
+
+# --- PCIe Access Control Services (`lspci -vvv`) ------------------------------------------------------------------
+# NCCL's troubleshooting guide: ACS redirect on the PCIe bridges between GPUs and NICs sends peer-to-peer traffic up
+# to the root complex, which breaks or slows GPUDirect P2P/RDMA; `lspci -vvv` prints `ACSCtl:` per bridge that has
+# the capability (root permission needed to see the capabilities at all).
+
+_PCI_HEAD = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+([^:]+):\s*(.*)$")
+_ACS_FLAG = re.compile(r"(\w+)([+-])")
+
+
+@dataclass(frozen=True)
+class PciAcs:
+    """One PCI function with an ACS capability: its address, class and name, and the ACSCtl bits (True = set)."""
+
+    address: str
+    device_class: str
+    name: str
+    ctl: dict  # flag -> bool: SrcValid, TransBlk, ReqRedir, CmpltRedir, UpstreamFwd, EgressCtrl, DirectTrans
+
+    @property
+    def is_bridge(self) -> bool:
+        return "bridge" in self.device_class.lower()
+
+    @property
+    def enabled(self) -> bool:
+        """Any ACS control bit set (NCCL's check: `ACSCtl: SrcValid+` means ACS is on)."""
+        return any(self.ctl.values())
+
+    @property
+    def redirect(self) -> bool:
+        """Request or completion redirect on: P2P between devices below this bridge goes through the root complex."""
+        return bool(self.ctl.get("ReqRedir") or self.ctl.get("CmpltRedir"))
+
+
+def parse_lspci_acs(text: str) -> list:
+    """Every function of `lspci -vvv` (or `-D -vvv`) output that prints an `ACSCtl:` line, in output order.
+    Functions without the capability are left out; an ACSCtl line without a device header is skipped."""
+    out = []
+    head = None
+    for raw in strip_ansi(text).splitlines():
+        if raw and not raw[0].isspace():
+            m = _PCI_HEAD.match(raw.strip())
+            head = m.groups() if m else None
+            continue
+        line = raw.strip()
+        if head is not None and line.startswith("ACSCtl:"):
+            flags = {k: v == "+" for k, v in _ACS_FLAG.findall(line[len("ACSCtl:"):])}
+            out.append(PciAcs(address=head[0], device_class=head[1].strip(), name=head[2].strip(), ctl=flags))
+    return out

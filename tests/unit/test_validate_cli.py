@@ -37,6 +37,9 @@ n2 node_rank=1
 [c2]
 {c2}
 """
+# a host's BMC, credentials from the environment (docs/bmc.md)
+BMC = {"bmc_address": "10.1.0.1", "bmc_username": "admin", "bmc_password_env": "BMC_PASSWORD"}
+
 C2 = {"c2": {"vllm_cluster": {"model": "/m", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8,
                               "max_model_len": 4096, "max_num_seqs": 32}}}
 TINY = {"files": {"models/tiny/config.json": json.dumps(TINY_CONFIG)}}
@@ -200,9 +203,29 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                  {"group_vars": cluster(extra_args=["--max-model-len=8192"])},
                  {"group_vars": cluster(extra_args=["--seed 0"])}],
                 [{"group_vars": cluster(extra_args=["--seed", "0", "--trust-remote-code"])}]),
+    # out-of-band (provisioner/rules/firmware.py; more cases in tests/unit/test_rules_firmware.py)
+    "BMC001": ([{"host_vars": {"n1": {**BMC, "bmc_address": "https://10.1.0.1"}}},
+                {"host_vars": {"n1": {**BMC, "bmc_port": "443"}}}],
+               [{"host_vars": {"n1": {**BMC, "bmc_port": 8443}}}]),
+    "BMC002": ([{"host_vars": {"n1": BMC, "n2": BMC}}],
+               [{"host_vars": {"n1": BMC, "n2": {**BMC, "bmc_address": "10.1.0.2"}}}]),
+    "BMC003": ([{"host_vars": {"n1": {"bmc_address": "10.1.0.1", "bmc_username": "admin"}}}],
+               [{"host_vars": {"n1": BMC}}]),
+    "BMC004": ([{"ini": BASE_INI.replace("n1 ansible_host=10.0.0.1",
+                                         "n1 ansible_host=10.0.0.1 bmc_address=10.1.0.1 bmc_username=admin "
+                                         "bmc_password=calvin")}],
+               [{"host_vars": {"n1": {**BMC, "bmc_password": "{{ vault_bmc_password }}"}}}]),
+    "BMC005": ([{"host_vars": {"n1": {**BMC, "bmc_tls_verify": False}}}],
+               [{"host_vars": {"n1": {**BMC, "bmc_tls_verify": True}}}]),
+    "FW001": ([{"group_vars": gpu_nodes(firmware=["bios"])}, {"group_vars": gpu_nodes(firmware={"bios": "2.3.1"})}],
+              [{"group_vars": gpu_nodes(firmware={"bios": ["2.3.1"]})}]),
+    "FW002": ([{"group_vars": gpu_nodes(firmware={"bois": ["2.3.1"]})}],
+              [{"group_vars": gpu_nodes(firmware={"bios": ["2.3.1"], "gpu": ["96.00.89.00.01"]})}]),
+    "FW003": ([{"group_vars": gpu_nodes(firmware={"bmc": [1.1]})}, {"group_vars": gpu_nodes(firmware={"bmc": ["7 00"]})}],
+              [{"group_vars": gpu_nodes(firmware={"bmc": ["7.00.00.00", "1.10"]})}]),
 }
 
-WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005"}
+WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005"}
 
 
 def _cases(which: int) -> list[Any]:

@@ -1,0 +1,84 @@
+"""What `provision power` and `provision firmware` share: the hosts' BMC targets with their passwords resolved
+(environment, Ansible Vault, `{{ vault_... }}` templates), and a bounded thread pool over hosts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from provisioner.bmc.config import BmcConfigError, BmcTarget, is_vaulted, resolve_password, target
+from provisioner.errors import UsageError
+from provisioner.model import Fleet
+
+
+def setup_vault(fleet: Fleet, hosts: Iterable[str], password_file: Path | None) -> None:
+    """Make the vault secrets available (once per process) when a host's bmc_password is vaulted: from
+    `password_file`, else ansible.cfg / ANSIBLE_VAULT_PASSWORD_FILE, as ansible-playbook reads them. Never prompts."""
+    if not any(is_vaulted(fleet.hosts[h].vars.get("bmc_password")) for h in hosts):
+        return
+    from ansible import constants as C
+    from ansible.cli import CLI
+    from ansible.errors import AnsibleError
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.parsing.vault import VaultSecretsContext
+
+    if VaultSecretsContext.current(optional=True) is not None:
+        return
+    files = []
+    if password_file is not None:
+        if not password_file.is_file():
+            raise UsageError("vault password file not found", path=str(password_file))
+        files.append(str(password_file))
+    try:
+        CLI.setup_vault_secrets(DataLoader(), list(C.DEFAULT_VAULT_IDENTITY_LIST), vault_password_files=files,
+                                auto_prompt=False, initialize_context=True)
+    except AnsibleError as exc:
+        raise UsageError(f"vault: {str(exc).splitlines()[0]}") from None
+
+
+def _templar(vars: Mapping[str, Any]) -> Callable[[str], Any]:
+    def render(text: str) -> Any:
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.template import Templar
+
+        out = Templar(loader=DataLoader(), variables=dict(vars)).template(text)
+        if isinstance(out, str) and "{{" in out:
+            raise ValueError("not rendered")
+        return out
+    return render
+
+
+def bmc_target(fleet: Fleet, host: str, environ: Mapping[str, str] | None = None) -> BmcTarget:
+    """The host's BMC with its password; BmcConfigError (one line, no secret) when the inventory cannot give it."""
+    hv = fleet.hosts[host].vars
+    env = os.environ if environ is None else environ
+    t = target(host, hv)  # address, scheme, TLS first: a host without a BMC needs no password
+    return replace(t, password=resolve_password(host, hv, env, templar=_templar(hv)))
+
+
+def select(fleet: Fleet, patterns: list[str]) -> list[str]:
+    """Hosts matching Ansible-style patterns (names, groups, globs), in inventory order; UsageError when none."""
+    from provisioner.inventory import limit_hosts
+
+    hosts = limit_hosts(fleet, ",".join(patterns))
+    if not hosts:
+        raise UsageError(f"no hosts match {' '.join(patterns)}", path=str(fleet.source))
+    return hosts
+
+
+def each[T](hosts: list[str], fn: Callable[[str], T], forks: int) -> dict[str, T | BaseException]:
+    """fn(host) for every host, `forks` at a time; an exception is that host's result, the others go on."""
+    def safe(h: str) -> T | BaseException:
+        try:
+            return fn(h)
+        except Exception as exc:
+            return exc
+    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts)))) as pool:
+        return dict(zip(hosts, pool.map(safe, hosts), strict=True))
+
+
+__all__ = ["BmcConfigError", "bmc_target", "each", "select", "setup_vault"]
