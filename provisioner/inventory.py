@@ -34,6 +34,7 @@ from typing import Any
 
 from provisioner.errors import UsageError
 from provisioner.model import Cluster, Fleet, Host, freeze
+from provisioner.origin import where
 from provisioner.plan import make_cluster, make_host
 
 
@@ -237,17 +238,7 @@ def _chain(exc: BaseException) -> Iterable[BaseException]:
 
 
 def _origin_of(exc: BaseException) -> tuple[str, int | None] | None:
-    obj = getattr(exc, "obj", None)
-    if obj is None:
-        return None
-    try:
-        from ansible._internal._datatag._tags import Origin
-    except ImportError:  # pragma: no cover - older ansible-core
-        return None
-    origin = obj if isinstance(obj, Origin) else Origin.get_tag(obj)
-    if origin is None or not origin.path or origin.path.startswith("<"):
-        return None
-    return origin.path, origin.line_num
+    return where(getattr(exc, "obj", None))
 
 
 def _describe(exc: BaseException) -> tuple[str | None, str]:
@@ -260,7 +251,7 @@ def _describe(exc: BaseException) -> tuple[str | None, str]:
             where = o
         if type(e).__module__.startswith("yaml"):
             continue  # Ansible's wrapper says the same in a sentence
-        msg = str(getattr(e, "_message", None) or getattr(e, "message", None) or e).strip()
+        msg = str(getattr(e, "message", None) or e).strip()
         msg = msg.splitlines()[0] if msg else ""
         if msg and not msg.startswith(("Failed to parse inventory.", "Failed to parse inventory with")):
             reason = msg.removeprefix("Failed to parse inventory: ")
@@ -360,27 +351,42 @@ def _explain_yaml(loader: Any, p: Path) -> tuple[str, str] | None:
 
 
 def _explain_ini(loader: Any, p: Path) -> tuple[str, str] | None:
+    import tempfile
+
     from ansible.inventory.data import InventoryData
     from ansible.plugins.inventory.ini import InventoryModule
 
-    failed_line: list[int] = []
-
-    class LineTracking(InventoryModule):
-        """ansible's INI parser, remembering the line it failed on (it forgets it before raising)."""
-
-        def _parse(self, lines: list[str]) -> None:
+    def fails(text: str) -> bool:
+        with tempfile.TemporaryDirectory() as d:
+            f = Path(d) / p.name
+            f.write_text(text, encoding="utf-8")
             try:
-                super()._parse(lines)
-            except Exception:
-                if self._origin is not None and self._origin.line_num:
-                    failed_line.append(self._origin.line_num)
-                raise
+                InventoryModule().parse(InventoryData(), loader, str(f), cache=False)
+            except Exception:  # noqa: BLE001 - only whether it fails
+                return True
+        return False
+
+    def first_failing_line(lines: list[str]) -> int | None:
+        """The 1-based line where ansible's INI parser first fails (the shortest failing prefix; it does not say)."""
+        lo, hi = 1, len(lines)
+        if not fails("\n".join(lines) + "\n"):
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fails("\n".join(lines[:mid]) + "\n"):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     try:
-        LineTracking().parse(InventoryData(), loader, str(p.resolve()), cache=False)
+        InventoryModule().parse(InventoryData(), loader, str(p.resolve()), cache=False)
     except Exception as exc:  # noqa: BLE001 - we only harvest the message
         _, reason = _describe(exc)
-        line = failed_line[0] if failed_line else None
+        try:
+            line = first_failing_line(p.read_text(encoding="utf-8", errors="replace").splitlines())
+        except OSError:
+            line = None
         if line is not None:
             try:
                 text = p.read_text(encoding="utf-8", errors="replace").splitlines()[line - 1].strip()

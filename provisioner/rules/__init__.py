@@ -81,22 +81,18 @@ def run_rules(fleet: Fleet, ctx: RuleContext | None = None) -> list[Finding]:
 
 
 def origin(value: Any) -> str | None:
-    """'path:line' of a value Ansible loaded (ansible-core tags values with their origin), else None."""
-    if value is None:
+    """'path:line' of a value Ansible loaded (provisioner.origin), relative to the working directory, else None."""
+    from provisioner.origin import where
+
+    w = where(value)
+    if w is None:
         return None
-    try:
-        from ansible._internal._datatag._tags import Origin
-    except ImportError:  # pragma: no cover - other ansible-core versions: no locations, same findings
-        return None
-    o = Origin.get_tag(value)
-    if o is None or not o.path or o.path.startswith("<"):
-        return None
-    path = Path(o.path)
+    path = Path(w[0])
     try:
         path = path.relative_to(Path.cwd())
     except ValueError:
         pass
-    return f"{path}:{o.line_num}" if o.line_num else str(path)
+    return f"{path}:{w[1]}" if w[1] else str(path)
 
 
 def _with_origin(fleet: Fleet, f: Finding) -> Finding:

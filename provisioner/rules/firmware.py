@@ -43,12 +43,10 @@ def _unset(v: Any) -> bool:
 
 
 def _origin_path(v: Any) -> str | None:
-    try:
-        from ansible._internal._datatag._tags import Origin
-    except ImportError:  # pragma: no cover - other ansible-core versions
-        return None
-    o = Origin.get_tag(v)
-    return o.path if o is not None and o.path else None
+    from provisioner.origin import where
+
+    w = where(v)
+    return w[0] if w else None
 
 
 def _bmc_type_problems(var: str, v: Any) -> str | None:
