@@ -130,15 +130,20 @@ def test_state_goes_to_a_per_user_directory(pkg: Installed, site: Path, tmp_path
     assert (seen["runs"], seen["facts"]) == (str(tmp_path / "st/runs"), str(tmp_path / "st/facts.d"))
 
 
+# every command reads the inventory first, and its clusters take their defaults from the one home of shared defaults
+SHARED = "roles/provisioner_plan/defaults/main.yml"
+
+
 @pytest.mark.parametrize(("args", "missing"), [
-    (("render", "inventories/rack-a.ini", "--host", "node01"), "roles/nccl_tuning/defaults/main.yml"),
-    (("run", "inventories/rack-a.ini", "--check", "--skip-preflight"), "roles/vllm/defaults/main.yml"),  # validation reads the role defaults first
-    (("drift", "inventories/rack-a.ini"), "roles/vllm/defaults/main.yml"),
-    (("monitoring", "inventories/rack-a.ini", "--out", "mon"), "roles/monitoring"),
-    (("health", "inventories/rack-a.ini"), None),  # reads the program files (nodeparse.py first) before any connection
+    (("render", "inventories/rack-a.ini", "--host", "node01"), SHARED),
+    (("run", "inventories/rack-a.ini", "--check", "--skip-preflight"), SHARED),
+    (("drift", "inventories/rack-a.ini"), SHARED),
+    (("monitoring", "inventories/rack-a.ini", "--out", "mon"), SHARED),
+    (("health", "inventories/rack-a.ini"), SHARED),
+    (("plan", "inventories/rack-a.ini"), SHARED),
 ])
 def test_missing_data_is_one_line_and_exit_2(pkg: Installed, site: Path, tmp_path: Path, args: tuple[str, ...],
-                                             missing: str | None) -> None:
+                                             missing: str) -> None:
     nodata = tmp_path / "nodata"
     nodata.mkdir()
     r = pkg.provision(*args, cwd=site, env=pkg.env(PROVISION_DATA_DIR=str(nodata), HOME=str(tmp_path / "home")),
@@ -147,7 +152,7 @@ def test_missing_data_is_one_line_and_exit_2(pkg: Installed, site: Path, tmp_pat
     assert "Traceback" not in r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "provisioner data missing" in lines[0], r.stderr
-    assert str(nodata / (missing or "roles/node_health/files/nodeparse.py")) in lines[0]
+    assert str(nodata / missing) in lines[0]
 
 
 RUN_CODE = """
@@ -168,9 +173,11 @@ def test_a_run_finds_the_collection_in_the_installed_data(pkg: Installed, site: 
     play.write_text(
         "- name: The collection from the installed data\n  hosts: localhost\n  connection: local\n"
         f"  gather_facts: false\n  vars:\n    ansible_python_interpreter: {pkg.python}\n  tasks:\n"
-        "    - name: A filter of the collection\n      ansible.builtin.copy:\n"
+        "    - name: The collection's plan action (the installed provisioner package computes it)\n"
+        "      provisioner.gpu.provisioner_plan:\n      register: plan\n"
+        "    - name: Its balancer/monitoring targets\n      ansible.builtin.copy:\n"
         f"        dest: {tmp_path}/fleet.json\n        mode: '0644'\n"
-        "        content: \"{{ hostvars | provisioner.gpu.provisioner_fleet_targets | to_json }}\"\n"
+        "        content: \"{{ plan.plan.targets | to_json }}\"\n"
         "    - name: The collection's module, check mode\n      provisioner.gpu.provisioner_apt:\n"
         "        packages: [dpkg]\n      check_mode: true\n")
     r = subprocess.run([str(pkg.python), "-c", RUN_CODE, "inventories/rack-a.ini", "fqcn.yml", str(tmp_path / "runs")], cwd=site,

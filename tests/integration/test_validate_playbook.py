@@ -1,5 +1,5 @@
 """playbooks/validate.yml: the rules of `provision validate`, run by the action plugin
-plugins/action/provisioner_validate.py inside the play. Both entry points, the same inventories, the same findings:
+plugins/action/provisioner_plan.py (the provisioner_plan role, rules on) inside the play. Both entry points, the same inventories, the same findings:
 passes on rack-a, fails on broken inventories with the rule code and a line that says what to fix, for INI and
 for a dynamic (script) inventory alike. Runs the real ansible-playbook and `provision` (no host is contacted)."""
 
@@ -46,11 +46,12 @@ def cli_result(inv: Path) -> tuple[int, dict[str, Any]]:
     return p.returncode, json.loads(p.stdout)
 
 
-def test_validate_yml_is_one_task_calling_the_action_plugin() -> None:
+def test_validate_yml_is_the_plan_role_with_the_rules_on() -> None:
     doc = yaml.safe_load(PLAYBOOK.read_text())
-    assert all(p.get("gather_facts") is False for p in doc)
-    tasks = [t for p in doc for t in p.get("tasks", [])]
-    assert len(tasks) == 1 and "provisioner.gpu.provisioner_validate" in tasks[0] and tasks[0]["run_once"] is True
+    assert all(p.get("gather_facts") is False and not p.get("tasks") for p in doc)
+    assert [p["roles"] for p in doc] == [[{"role": "provisioner_plan", "vars": {"provisioner_plan_validate": True}}]]
+    tasks = yaml.safe_load((PROJECT_ROOT / "roles/provisioner_plan/tasks/main.yml").read_text())
+    assert "provisioner.gpu.provisioner_plan" in tasks[0] and tasks[0]["run_once"] is True
     assert "ansible.builtin.assert" not in PLAYBOOK.read_text()  # no Jinja re-implementation of the rules
 
 

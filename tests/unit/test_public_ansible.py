@@ -45,3 +45,4 @@ def test_no_role_task_rebuilds_the_fleet() -> None:
     (task, hand) = yaml.safe_load((ROOT / "roles/provisioner_plan/tasks/main.yml").read_text())
     assert task["run_once"] and task["when"] == "provisioner_plan is not defined" and "always" in task["tags"]
     assert hand["ansible.builtin.set_fact"] == {"provisioner_plan": "{{ provisioner_plan_result.plan }}"}
+    assert task["when"] in hand["when"]
