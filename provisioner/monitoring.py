@@ -4,8 +4,9 @@ The templates in `templates/` (`prometheus.yml.j2`, `prometheus-rules.yml.j2`, `
 ones `roles/monitoring` and `roles/serving_lb` render with Ansible. What they need from the inventory is
 `fleet_targets(fleet)`: every cluster head (cluster = the group that defines `vllm_cluster`, its served model names,
 address and port), the GPU nodes with their cluster, the balancers. The roles get it from the fleet plan
-(`provisioner_plan.targets`: provisioner.plan.compute calls this module), the CLI calls it directly, and both render on top of the roles' `defaults/main.yml`, so they produce the same bytes
-(tests/unit/test_serving_lb.py and test_monitoring.py compare them with real ansible-playbook output).
+(`provisioner_plan.targets`: provisioner.plan.compute calls this module), the CLI calls it directly, and both render
+on top of the roles' `defaults/main.yml`, so they produce the same bytes
+(tests/integration/test_serving_lb.py and test_monitoring.py compare them with real ansible-playbook output).
 """
 
 from __future__ import annotations
