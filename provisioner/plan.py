@@ -96,7 +96,7 @@ def detect_clusters(hosts: Mapping[str, Host], groups: Mapping[str, Sequence[str
     row inside the cluster is smaller, the parent of two replicas larger; when the size is unknown, the smallest),
     never one of the suite's own groups; equal candidates: the first name. Rule CL019 checks that this is the
     group whose own vars define vllm_cluster."""
-    candidates: list[tuple[int, str, frozenset[str]]] = []
+    candidates: list[tuple[int, str, tuple[str, ...]]] = []
     for g, members in groups.items():
         if g in STRUCTURAL_GROUPS or not members:
             continue
@@ -104,16 +104,20 @@ def detect_clusters(hosts: Mapping[str, Host], groups: Mapping[str, Sequence[str
             continue
         first = hosts[members[0]].vars["vllm_cluster"]
         if all(hosts[m].vars["vllm_cluster"] == first for m in members[1:]):
-            candidates.append((len(members), g, frozenset(members)))
+            candidates.append((len(members), g, tuple(members)))
     candidates.sort()
+    by_host: dict[str, list[tuple[int, str]]] = {}  # host -> its candidate groups, smallest first
+    for n, g, ms in candidates:
+        for m in ms:
+            by_host.setdefault(m, []).append((n, g))
     out: dict[str, list[str]] = {}
     taken: set[str] = set()
     for name, h in hosts.items():
         if "vllm_cluster" not in h.vars or name in taken:
             continue
-        mine = [(n, g, ms) for n, g, ms in candidates if name in ms]
+        mine = by_host.get(name, [])
         size = _cluster_size(h)
-        best = next((g for n, g, _ in mine if n == size), None) if size else None
+        best = next((g for n, g in mine if n == size), None) if size else None
         if best is None and mine:
             best = mine[0][1]
         if best is not None:
