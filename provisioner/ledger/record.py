@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from provisioner.ledger.store import Ledger
+from provisioner.ledger.store import Ledger, LedgerError
 
 
 def warn(exc: BaseException) -> None:
-    sys.stderr.write(f"warning: ledger not updated: {exc} (the run itself is unaffected)\n")
+    what = str(exc) if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+    sys.stderr.write(f"warning: ledger not updated: {what} (the run itself is unaffected)\n")
 
 
 def run_status(result: Any) -> str:

@@ -182,6 +182,14 @@ class Ledger:
             "host_outcomes.run WHERE host_outcomes.host = ? ORDER BY runs.id DESC LIMIT 1", (host,)).fetchone()
         return (self._run(row), row["outcome"]) if row else None
 
+    def last_run_for(self, host: str, command: str) -> tuple[Run, str] | None:
+        """(the newest `command` run with an outcome for `host`, that outcome's status)."""
+        row = self._db.execute(
+            "SELECT runs.*, host_outcomes.status AS outcome FROM host_outcomes JOIN runs ON runs.id = "
+            "host_outcomes.run WHERE host_outcomes.host = ? AND runs.command = ? ORDER BY runs.id DESC LIMIT 1",
+            (host, command)).fetchone()
+        return (self._run(row), row["outcome"]) if row else None
+
     def health(self, host: str, run: int | None = None) -> list[dict[str, Any]]:
         """Health results of `host`: of run `run`, else of its newest health run."""
         if run is None:

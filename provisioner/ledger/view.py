@@ -52,12 +52,8 @@ def status_rows(fleet: Fleet, ledger: Ledger) -> list[dict[str, Any]]:
 def health_passed(ledger: Ledger, host: str, since: float | None) -> bool:
     """The health gate: the newest `provision health` pass that covered `host` passed it and began after `since`
     (when the host entered its present state)."""
-    for run in ledger.runs(host=host, limit=20):
-        if run.command != "health":
-            continue
-        outcome = ledger.host_outcomes(run.id).get(host)
-        return bool(outcome and outcome["status"] == "ok" and (since is None or run.started >= since))
-    return False
+    last = ledger.last_run_for(host, "health")
+    return last is not None and last[1] == "ok" and (since is None or last[0].started >= since)
 
 
 def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:

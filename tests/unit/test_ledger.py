@@ -186,3 +186,28 @@ def test_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROVISION_RUNS_DIR", str(tmp_path / "runs"))
     assert ledger_path() == tmp_path / "runs" / "ledger.sqlite3"
     assert os.environ.get("PROVISION_LEDGER") is None
+
+
+def test_run_playbook_records_through_its_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook's wiring in provisioner.runner.run_playbook: the row opens at the run directory (before Ansible)
+    and closes with the result that execute returns (execute stubbed: no Ansible here)."""
+    import provisioner.runner as runner
+
+    monkeypatch.setenv("PROVISION_LEDGER", str(tmp_path / "l.sqlite3"))
+    result = result_with(tmp_path)
+    result.command, result.check = "run", False
+    seen: list[str] = []
+
+    def fake_execute(config, *, progress=None, on_event=None, on_run_dir=None, fleet=None):  # type: ignore[no-untyped-def]
+        on_run_dir(tmp_path / "run")
+        with Ledger.open(tmp_path / "l.sqlite3") as lg:
+            seen.append(lg.runs()[0].status)
+        return result
+
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    got = runner.run_playbook(tmp_path / "inv.ini", command="run", on_run_dir=lambda d: seen.append(d.name))
+    assert got is result and seen == ["run", "running"]
+    with Ledger.open(tmp_path / "l.sqlite3") as lg:
+        (run,) = lg.runs()
+        assert (run.command, run.status, run.run_dir) == ("run", "ok", str(tmp_path / "run"))
+        assert set(lg.host_outcomes(run.id)) == {"n1", "n2"}
