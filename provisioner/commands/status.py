@@ -12,7 +12,7 @@ import typer
 from provisioner.commands.common import Format, unwrap
 from provisioner.errors import Exit
 
-HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since when, cluster, last run outcome.
+HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since, cluster, last run, health and drift.
 
 The states and runs come from the ledger (PROVISION_LEDGER, else ledger.sqlite3 in the runs directory: see
 docs/lifecycle.md); a host the ledger has never seen is `new`. A run whose process was killed reads `interrupted`.
@@ -39,13 +39,17 @@ def run(inventory: Path, fmt: Format = Format.text) -> int:
     from rich.table import Table
 
     table = Table(title=f"fleet status: {inventory}", title_justify="left")
-    for col in ("host", "state", "since", "cluster", "last run"):
+    for col in ("host", "state", "since", "cluster", "last run", "health", "drift"):
         table.add_column(col)
     for r in rows:
-        last = r["last_run"]
+        last, health, drift = r["last_run"], r["health"], r["drift"]
         lr = "-" if last is None else f"{last['command']} #{last['id']} {when(last['started'])}: {last['outcome']}" + (
             f" ({last['status']})" if last["status"] in ("running", "interrupted") else "")
-        table.add_row(r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr)
+        hl = "-" if health is None else f"{when(health['started'])}: {health['result']}" + (
+            f" ({', '.join(health['failed'])})" if health["failed"] else "")
+        dr = "-" if drift is None else f"{when(drift['started'])}: {drift['items']} item(s)" + (
+            "" if drift["outcome"] in ("ok", "changed") else f" ({drift['outcome']})")
+        table.add_row(r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr, hl, dr)
     Console(highlight=False, soft_wrap=True).print(table)
     return int(Exit.OK)
 

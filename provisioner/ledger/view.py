@@ -34,17 +34,26 @@ def cluster_name(fleet: Fleet, host: str) -> str | None:
 
 
 def status_rows(fleet: Fleet, ledger: Ledger) -> list[dict[str, Any]]:
-    """One row per inventory host (inventory order): state and since, cluster, the last run's outcome for it."""
+    """One row per inventory host (inventory order): state and since, cluster, the last run's outcome for it, its
+    last health pass (when, result, failed checks) and last drift check (when, outcome, items)."""
     states = ledger.states()
     rows = []
     for host in fleet.hosts:
         state, since = states.get(host, ("new", None))
         last = ledger.last_outcome(host)
+        health = ledger.last_run_for(host, "health")
+        drift = ledger.last_run_for(host, "drift")
         rows.append({
             "host": host, "state": state, "since": since, "cluster": cluster_name(fleet, host),
             "last_run": None if last is None else {
                 "id": last[0].id, "command": last[0].command, "started": last[0].started,
                 "status": last[0].status, "outcome": last[1], "run_dir": last[0].run_dir},
+            "health": None if health is None else {
+                "run": health[0].id, "started": health[0].started, "result": health[1],
+                "failed": [h["check"] for h in ledger.health(host, health[0].id) if h["result"] == "fail"]},
+            "drift": None if drift is None else {
+                "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
+                "items": len(ledger.drift_items(drift[0].id, host))},
         })
     return rows
 

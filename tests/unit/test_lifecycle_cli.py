@@ -155,3 +155,20 @@ def test_status_shows_the_last_run_and_an_interrupted_one(site: tuple[Path, dict
     assert rows["n3"]["status"] == "interrupted" and rows["n4"] is None
     text = provision("status", str(inv), env=env, columns=250).stdout
     assert "(interrupted)" in text
+
+
+def test_status_shows_last_health_and_drift(site: tuple[Path, dict[str, str], Path]) -> None:
+    inv, env, db = site
+    with Ledger.open(db) as lg:
+        h = lg.run_started("health", str(inv), started=100.0)
+        lg.run_finished(h, "failed", hosts=[{"host": "n1", "status": "failed"}, {"host": "n2", "status": "ok"}],
+                        health=[("n1", "ecc", "fail", "row remap pending"), ("n1", "gpus", "pass", None)])
+        d = lg.run_started("drift", str(inv), started=200.0)
+        lg.run_finished(d, "drift", hosts=[{"host": "n1", "status": "changed", "changed": 1}],
+                        drift=[("n1", "file:/etc/nccl.conf"), ("n1", "service:vllm")])
+    rows = {x["host"]: x for x in json.loads(provision("status", str(inv), "-f", "json", env=env).stdout)["hosts"]}
+    assert rows["n1"]["health"] == {"run": h, "started": 100.0, "result": "failed", "failed": ["ecc"]}
+    assert rows["n1"]["drift"] == {"run": d, "started": 200.0, "outcome": "changed", "items": 2}
+    assert rows["n2"]["health"]["result"] == "ok" and rows["n2"]["drift"] is None and rows["n3"]["health"] is None
+    text = provision("status", str(inv), env=env, columns=250).stdout
+    assert "failed (ecc)" in text and "2 item(s)" in text
