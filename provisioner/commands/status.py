@@ -44,7 +44,8 @@ def run(inventory: Path, fmt: Format = Format.text) -> int:
     for r in rows:
         last, health, drift = r["last_run"], r["health"], r["drift"]
         lr = "-" if last is None else f"{last['command']} #{last['id']} {when(last['started'])}: {last['outcome']}" + (
-            f" ({last['status']})" if last["status"] in ("running", "interrupted") else "")
+            f" (run {last['status']})" if last["status"] in ("running", "interrupted")
+            and last["status"] != last["outcome"] else "")
         hl = "-" if health is None else f"{when(health['started'])}: {health['result']}" + (
             f" ({', '.join(health['failed'])})" if health["failed"] else "")
         dr = "-" if drift is None else f"{when(drift['started'])}: {drift['items']} item(s)" + (

@@ -1,16 +1,16 @@
 """Recording runs into the ledger, best effort: a ledger that cannot be written prints one warning line on stderr
 and never fails the run (the run directory stays the artifact of record).
 
-- `Recorder`: the runner's hook (`run_playbook`): opens the run's row when its run directory is made (so a CLI
-  killed mid-run leaves a row that reads `interrupted`) and closes it with the RunResult's per-host outcomes and
-  drift items.
+- `Recorder`: the runner's hook (`run_playbook`): opens the run's row when its run directory is made, its targeted
+  hosts `running` (so a CLI killed mid-run leaves a row that reads `interrupted`), and closes it with the
+  RunResult's per-host outcomes and drift items.
 - `record_result(ledger, result)`: a finished RunResult in one go. `record_health(...)`: a `provision health` pass.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,9 @@ class Recorder:
     hands the result back. Any ledger failure: one warning, then the recorder stays quiet."""
 
     def __init__(self, command: str, inventory: Any, on_run_dir: Callable[[Path], None] | None = None,
-                 path: Path | None = None) -> None:
+                 targeted: Iterable[str] | None = None, path: Path | None = None) -> None:
         self.command, self.inventory, self.inner, self.path = command, str(inventory), on_run_dir, path
+        self.targeted = list(targeted or ())
         self.run: int | None = None
         self.broken = False
 
@@ -80,7 +81,8 @@ class Recorder:
             from provisioner.paths import ledger_path
 
             self.path = ledger_path(run_dir.parent)
-        self.run = self._do(lambda lg: lg.run_started(self.command, self.inventory, run_dir=str(run_dir)))
+        self.run = self._do(lambda lg: lg.run_started(self.command, self.inventory, run_dir=str(run_dir),
+                                                      hosts=self.targeted))
         if self.inner:
             self.inner(run_dir)
 

@@ -121,15 +121,19 @@ class Ledger:
         self._db.execute("COMMIT")
 
     # -- runs ---------------------------------------------------------------------------------------------------
-    def run_started(self, command: str, inventory: str, *, run_dir: str | None = None,
+    def run_started(self, command: str, inventory: str, *, run_dir: str | None = None, hosts: Iterable[str] = (),
                     started: float | None = None, pid: int | None = None) -> int:
-        """A run begins: its row, status `running`, with this process's pid (so a kill reads `interrupted`)."""
+        """A run begins: its row, status `running`, with this process's pid (so a kill reads `interrupted`), and an
+        outcome `running` for each of `hosts` (the targeted ones; run_finished replaces them)."""
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO runs (command, inventory, started, run_dir, pid, node) VALUES (?, ?, ?, ?, ?, ?)",
                 (command, inventory, time.time() if started is None else started, run_dir,
                  os.getpid() if pid is None else pid, socket.gethostname()))
-            return int(cur.lastrowid or 0)
+            run = int(cur.lastrowid or 0)
+            db.executemany("INSERT INTO host_outcomes (run, host, status) VALUES (?, ?, 'running')",
+                           [(run, h) for h in hosts])
+            return run
 
     def run_finished(self, run: int, status: str, *, hosts: Iterable[dict[str, Any]] = (),
                      drift: Iterable[tuple[str, str]] = (), health: Iterable[tuple[str, str, str, str | None]] = (),
@@ -180,7 +184,12 @@ class Ledger:
         row = self._db.execute(
             "SELECT runs.*, host_outcomes.status AS outcome FROM host_outcomes JOIN runs ON runs.id = "
             "host_outcomes.run WHERE host_outcomes.host = ? ORDER BY runs.id DESC LIMIT 1", (host,)).fetchone()
-        return (self._run(row), row["outcome"]) if row else None
+        return self._with_outcome(row) if row else None
+
+    def _with_outcome(self, row: sqlite3.Row) -> tuple[Run, str]:
+        run = self._run(row)
+        outcome = row["outcome"]
+        return run, ("interrupted" if outcome == "running" and run.status == "interrupted" else outcome)
 
     def last_run_for(self, host: str, command: str) -> tuple[Run, str] | None:
         """(the newest `command` run with an outcome for `host`, that outcome's status)."""
@@ -188,7 +197,7 @@ class Ledger:
             "SELECT runs.*, host_outcomes.status AS outcome FROM host_outcomes JOIN runs ON runs.id = "
             "host_outcomes.run WHERE host_outcomes.host = ? AND runs.command = ? ORDER BY runs.id DESC LIMIT 1",
             (host, command)).fetchone()
-        return (self._run(row), row["outcome"]) if row else None
+        return self._with_outcome(row) if row else None
 
     def health(self, host: str, run: int | None = None) -> list[dict[str, Any]]:
         """Health results of `host`: of run `run`, else of its newest health run."""

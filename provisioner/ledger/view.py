@@ -83,6 +83,8 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
     runs = []
     for r in ledger.runs(host=host, limit=100):
         outcome = ledger.host_outcomes(r.id).get(host)
+        if outcome and outcome["status"] == "running" and r.status == "interrupted":
+            outcome = {**outcome, "status": "interrupted"}
         failed = [h["check"] for h in ledger.health(host, r.id) if h["result"] == "fail"]
         runs.append({"id": r.id, "command": r.command, "started": r.started, "ended": r.ended, "status": r.status,
                      "outcome": outcome["status"] if outcome else None, "run_dir": r.run_dir,

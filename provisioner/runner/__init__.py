@@ -197,7 +197,7 @@ def run_playbook(
     )
     from provisioner.ledger.record import Recorder
 
-    rec = Recorder(command, inventory, on_run_dir)  # indexes the run in the ledger (best effort, never fails it)
+    rec = Recorder(command, inventory, on_run_dir, targeted)  # indexes the run in the ledger (best effort)
     on_run_dir = rec.on_run_dir
     if exec_nodes:
         from provisioner.inventory import load_fleet

@@ -68,6 +68,8 @@ def test_a_run_never_closed_reads_interrupted_once_its_process_is_gone(tmp_path:
         lg.run_finished(done, "ok", hosts=[{"host": "n1", "status": "ok"}])
         assert lg.run(alive).status == "running"
         assert lg.run(killed).status == "interrupted" and lg.run(killed).ended is None
+        hosts = lg.run_started("run", "inv", pid=DEAD_PID, hosts=["n7"])
+        assert lg.last_outcome("n7") == (lg.run(hosts), "interrupted")
         assert lg.run(done).status == "ok"
 
 
@@ -126,11 +128,12 @@ def test_failed_and_error_runs(tmp_path: Path) -> None:
 
 def test_recorder_opens_at_the_run_dir_and_closes_with_the_result(tmp_path: Path) -> None:
     seen: list[Path] = []
-    rec = Recorder("run", "inv.ini", seen.append, path=tmp_path / "l.sqlite3")
+    rec = Recorder("run", "inv.ini", seen.append, ["n1", "n2"], path=tmp_path / "l.sqlite3")
     rec.on_run_dir(tmp_path / "run")
     assert seen == [tmp_path / "run"]
     with Ledger.open(tmp_path / "l.sqlite3") as lg:
         assert lg.run(rec.run).status == "running"  # a kill here leaves it to read `interrupted`
+        assert lg.last_outcome("n2")[1] == "running"
     result = result_with(tmp_path)
     result.check = False
     assert rec.finish(result) is result

@@ -145,16 +145,16 @@ def test_status_shows_the_last_run_and_an_interrupted_one(site: tuple[Path, dict
     result.status, result.rc = "failed", 2
     with Ledger.open(db) as lg:
         record_result(lg, result)
-        killed = lg.run_started("run", str(inv), pid=2**31 - 2)
-        lg.run_finished(killed, "running", hosts=[{"host": "n3", "status": "not_run"}], ended=None)
-        lg._db.execute("UPDATE runs SET ended = NULL WHERE id = ?", (killed,))  # as a kill leaves it
+        lg.run_started("run", str(inv), pid=2**31 - 2, hosts=["n3"])  # never finished, its process gone
     rows = {x["host"]: x["last_run"] for x in json.loads(
         provision("status", str(inv), "-f", "json", env=env).stdout)["hosts"]}
     assert rows["n1"]["outcome"] == "ok" and rows["n1"]["status"] == "failed"
     assert rows["n2"]["outcome"] == "failed" and rows["n2"]["run_dir"] == str(tmp_path / "r1")
-    assert rows["n3"]["status"] == "interrupted" and rows["n4"] is None
+    assert rows["n3"]["status"] == rows["n3"]["outcome"] == "interrupted" and rows["n4"] is None
+    h = json.loads(provision("history", "n3", "-f", "json", env=env).stdout)
+    assert h["runs"][0]["outcome"] == "interrupted"
     text = provision("status", str(inv), env=env, columns=250).stdout
-    assert "(interrupted)" in text
+    assert ": interrupted" in text and "(run interrupted)" not in text
 
 
 def test_status_shows_last_health_and_drift(site: tuple[Path, dict[str, str], Path]) -> None:
