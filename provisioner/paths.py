@@ -14,6 +14,9 @@ State (run directories, the fact cache):
   `runs/` and `facts.d/` in it (`PROVISION_STATE_DIR` works in a checkout too). `PROVISION_RUNS_DIR` still overrides
   the runs directory alone.
 
+The ledger (provisioner/ledger/): `ledger.sqlite3` in the runs directory it indexes (so whatever moves the runs
+moves their index with them); `PROVISION_LEDGER` overrides (a file path).
+
 Only the standard library here: the CLI's fast path imports it.
 """
 
@@ -64,6 +67,13 @@ def runs_dir() -> Path:
     if os.environ.get("PROVISION_RUNS_DIR"):
         return Path(os.environ["PROVISION_RUNS_DIR"])
     return state_dir() / (".runs" if _in_repo() else "runs")
+
+
+def ledger_path(runs: Path | None = None) -> Path:
+    """The ledger's SQLite file: `PROVISION_LEDGER`, else `ledger.sqlite3` in `runs` (default `runs_dir()`)."""
+    if os.environ.get("PROVISION_LEDGER"):
+        return Path(os.environ["PROVISION_LEDGER"]).expanduser()
+    return (runs or runs_dir()) / "ledger.sqlite3"
 
 
 def facts_dir() -> Path:

@@ -41,9 +41,12 @@ def register(app: typer.Typer) -> None:
         from provisioner.reports.textfile import write_atomic
 
         fleet, hosts = load_targets(inventory, limit, timeout, forks)
-        t0 = time.monotonic()
+        t0, started = time.monotonic(), time.time()
         results = run_health(fleet, hosts, timeout=timeout, forks=forks)
         seconds = time.monotonic() - t0
+        from provisioner.ledger.record import record_health
+
+        record_health(results, inventory, started, seconds)  # the ledger (best effort: one warning line at most)
         sys.stdout.write(render_json(results, seconds) if fmt is Format.json else render_text(results, seconds))
         if prometheus is not None:
             try:

@@ -195,6 +195,10 @@ def run_playbook(
         envvars=dict(envvars or {}), timeout=timeout, targeted=tuple(targeted) if targeted is not None else None,
         accelerate=accelerate,
     )
+    from provisioner.ledger.record import Recorder
+
+    rec = Recorder(command, inventory, on_run_dir, targeted)  # indexes the run in the ledger (best effort)
+    on_run_dir = rec.on_run_dir
     if exec_nodes:
         from provisioner.inventory import load_fleet
         from provisioner.runner.shards import plan
@@ -202,6 +206,6 @@ def run_playbook(
 
         fleet = fleet or load_fleet(inventory, extra_vars=extravars)
         hosts = list(targeted) if targeted is not None else target_hosts(fleet, config.limit)
-        return execute_sharded(config, plan(fleet, hosts, exec_nodes), fleet, progress=progress,
-                               on_run_dir=on_run_dir, on_event=on_event)
-    return execute(config, progress=progress, on_event=on_event, on_run_dir=on_run_dir, fleet=fleet)
+        return rec.finish(execute_sharded(config, plan(fleet, hosts, exec_nodes), fleet, progress=progress,
+                                          on_run_dir=on_run_dir, on_event=on_event))
+    return rec.finish(execute(config, progress=progress, on_event=on_event, on_run_dir=on_run_dir, fleet=fleet))

@@ -187,5 +187,6 @@ def test_a_run_finds_the_collection_in_the_installed_data(pkg: Installed, site: 
     assert out["rc"] == 0 and not out["failed"] and out["error"] is None, out
     fleet = json.loads((tmp_path / "fleet.json").read_text())
     assert len(fleet["gpu_nodes"]) == 4 and fleet["heads"], fleet
-    link = next((tmp_path / "runs").iterdir()) / "collections/ansible_collections/provisioner/gpu"
+    run_dir = next(p for p in (tmp_path / "runs").iterdir() if p.is_dir())  # the ledger file lies beside it
+    link = run_dir / "collections/ansible_collections/provisioner/gpu"
     assert link.is_symlink() and link.resolve() == pkg.site_packages / "provisioner" / "_data"

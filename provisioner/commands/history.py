@@ -1,0 +1,67 @@
+"""`provision history HOST`: a host's lifecycle transitions and runs, from the ledger."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from provisioner.commands.common import Format, unwrap
+from provisioner.errors import Exit, UsageError
+
+HELP = unwrap("""Show HOST's lifecycle transitions (oldest first) and the runs that touched it (newest first).
+
+Read from the ledger (docs/lifecycle.md). With --inventory, HOST must be one of its hosts (a typo is a usage error
+instead of an empty history).
+
+Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
+
+
+def run(host: str, inventory: Path | None = None, fmt: Format = Format.text) -> int:
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.view import history, read_ledger, when
+
+    if inventory is not None:
+        from provisioner.inventory import load_fleet
+
+        if host not in load_fleet(inventory).hosts:
+            raise UsageError(f"{host} is not a host of the inventory", path=str(inventory))
+    try:
+        with read_ledger() as ledger:
+            h = history(ledger, host)
+    except LedgerError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.FAIL)
+    if fmt is Format.json:
+        sys.stdout.write(json.dumps(h, indent=2) + "\n")
+        return int(Exit.OK)
+    out = [f"{host}: {h['state']} since {when(h['since'])}"]
+    out.append("transitions:" if h["transitions"] else "transitions: none")
+    for t in h["transitions"]:
+        forced = " (forced)" if t["forced"] else ""
+        out.append(f"  {when(t['at'])}  {t['from']} -> {t['to']}{forced}  by {t['actor']}: {t['reason']}")
+    out.append("runs:" if h["runs"] else "runs: none")
+    for r in h["runs"]:
+        extra = ""
+        if r["failed_checks"]:
+            extra += f"  failed: {', '.join(r['failed_checks'])}"
+        if r["drift"]:
+            extra += f"  drift: {len(r['drift'])} item(s)"
+        out.append(f"  #{r['id']} {when(r['started'])}  {r['command']}  {r['outcome'] or '-'} (run {r['status']})"
+                   f"{extra}" + (f"  {r['run_dir']}" if r["run_dir"] else ""))
+    sys.stdout.write("\n".join(out) + "\n")
+    return int(Exit.OK)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("history", help=HELP)
+    def history_cmd(
+        host: Annotated[str, typer.Argument(help="Inventory host name.", show_default=False)],
+        inventory: Annotated[Path | None, typer.Option(
+            "--inventory", "-i", help="Check HOST against this inventory.", show_default=False)] = None,
+        fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
+    ) -> None:
+        raise typer.Exit(run(host, inventory, fmt))

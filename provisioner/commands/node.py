@@ -1,0 +1,87 @@
+"""`provision node INVENTORY HOST --state STATE --reason TEXT`: a manual lifecycle transition, kept in the ledger."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from provisioner.commands.common import Format, unwrap
+from provisioner.errors import Exit, UsageError
+from provisioner.lifecycle import STATES
+
+HELP = unwrap("""Move HOST of INVENTORY to another lifecycle state, with a reason; the ledger keeps it.
+
+The allowed transitions and the refusals are docs/lifecycle.md's: into in-service only after a passed `provision
+health` since the host entered its present state; draining the last cluster serving a model only with --force.
+This records the state only: it does not drain the balancer, stop vLLM or touch the node's in-service mark (not
+done yet).
+
+Exit codes: 0 recorded, 1 refused (one line saying why), 2 usage.""")
+
+State = Enum("State", {s.replace("-", "_"): s for s in STATES}, type=str)  # type: ignore[misc]
+
+
+def actor() -> str:
+    try:
+        return f"user:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "user:?"
+
+
+def run(inventory: Path, host: str, state: str, reason: str, *, force: bool = False,
+        fmt: Format = Format.text) -> int:
+    from provisioner.inventory import load_fleet
+    from provisioner.ledger import Ledger, LedgerError
+    from provisioner.ledger.view import lifecycle_context
+    from provisioner.lifecycle import Refused, transition
+    from provisioner.paths import ledger_path
+
+    if not reason.strip():
+        raise UsageError("--reason must say why (it is kept in the ledger)")
+    fleet = load_fleet(inventory)
+    if host not in fleet.hosts:
+        raise UsageError(f"{host} is not a host of the inventory", path=str(inventory))
+    try:
+        with Ledger.open(ledger_path()) as ledger:
+            current = ledger.state(host)[0]
+            res = transition(current, state, reason=reason, host=host, force=force,
+                             context=lifecycle_context(fleet, ledger, host))
+            t = ledger.record_transition(host, res.from_state, res.to_state, reason=res.reason, actor=actor(),
+                                         forced=res.forced)
+    except Refused as exc:
+        sys.stderr.write(f"refused: {exc}\n")
+        return int(Exit.FAIL)
+    except LedgerError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.FAIL)
+    if fmt is Format.json:
+        sys.stdout.write(json.dumps({"host": host, "from": t.from_state, "to": t.to_state, "reason": t.reason,
+                                     "at": t.at, "actor": t.actor, "forced": t.forced, "notes": list(res.notes)},
+                                    indent=2) + "\n")
+    else:
+        sys.stdout.write(f"{host}: {t.from_state} -> {t.to_state} ({t.reason})\n")
+        for n in res.notes:
+            sys.stdout.write(f"  note: {n}\n")
+    return int(Exit.OK)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("node", help=HELP)
+    def node_cmd(
+        inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
+        host: Annotated[str, typer.Argument(help="Inventory host name.", show_default=False)],
+        state: Annotated[State, typer.Option("--state", "-s", help="The lifecycle state to move HOST to.",
+                                             show_default=False)],
+        reason: Annotated[str, typer.Option("--reason", "-r", help="Why (kept in the ledger).",
+                                            show_default=False)],
+        force: Annotated[bool, typer.Option(
+            "--force", help="Drain even the last cluster serving a model.")] = False,
+        fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
+    ) -> None:
+        raise typer.Exit(run(inventory, host, state.value, reason, force=force, fmt=fmt))

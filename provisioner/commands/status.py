@@ -1,0 +1,64 @@
+"""`provision status INVENTORY`: one table of every inventory host's lifecycle state (from the ledger)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from provisioner.commands.common import Format, unwrap
+from provisioner.errors import Exit
+
+HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since, cluster, last run, health and drift.
+
+The states and runs come from the ledger (PROVISION_LEDGER, else ledger.sqlite3 in the runs directory: see
+docs/lifecycle.md); a host the ledger has never seen is `new`. A run whose process was killed reads `interrupted`.
+
+Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
+
+
+def run(inventory: Path, fmt: Format = Format.text) -> int:
+    from provisioner.inventory import load_fleet
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.view import read_ledger, status_rows, when
+
+    fleet = load_fleet(inventory)
+    try:
+        with read_ledger() as ledger:
+            rows = status_rows(fleet, ledger)
+    except LedgerError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.FAIL)
+    if fmt is Format.json:
+        sys.stdout.write(json.dumps({"inventory": str(inventory), "hosts": rows}, indent=2) + "\n")
+        return int(Exit.OK)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"fleet status: {inventory}", title_justify="left")
+    for col in ("host", "state", "since", "cluster", "last run", "health", "drift"):
+        table.add_column(col)
+    for r in rows:
+        last, health, drift = r["last_run"], r["health"], r["drift"]
+        lr = "-" if last is None else f"{last['command']} #{last['id']} {when(last['started'])}: {last['outcome']}" + (
+            f" (run {last['status']})" if last["status"] in ("running", "interrupted")
+            and last["status"] != last["outcome"] else "")
+        hl = "-" if health is None else f"{when(health['started'])}: {health['result']}" + (
+            f" ({', '.join(health['failed'])})" if health["failed"] else "")
+        dr = "-" if drift is None else f"{when(drift['started'])}: {drift['items']} item(s)" + (
+            "" if drift["outcome"] in ("ok", "changed") else f" ({drift['outcome']})")
+        table.add_row(r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr, hl, dr)
+    Console(highlight=False, soft_wrap=True).print(table)
+    return int(Exit.OK)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("status", help=HELP)
+    def status_cmd(
+        inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
+        fmt: Annotated[Format, typer.Option("--format", "-f", help="Table (text) or JSON.")] = Format.text,
+    ) -> None:
+        raise typer.Exit(run(inventory, fmt))

@@ -1,0 +1,64 @@
+"""The ledger's schema as ordered migrations: MIGRATIONS[i] takes the database from version i to i + 1.
+
+Append new steps; never edit a released one (a database at version N has run steps 1..N exactly as written).
+`schema_version` holds one row, the version reached. Times are epoch seconds (REAL, UTC).
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: runs, per-host outcomes, health results, drift items, lifecycle transitions
+    """
+    CREATE TABLE runs (
+        id        INTEGER PRIMARY KEY,
+        command   TEXT NOT NULL,             -- run, drift, onboard, onboard-launch, health, ...
+        inventory TEXT NOT NULL,
+        started   REAL NOT NULL,
+        ended     REAL,                      -- NULL while running (or killed: see Ledger.run_status)
+        status    TEXT NOT NULL DEFAULT 'running',  -- running, ok, failed, drift, interrupted, error
+        run_dir   TEXT,                      -- the artifacts (.runs/<time>-<command>/); NULL for health
+        pid       INTEGER,                   -- the controller process, to tell a killed run from a running one
+        node      TEXT                       -- the controller's host name (the pid means nothing elsewhere)
+    );
+    CREATE INDEX runs_started ON runs (started);
+    CREATE TABLE host_outcomes (
+        run     INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        host    TEXT NOT NULL,
+        status  TEXT NOT NULL,               -- ok, changed, failed, unreachable, not-run, drift, ...
+        changed INTEGER NOT NULL DEFAULT 0,
+        failed  INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (run, host)
+    );
+    CREATE INDEX host_outcomes_host ON host_outcomes (host);
+    CREATE TABLE health_results (
+        run    INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        host   TEXT NOT NULL,
+        "check" TEXT NOT NULL,
+        result TEXT NOT NULL,                -- pass, fail, skip, ...
+        detail TEXT,
+        PRIMARY KEY (run, host, "check")
+    );
+    CREATE INDEX health_results_host ON health_results (host);
+    CREATE TABLE drift_items (
+        run  INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        host TEXT NOT NULL,
+        item TEXT NOT NULL                   -- DriftItem.key(): kind:resource
+    );
+    CREATE INDEX drift_items_host ON drift_items (host);
+    CREATE TABLE transitions (
+        id         INTEGER PRIMARY KEY,
+        host       TEXT NOT NULL,
+        from_state TEXT NOT NULL,
+        to_state   TEXT NOT NULL,
+        reason     TEXT NOT NULL,
+        at         REAL NOT NULL,
+        actor      TEXT NOT NULL,            -- who asked: a user (provision node) or a command
+        run        INTEGER REFERENCES runs (id) ON DELETE SET NULL,
+        forced     INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX transitions_host ON transitions (host, id);
+    """,
+)
+
+#: The version a database opened by this code ends at.
+VERSION = len(MIGRATIONS)

@@ -1,0 +1,265 @@
+"""`Ledger`: the SQLite backend, the one interface the commands use (a PostgreSQL one would have the same methods)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.ledger.schema import MIGRATIONS, VERSION
+
+
+class LedgerError(Exception):
+    """The ledger cannot be opened or written (a path, a newer schema, a locked or corrupt file)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    command: str
+    inventory: str
+    started: float
+    ended: float | None
+    status: str  # as read: a run never closed whose process is gone reads `interrupted`
+    run_dir: str | None
+
+
+@dataclass(frozen=True)
+class Transition:
+    host: str
+    from_state: str
+    to_state: str
+    reason: str
+    at: float
+    actor: str
+    run: int | None
+    forced: bool
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+class Ledger:
+    """One open ledger. `Ledger.open(path)` creates the file and migrates the schema; use as a context manager or
+    call close(). Every write method is one transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self._db = conn
+        self.path = path
+
+    # -- opening ------------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> Ledger:
+        """Open (create) the ledger at `path` (":memory:" for a throwaway one) and bring its schema up to VERSION."""
+        where = str(path)
+        try:
+            if where != ":memory:":
+                Path(where).parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves (BEGIN IMMEDIATE: writers queue, never deadlock)
+            conn = sqlite3.connect(where, timeout=timeout, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA foreign_keys = ON")
+            if where != ":memory:":
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            ledger = cls(conn, where)
+            ledger._migrate()
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"cannot open the ledger {where}: {exc}") from None
+        return ledger
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            have = int(row[0]) if row else 0
+            if have > VERSION:
+                raise LedgerError(f"the ledger {self.path} has schema version {have}, newer than this provisioner "
+                                  f"({VERSION}): upgrade provisioner")
+            for step in MIGRATIONS[have:]:
+                for stmt in _statements(step):
+                    db.execute(stmt)
+            if row is None:
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (VERSION,))
+            elif have != VERSION:
+                db.execute("UPDATE schema_version SET version = ?", (VERSION,))
+
+    @property
+    def version(self) -> int:
+        return int(self._db.execute("SELECT version FROM schema_version").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- runs ---------------------------------------------------------------------------------------------------
+    def run_started(self, command: str, inventory: str, *, run_dir: str | None = None, hosts: Iterable[str] = (),
+                    started: float | None = None, pid: int | None = None) -> int:
+        """A run begins: its row, status `running`, with this process's pid (so a kill reads `interrupted`), and an
+        outcome `running` for each of `hosts` (the targeted ones; run_finished replaces them)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO runs (command, inventory, started, run_dir, pid, node) VALUES (?, ?, ?, ?, ?, ?)",
+                (command, inventory, time.time() if started is None else started, run_dir,
+                 os.getpid() if pid is None else pid, socket.gethostname()))
+            run = int(cur.lastrowid or 0)
+            db.executemany("INSERT INTO host_outcomes (run, host, status) VALUES (?, ?, 'running')",
+                           [(run, h) for h in hosts])
+            return run
+
+    def run_finished(self, run: int, status: str, *, hosts: Iterable[dict[str, Any]] = (),
+                     drift: Iterable[tuple[str, str]] = (), health: Iterable[tuple[str, str, str, str | None]] = (),
+                     ended: float | None = None) -> None:
+        """Close run `run` with its outcome, in one transaction: `hosts` = {host, status, changed, failed} rows,
+        `drift` = (host, item), `health` = (host, check, result, detail)."""
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO host_outcomes (run, host, status, changed, failed) VALUES (?, ?, ?, ?, ?)",
+                [(run, h["host"], h["status"], int(h.get("changed", 0)), int(h.get("failed", 0))) for h in hosts])
+            db.executemany("INSERT INTO drift_items (run, host, item) VALUES (?, ?, ?)",
+                           [(run, h, i) for h, i in drift])
+            db.executemany(
+                'INSERT OR REPLACE INTO health_results (run, host, "check", result, detail) VALUES (?, ?, ?, ?, ?)',
+                [(run, h, c, r, d) for h, c, r, d in health])
+            db.execute("UPDATE runs SET ended = ?, status = ? WHERE id = ?",
+                       (time.time() if ended is None else ended, status, run))
+
+    def _run(self, row: sqlite3.Row) -> Run:
+        status = row["status"]
+        if row["ended"] is None and status == "running" and row["node"] == socket.gethostname() \
+                and row["pid"] is not None and not _pid_alive(int(row["pid"])):
+            status = "interrupted"
+        return Run(id=row["id"], command=row["command"], inventory=row["inventory"], started=row["started"],
+                   ended=row["ended"], status=status, run_dir=row["run_dir"])
+
+    def runs(self, *, host: str | None = None, limit: int = 50) -> list[Run]:
+        """The newest runs first; with `host`, only the runs that had an outcome for it (or are still open)."""
+        if host is None:
+            rows = self._db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM runs WHERE id IN (SELECT run FROM host_outcomes WHERE host = ?) "
+                "OR id IN (SELECT run FROM health_results WHERE host = ?) ORDER BY id DESC LIMIT ?",
+                (host, host, limit)).fetchall()
+        return [self._run(r) for r in rows]
+
+    def run(self, run: int) -> Run | None:
+        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run,)).fetchone()
+        return self._run(row) if row else None
+
+    def host_outcomes(self, run: int) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("SELECT host, status, changed, failed FROM host_outcomes WHERE run = ?", (run,))
+        return {r["host"]: dict(r) for r in rows}
+
+    def last_outcome(self, host: str) -> tuple[Run, str] | None:
+        """(the newest run with an outcome for `host`, that outcome's status)."""
+        row = self._db.execute(
+            "SELECT runs.*, host_outcomes.status AS outcome FROM host_outcomes JOIN runs ON runs.id = "
+            "host_outcomes.run WHERE host_outcomes.host = ? ORDER BY runs.id DESC LIMIT 1", (host,)).fetchone()
+        return self._with_outcome(row) if row else None
+
+    def _with_outcome(self, row: sqlite3.Row) -> tuple[Run, str]:
+        run = self._run(row)
+        outcome = row["outcome"]
+        return run, ("interrupted" if outcome == "running" and run.status == "interrupted" else outcome)
+
+    def last_run_for(self, host: str, command: str) -> tuple[Run, str] | None:
+        """(the newest `command` run with an outcome for `host`, that outcome's status)."""
+        row = self._db.execute(
+            "SELECT runs.*, host_outcomes.status AS outcome FROM host_outcomes JOIN runs ON runs.id = "
+            "host_outcomes.run WHERE host_outcomes.host = ? AND runs.command = ? ORDER BY runs.id DESC LIMIT 1",
+            (host, command)).fetchone()
+        return self._with_outcome(row) if row else None
+
+    def health(self, host: str, run: int | None = None) -> list[dict[str, Any]]:
+        """Health results of `host`: of run `run`, else of its newest health run."""
+        if run is None:
+            row = self._db.execute("SELECT MAX(run) FROM health_results WHERE host = ?", (host,)).fetchone()
+            run = row[0] if row else None
+            if run is None:
+                return []
+        rows = self._db.execute('SELECT run, host, "check", result, detail FROM health_results '
+                                'WHERE host = ? AND run = ? ORDER BY "check"', (host, run))
+        return [dict(r) for r in rows]
+
+    def drift_items(self, run: int, host: str | None = None) -> list[tuple[str, str]]:
+        q = "SELECT host, item FROM drift_items WHERE run = ?" + (" AND host = ?" if host else "")
+        return [(r[0], r[1]) for r in self._db.execute(q, (run, host) if host else (run,))]
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def record_transition(self, host: str, from_state: str, to_state: str, *, reason: str, actor: str,
+                          run: int | None = None, forced: bool = False, at: float | None = None) -> Transition:
+        """Append one transition; refuses (LedgerError) when `from_state` is not the host's state now (another
+        controller moved it meanwhile): the check and the write are one transaction."""
+        when = time.time() if at is None else at
+        with self._tx() as db:
+            row = db.execute("SELECT to_state FROM transitions WHERE host = ? ORDER BY id DESC LIMIT 1",
+                             (host,)).fetchone()
+            now = row[0] if row else "new"
+            if now != from_state:
+                raise LedgerError(f"{host} is {now} now, not {from_state} (changed meanwhile): look again")
+            db.execute("INSERT INTO transitions (host, from_state, to_state, reason, at, actor, run, forced) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (host, from_state, to_state, reason, when, actor, run,
+                                                          int(forced)))
+        return Transition(host, from_state, to_state, reason, when, actor, run, forced)
+
+    def transitions(self, host: str | None = None) -> list[Transition]:
+        """Oldest first."""
+        q = "SELECT * FROM transitions" + (" WHERE host = ?" if host else "") + " ORDER BY id"
+        return [Transition(r["host"], r["from_state"], r["to_state"], r["reason"], r["at"], r["actor"], r["run"],
+                           bool(r["forced"])) for r in self._db.execute(q, (host,) if host else ())]
+
+    def states(self) -> dict[str, tuple[str, float]]:
+        """{host: (lifecycle state, since)} for every host with a transition (the others are `new`)."""
+        rows = self._db.execute(
+            "SELECT host, to_state, at FROM transitions WHERE id IN (SELECT MAX(id) FROM transitions GROUP BY host)")
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def state(self, host: str) -> tuple[str, float | None]:
+        """(lifecycle state, since when; None for a host never moved: `new`)."""
+        return self.states().get(host, ("new", None))
+
+
+def _statements(script: str) -> list[str]:
+    """A migration step's statements (split on `;` at line ends; no triggers or strings with `;` in the steps)."""
+    out, buf = [], []
+    for line in script.splitlines():
+        code = line.split("--", 1)[0].rstrip()
+        buf.append(code)
+        if code.endswith(";"):
+            stmt = "\n".join(buf).strip().rstrip(";")
+            if stmt:
+                out.append(stmt)
+            buf = []
+    tail = "\n".join(buf).strip()
+    if tail:
+        out.append(tail)
+    return out

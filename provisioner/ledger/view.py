@@ -1,0 +1,95 @@
+"""What `provision status / history / node` read from the ledger and the inventory, as plain rows (no CLI here)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from provisioner.ledger.store import Ledger
+
+if TYPE_CHECKING:
+    from provisioner.lifecycle import Context
+    from provisioner.model import Fleet
+
+
+def read_ledger(path: Path | None = None) -> Ledger:
+    """The ledger for reading: an empty in-memory one when the file does not exist yet (reading creates nothing)."""
+    from provisioner.paths import ledger_path
+
+    p = path or ledger_path()
+    return Ledger.open(p if p.exists() else ":memory:")
+
+
+def when(ts: float | None) -> str:
+    """UTC, to the second; `-` for none."""
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts)) if ts is not None else "-"
+
+
+def cluster_name(fleet: Fleet, host: str) -> str | None:
+    from provisioner.plan import cluster_of
+
+    c = cluster_of(fleet, host)
+    return c.name if c is not None else None
+
+
+def status_rows(fleet: Fleet, ledger: Ledger) -> list[dict[str, Any]]:
+    """One row per inventory host (inventory order): state and since, cluster, the last run's outcome for it, its
+    last health pass (when, result, failed checks) and last drift check (when, outcome, items)."""
+    states = ledger.states()
+    rows = []
+    for host in fleet.hosts:
+        state, since = states.get(host, ("new", None))
+        last = ledger.last_outcome(host)
+        health = ledger.last_run_for(host, "health")
+        drift = ledger.last_run_for(host, "drift")
+        rows.append({
+            "host": host, "state": state, "since": since, "cluster": cluster_name(fleet, host),
+            "last_run": None if last is None else {
+                "id": last[0].id, "command": last[0].command, "started": last[0].started,
+                "status": last[0].status, "outcome": last[1], "run_dir": last[0].run_dir},
+            "health": None if health is None else {
+                "run": health[0].id, "started": health[0].started, "result": health[1],
+                "failed": [h["check"] for h in ledger.health(host, health[0].id) if h["result"] == "fail"]},
+            "drift": None if drift is None else {
+                "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
+                "items": len(ledger.drift_items(drift[0].id, host))},
+        })
+    return rows
+
+
+def health_passed(ledger: Ledger, host: str, since: float | None) -> bool:
+    """The health gate: the newest `provision health` pass that covered `host` passed it and began after `since`
+    (when the host entered its present state)."""
+    last = ledger.last_run_for(host, "health")
+    return last is not None and last[1] == "ok" and (since is None or last[0].started >= since)
+
+
+def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
+    """The lifecycle rules' context for `host`: its health gate, its cluster, every cluster's model and members,
+    every host's state."""
+    from provisioner.lifecycle import ClusterInfo, Context
+
+    states = ledger.states()
+    since = states.get(host, ("new", None))[1]
+    clusters = {name: ClusterInfo(model=str(c.get("model_arch") or c.get("model") or name), members=c.members)
+                for name, c in fleet.clusters.items()}
+    return Context(health_passed=health_passed(ledger, host, since), cluster=cluster_name(fleet, host),
+                   clusters=clusters, states={h: s for h, (s, _) in states.items()})
+
+
+def history(ledger: Ledger, host: str) -> dict[str, Any]:
+    """A host's transitions (oldest first), its runs (newest first, with its outcome) and failed health checks."""
+    runs = []
+    for r in ledger.runs(host=host, limit=100):
+        outcome = ledger.host_outcomes(r.id).get(host)
+        if outcome and outcome["status"] == "running" and r.status == "interrupted":
+            outcome = {**outcome, "status": "interrupted"}
+        failed = [h["check"] for h in ledger.health(host, r.id) if h["result"] == "fail"]
+        runs.append({"id": r.id, "command": r.command, "started": r.started, "ended": r.ended, "status": r.status,
+                     "outcome": outcome["status"] if outcome else None, "run_dir": r.run_dir,
+                     "failed_checks": failed, "drift": [i for _, i in ledger.drift_items(r.id, host)]})
+    return {"host": host, "state": ledger.state(host)[0], "since": ledger.state(host)[1],
+            "transitions": [{"from": t.from_state, "to": t.to_state, "reason": t.reason, "at": t.at,
+                             "actor": t.actor, "run": t.run, "forced": t.forced} for t in ledger.transitions(host)],
+            "runs": runs}

@@ -1,0 +1,127 @@
+"""A node's lifecycle as a pure state machine: the states, the allowed transitions, and the refusals (issue 25).
+
+    new -> provisioning -> burn-in -> in-service -> draining -> maintenance | quarantined
+    maintenance | quarantined -> burn-in -> in-service          (back into service: through the health gate)
+    maintenance -> provisioning                                  (rebuild / re-image)
+    provisioning | burn-in -> maintenance | quarantined          (it failed before it served)
+    any state but in-service and draining -> retired             (retired is final)
+
+Refusals (`Refused`, one line):
+- a transition not in the table (e.g. in-service -> maintenance: drain first; anything out of retired);
+- into in-service without a passed health gate (`Context.health_passed`); `force` does not lift this one;
+- draining a node whose vLLM cluster is the last one serving its model, unless `force` (the fleet's clusters and
+  models and every host's state come in the `Context` as plain data: this module reads nothing).
+
+No I/O here: the ledger records what `transition` allows (provisioner/ledger/), the commands gather the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+STATES: tuple[str, ...] = (
+    "new", "provisioning", "burn-in", "in-service", "draining", "maintenance", "quarantined", "retired")
+
+#: state -> the states it may move to
+ALLOWED: Mapping[str, frozenset[str]] = {
+    "new": frozenset({"provisioning", "retired"}),
+    "provisioning": frozenset({"burn-in", "maintenance", "quarantined", "retired"}),
+    "burn-in": frozenset({"in-service", "maintenance", "quarantined", "retired"}),
+    "in-service": frozenset({"draining"}),
+    "draining": frozenset({"maintenance", "quarantined"}),
+    "maintenance": frozenset({"burn-in", "provisioning", "retired"}),
+    "quarantined": frozenset({"burn-in", "retired"}),
+    "retired": frozenset(),
+}
+
+#: the state in which a node serves (the launch gate's in-service mark belongs to it)
+SERVING = "in-service"
+
+
+class Refused(Exception):
+    """A transition the rules refuse; str() is the one line to show."""
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """A vLLM cluster as plain data: the model it serves and its member hosts."""
+
+    model: str
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules need to know beyond the two states (gathered by the caller from the inventory and ledger).
+
+    health_passed: the node passed the health gate since it last left service (required into in-service).
+    cluster: the node's vLLM cluster (None: not in one). clusters: every cluster of the fleet. states: every host's
+    lifecycle state (hosts missing are `new`)."""
+
+    health_passed: bool = False
+    cluster: str | None = None
+    clusters: Mapping[str, ClusterInfo] = field(default_factory=dict)
+    states: Mapping[str, str] = field(default_factory=dict)
+
+    def serving(self, cluster: str) -> bool:
+        """Every member of `cluster` is in service."""
+        c = self.clusters.get(cluster)
+        return c is not None and bool(c.members) and all(self.states.get(m, "new") == SERVING for m in c.members)
+
+
+@dataclass(frozen=True)
+class Result:
+    """An allowed transition, to record. notes: what the operator should know (a cluster drained as a whole, a
+    refusal overridden by force)."""
+
+    host: str
+    from_state: str
+    to_state: str
+    reason: str
+    forced: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def check_state(state: str) -> str:
+    if state not in STATES:
+        raise Refused(f"unknown lifecycle state {state!r} (one of {', '.join(STATES)})")
+    return state
+
+
+def transition(current: str, target: str, *, reason: str, host: str = "", force: bool = False,
+               context: Context | None = None) -> Result:
+    """Allow `current` -> `target` for `host` (a Result) or raise Refused with the one-line reason."""
+    ctx = context or Context()
+    check_state(current)
+    check_state(target)
+    who = host or "the node"
+    if not reason.strip():
+        raise Refused(f"{who}: a transition needs a reason")
+    if current == target:
+        raise Refused(f"{who} is {current} already")
+    if target not in ALLOWED[current]:
+        nexts = ", ".join(s for s in STATES if s in ALLOWED[current]) or "nothing (final)"
+        hint = " (drain it first)" if current in (SERVING, "draining") and target == "retired" \
+            or current == SERVING and target in ("maintenance", "quarantined") else ""
+        raise Refused(f"{who}: {current} -> {target} is not a lifecycle transition{hint}; from {current}: {nexts}")
+    notes: list[str] = []
+    forced = False
+    if target == SERVING and not ctx.health_passed:
+        raise Refused(f"{who}: {current} -> {SERVING} needs a passed health gate first (provision health)")
+    if target == "draining" and ctx.cluster is not None:
+        c = ctx.clusters.get(ctx.cluster)
+        if c is not None:
+            others = [m for m in c.members if m != host]
+            if others:
+                notes.append(f"cluster {ctx.cluster} drains as a whole (with {', '.join(others)})")
+            serving_others = [n for n, o in ctx.clusters.items()
+                              if n != ctx.cluster and o.model == c.model and ctx.serving(n)]
+            if not serving_others:
+                if not force:
+                    raise Refused(f"{who}: cluster {ctx.cluster} is the last one serving {c.model}: draining it "
+                                  f"stops the model (add --force to drain it anyway)")
+                forced = True
+                notes.append(f"forced: cluster {ctx.cluster} was the last one serving {c.model}")
+    return Result(host=host, from_state=current, to_state=target, reason=reason.strip(), forced=forced,
+                  notes=tuple(notes))

@@ -1,0 +1,91 @@
+"""The ledger across a real kill: `provision run` killed (SIGKILL) while its playbook runs leaves the run, and the
+host's outcome, reading `interrupted` in `provision status` / `history`; a run that finishes reads its outcome.
+A local-connection host and a playbook that waits (no root, no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SLOW = """
+- name: Wait long enough to be killed
+  hosts: gpu_nodes
+  gather_facts: false
+  tasks:
+    - name: Wait
+      ansible.builtin.wait_for:
+        timeout: {seconds}
+"""
+
+
+@pytest.fixture()
+def site(tmp_path: Path) -> dict[str, Path]:
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.ini").write_text("[gpu_nodes]\nalpha ansible_connection=local\n")
+    (inv / "group_vars" / "gpu_nodes.yml").write_text(
+        f"ansible_python_interpreter: {sys.executable}\ngpu_model: H100-SXM5-80GB\ngpu_count: 8\n"
+        "fabric: ethernet\nbootstrap_interface: eth0\n")
+    for name, seconds in (("slow.yml", 120), ("quick.yml", 0)):
+        (tmp_path / name).write_text(SLOW.format(seconds=seconds))
+    return {"inv": inv / "hosts.ini", "tmp": tmp_path, "db": tmp_path / "ledger.sqlite3"}
+
+
+def env(site: dict[str, Path]) -> dict[str, str]:
+    return dict(os.environ, PROVISION_RUNS_DIR=str(site["tmp"] / "runs"), PROVISION_LEDGER=str(site["db"]),
+                COLUMNS="300", ANSIBLE_CACHE_PLUGIN_CONNECTION=str(site["tmp"] / "facts"))
+
+
+def provision(site: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "provisioner.cli", *args], capture_output=True, text=True,
+                          env=env(site), timeout=300)
+
+
+def status(site: dict[str, Path]) -> dict[str, object]:
+    p = provision(site, "status", str(site["inv"]), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["hosts"][0]["last_run"]
+
+
+def test_a_killed_run_reads_interrupted_and_a_finished_one_its_outcome(site: dict[str, Path]) -> None:
+    cmd = [sys.executable, "-m", "provisioner.cli", "run", str(site["inv"]), "--playbook",
+           str(site["tmp"] / "slow.yml"), "--skip-preflight", "--quiet"]
+    proc = subprocess.Popen(cmd, env=env(site), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group: the kill takes ansible with it
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the run's row is open and its playbook is under way
+            if site["db"].exists() and list((site["tmp"] / "runs").glob("*-run/artifacts/ansible/job_events/*")):
+                db = sqlite3.connect(site["db"])
+                if db.execute("SELECT COUNT(*) FROM runs WHERE ended IS NULL").fetchone()[0]:
+                    break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.5)
+        else:
+            pytest.fail("the run never started")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    last = status(site)
+    assert last["status"] == "interrupted" and last["outcome"] == "interrupted", last
+    h = json.loads(provision(site, "history", "alpha", "--format", "json").stdout)
+    assert h["runs"][0]["status"] == "interrupted"
+
+    p = provision(site, "run", str(site["inv"]), "--playbook", str(site["tmp"] / "quick.yml"), "--skip-preflight",
+                  "--quiet")
+    assert p.returncode == 0 and "warning: ledger" not in p.stderr, p.stdout + p.stderr
+    last = status(site)
+    assert (last["status"], last["outcome"], last["command"]) == ("ok", "ok", "run"), last
+    runs = json.loads(provision(site, "history", "alpha", "--format", "json").stdout)["runs"]
+    assert [r["status"] for r in runs] == ["ok", "interrupted"]
