@@ -127,8 +127,10 @@ def _worker_env(cfg: RunConfig, run_dir: Path, worker_dir: str, node: Host) -> d
         # per inventory, on the node (kept across jobs): a nightly drift reuses the facts of the last one
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": f"{_node_setting(node, 'execution_node_dir')}/facts/{facts}",
         "PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        # the plugins import the controller's own provisioner package, carried in the project
+        # the plugins import the controller's own provisioner package, carried in the project; its data (the roles'
+        # defaults the plan reads) is the project itself (no pyproject.toml there to mark a checkout)
         "PYTHONPATH": f"{worker_dir}/project",
+        "PROVISION_DATA_DIR": f"{worker_dir}/project",
     })
     return env
 
