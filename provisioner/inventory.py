@@ -107,7 +107,7 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
                 where, reason = _explain_source(loader, p) or (where, reason)
         raise UsageError(f"cannot parse inventory: {reason}", path=where or str(p))
 
-    return _fleet(inv, p, hosts, group_vars, groups, keep=True)
+    return _fleet(inv, p, hosts, group_vars, groups)
 
 
 def limit_hosts(source: Fleet | str | os.PathLike[str], limit: str | None) -> list[str]:
@@ -139,7 +139,7 @@ def limit_hosts(source: Fleet | str | os.PathLike[str], limit: str | None) -> li
 
 
 def _fleet(inv: Any, source: Path, hosts: dict[str, Host], group_vars: dict[str, Any],
-           groups: dict[str, tuple[str, ...]], keep: bool = False) -> Fleet:
+           groups: dict[str, tuple[str, ...]]) -> Fleet:
     clusters = _clusters(inv, hosts, group_vars)
     return Fleet(
         source=source,
@@ -147,7 +147,7 @@ def _fleet(inv: Any, source: Path, hosts: dict[str, Host], group_vars: dict[str,
         clusters=freeze(clusters),
         group_vars=freeze(group_vars),
         groups=freeze(groups),
-        ansible_inventory=inv if keep else None,  # a play's inventory is the play's own: never subset it
+        ansible_inventory=inv,  # host patterns and --limit are resolved on it (limit_hosts)
     )
 
 

@@ -9,6 +9,7 @@ resolved (each host's variables, the `groups` map): Ansible's own precedence dec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ PLAN_VERSION = 1
 #: Roles whose defaults the plan reads (paths and watch settings of the units), in merge order.
 PLAN_ROLES = ("nccl_tuning", "vllm", "vllm_launch")
 WRAPPER = "vllm-group-run"
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+\-]+$")  # an ExecStart= argument that needs no quoting
 #: Groups the suite gives a meaning of their own: never a vLLM cluster (docs/inventory.md).
 STRUCTURAL_GROUPS = frozenset({"all", "ungrouped", "gpu_nodes", "vllm_clusters", "lb", "monitoring",
                                "execution_nodes"})
@@ -148,10 +150,8 @@ def fleet_from_vars(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[
 
 def systemd_quote(arg: str) -> str:
     """One argument for an ExecStart= line: bare when plain, else double-quoted; % and $ escaped for systemd."""
-    import re
-
     s = str(arg).replace("%", "%%").replace("$", "$$")
-    if re.match(r"^[A-Za-z0-9_./:=,@+\-]+$", s):
+    if _SAFE_ARG.match(s):
         return s
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
