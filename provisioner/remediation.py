@@ -139,10 +139,11 @@ def decide(f: Facts, p: Policy) -> Action:
         if any(s.step == "replace" for s in episode):
             return Action("hold", f.host, "marked for hardware replacement: stays quarantined")
         tried = [s for s in episode if s.step in STEPS]
-        last = max([entered, *(s.at for s in tried)])
-        if h is None or h.started < last:
+        passed = h is not None and h.outcome == "ok" and not h.failed()
+        # after a step only a newer pass counts; before any, the failing pass that quarantined it is the baseline
+        if h is None or (tried and h.started < tried[-1].at) or (passed and h.started < entered):
             return Action("gate", f.host, "no health pass since " + (f"{tried[-1].step}" if tried else "quarantine"))
-        if h.outcome == "ok" and not h.failed():
+        if passed:
             after = f"after {tried[-1].step}" if tried else "since the quarantine"
             return Action("return", f.host, f"health gate passed {after} (health run #{h.run})")
         done = {s.step for s in tried}

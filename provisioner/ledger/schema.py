@@ -58,6 +58,20 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX transitions_host ON transitions (host, id);
     """,
+    # 2: remediation records (provision remediate): the steps tried on a quarantined node, replacement marks
+    """
+    CREATE TABLE remediations (
+        id      INTEGER PRIMARY KEY,
+        host    TEXT NOT NULL,
+        step    TEXT NOT NULL,               -- gpu_reset, reboot, power_cycle, replace
+        outcome TEXT NOT NULL,               -- done, failed, skipped; marked (replace)
+        detail  TEXT,
+        at      REAL NOT NULL,
+        actor   TEXT NOT NULL,
+        run     INTEGER REFERENCES runs (id) ON DELETE SET NULL
+    );
+    CREATE INDEX remediations_host ON remediations (host, id);
+    """,
 )
 
 #: The version a database opened by this code ends at.

@@ -42,6 +42,16 @@ class Transition:
     forced: bool
 
 
+@dataclass(frozen=True)
+class Remediation:
+    host: str
+    step: str  # gpu_reset, reboot, power_cycle, replace
+    outcome: str  # done, failed, skipped; marked (replace)
+    detail: str | None
+    at: float
+    actor: str
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -236,6 +246,21 @@ class Ledger:
         q = "SELECT * FROM transitions" + (" WHERE host = ?" if host else "") + " ORDER BY id"
         return [Transition(r["host"], r["from_state"], r["to_state"], r["reason"], r["at"], r["actor"], r["run"],
                            bool(r["forced"])) for r in self._db.execute(q, (host,) if host else ())]
+
+    def record_step(self, host: str, step: str, outcome: str, *, actor: str, detail: str | None = None,
+                    run: int | None = None, at: float | None = None) -> Remediation:
+        """Append one remediation record (a step tried on `host`, or a replacement mark)."""
+        when = time.time() if at is None else at
+        with self._tx() as db:
+            db.execute("INSERT INTO remediations (host, step, outcome, detail, at, actor, run) VALUES (?, ?, ?, ?, ?, "
+                       "?, ?)", (host, step, outcome, detail, when, actor, run))
+        return Remediation(host, step, outcome, detail, when, actor)
+
+    def remediations(self, host: str | None = None) -> list[Remediation]:
+        """Oldest first."""
+        q = "SELECT * FROM remediations" + (" WHERE host = ?" if host else "") + " ORDER BY id"
+        return [Remediation(r["host"], r["step"], r["outcome"], r["detail"], r["at"], r["actor"])
+                for r in self._db.execute(q, (host,) if host else ())]
 
     def states(self) -> dict[str, tuple[str, float]]:
         """{host: (lifecycle state, since)} for every host with a transition (the others are `new`)."""

@@ -56,10 +56,11 @@ def test_an_application_fault_without_a_hardware_signal_restarts_the_cluster() -
 
 def test_remediation_steps_in_order_each_after_a_gate() -> None:
     q = 50 * DAY
+    assert decide(facts(state="quarantined", since=q, health=None), P).kind == "gate"
+    f = facts(state="quarantined", since=q, health=health(at=q - 60, outcome="ok"))
+    assert decide(f, P).kind == "gate"  # a pass older than the quarantine (put there by hand) proves nothing
     f = facts(state="quarantined", since=q, health=health(at=q - 60, ecc=("fail", "row remap pending")))
-    assert decide(f, P).kind == "gate"  # the health pass predates the quarantine
-    f = facts(state="quarantined", since=q, health=health(at=q + 60, ecc=("fail", "row remap pending")))
-    a = decide(f, P)
+    a = decide(f, P)  # the failing pass that quarantined it: the first step right away
     assert (a.kind, a.step) == ("remediate", "gpu_reset") and "row remap pending" in a.reason
     tried = (Step("gpu_reset", q + 100, "done"),)
     assert decide(facts(state="quarantined", since=q, steps=tried, health=f.health), P).kind == "gate"
