@@ -72,6 +72,18 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX remediations_host ON remediations (host, id);
     """,
+    # 3: each host's recorded state (the two-tier drift's tier 1 compares a probe with it); one row per host, the
+    # last complete run's; `state` = zlib-compressed JSON of the state map, `digest` = sha256 of that map
+    """
+    CREATE TABLE host_state (
+        host     TEXT PRIMARY KEY,
+        run      INTEGER REFERENCES runs (id) ON DELETE SET NULL,
+        recorded REAL NOT NULL,
+        inputs   TEXT NOT NULL,              -- hoststate.inputs_digest of the run that converged it
+        digest   TEXT NOT NULL,
+        state    BLOB NOT NULL
+    );
+    """,
 )
 
 #: The version a database opened by this code ends at.

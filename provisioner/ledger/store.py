@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -271,6 +273,41 @@ class Ledger:
     def state(self, host: str) -> tuple[str, float | None]:
         """(lifecycle state, since when; None for a host never moved: `new`)."""
         return self.states().get(host, ("new", None))
+
+    # -- recorded host states (the two-tier drift) ----------------------------------------------------------------
+    def put_states(self, rows: Iterable[tuple[str, int | None, str, dict[str, str]]], *,
+                   drop: Iterable[str] = ()) -> None:
+        """In one transaction: record (host, run, inputs digest, state map) per host (replacing its last record) and
+        forget the records of `drop` (hosts whose run failed: their state is no longer a converged one)."""
+        from provisioner.hoststate import state_digest
+
+        now = time.time()
+        with self._tx() as db:
+            db.executemany("DELETE FROM host_state WHERE host = ?", [(h,) for h in drop])
+            db.executemany(
+                "INSERT OR REPLACE INTO host_state (host, run, recorded, inputs, digest, state) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(h, run, now, inputs, state_digest(state),
+                  zlib.compress(json.dumps(state, sort_keys=True).encode(), 6)) for h, run, inputs, state in rows])
+
+    def records(self, hosts: Iterable[str]) -> dict[str, Any]:
+        """{host: hoststate.Record} for the hosts that have one; a row that cannot be decoded comes back with an empty
+        state (its digest then fails: `corrupted`)."""
+        from provisioner.hoststate import Record
+
+        out: dict[str, Any] = {}
+        for h in hosts:
+            r = self._db.execute("SELECT * FROM host_state WHERE host = ?", (h,)).fetchone()
+            if r is None:
+                continue
+            try:
+                state = json.loads(zlib.decompress(r["state"]).decode())
+                state = {str(k): str(v) for k, v in state.items()} if isinstance(state, dict) else {}
+            except (zlib.error, ValueError, TypeError, AttributeError):
+                state = {}
+            out[h] = Record(host=h, run=r["run"], recorded=r["recorded"], inputs=r["inputs"], state=state,
+                            digest=r["digest"])
+        return out
 
 
 def _statements(script: str) -> list[str]:
