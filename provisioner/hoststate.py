@@ -26,7 +26,7 @@ ROOTS: tuple[str, ...] = (
     "/etc/vllm", "/etc/provisioner", "/etc/nvidia-imex", "/etc/nginx", "/etc/prometheus", "/etc/default",
     "/etc/environment", "/etc/profile.d", "/etc/passwd", "/etc/group", "/etc/ssl/certs/ca-certificates.crt",
     "/usr/local/libexec/provisioner", "/usr/local/lib/provisioner", "/usr/local/sbin",
-    "/usr/local/share/ca-certificates", "/opt/amazon/efa_installed_packages", "/opt/provisioner",
+    "/usr/local/share/ca-certificates", "/opt/amazon", "/opt/provisioner",
     "/var/lib/vllm-lb",
 )
 #: Python virtual environments whose installed distributions (the `*.dist-info` names: name and version) are part of

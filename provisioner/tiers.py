@@ -199,6 +199,30 @@ def refresh(fleet: Any, tiers: Tiers, result: Any, ledger_path: Path) -> None:
         sys.stderr.write(f"warning: refreshed host states not recorded ({exc})\n")
 
 
+def full_due(inventory: str, days: float, ledger_path: Path) -> bool:
+    """Is the last full drift of `inventory` older than `days` (or none on record, or no ledger)?"""
+    import time
+
+    from provisioner.ledger.store import Ledger
+
+    try:
+        with Ledger.open(ledger_path) as ledger:
+            last = ledger.last_full_drift(str(Path(inventory).resolve()))
+    except Exception:  # noqa: BLE001 (no ledger: a full check is the safe side)
+        return True
+    return last is None or time.time() - last > days * 86400
+
+
+def full_done(inventory: str, ledger_path: Path) -> None:
+    from provisioner.ledger.store import Ledger
+
+    try:
+        with Ledger.open(ledger_path) as ledger:
+            ledger.full_drift_done(str(Path(inventory).resolve()))
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"warning: ledger not updated with this full drift ({exc})\n")
+
+
 #: A tier-2 reason's kind (the summary counts hosts per kind).
 REASON_KINDS = (("--full", "full"), ("--tags", "tags"), ("no recorded state", "no record"),
                 ("recorded state corrupted", "record corrupted"), ("inputs changed", "inputs changed"),

@@ -77,6 +77,9 @@ def register(app: typer.Typer) -> None:
         exec_node: Annotated[list[str] | None, typer.Option("--exec-node", help=EXEC_NODE_HELP)] = None,
         full: Annotated[bool, typer.Option(
             "--full", help="Check every host with Ansible (no probe tier; the weekly run).")] = False,
+        full_every: Annotated[float | None, typer.Option(
+            "--full-every", metavar="DAYS",
+            help="--full when the last full check of this inventory is older than DAYS (the nightly timer).")] = None,
     ) -> None:
         from provisioner.commands.common import finding_line, load_run_targets, shard_lines, shard_targets, validate
         from provisioner.reports import drift_text
@@ -102,6 +105,10 @@ def register(app: typer.Typer) -> None:
         from provisioner.paths import ledger_path
 
         started = time.time()
+        if full_every is not None:
+            if full_every <= 0:
+                raise UsageError(f"--full-every must be a positive number of days, got {full_every:g}")
+            full = full or tiering.full_due(str(inventory), full_every, ledger_path())
         # tier 1: hosts whose inputs are unchanged since their last complete run get the probe; the others, and the
         # hosts the probe finds changed or cannot reach, go to tier 2 (Ansible check + diff, as before)
         tiers = tiering.sort_hosts(fleet, targeted, full=full, playbook=playbook, tags=tags, skip_tags=skip_tags,
@@ -119,6 +126,8 @@ def register(app: typer.Typer) -> None:
                                   amend=lambda r: tiering.merge(tiers, r, targeted))
             if not full:
                 tiering.refresh(fleet, tiers, result, ledger_path(Path(result.run_dir).parent))
+            elif limit_abs is None and not tags and not result.error:
+                tiering.full_done(str(inventory), ledger_path(Path(result.run_dir).parent))
         else:
             result, rec = tiering.probe_only_result(inventory, playbook, limit_abs, started)
             tiering.merge(tiers, result, targeted)

@@ -83,6 +83,10 @@ MIGRATIONS: tuple[str, ...] = (
         digest   TEXT NOT NULL,
         state    BLOB NOT NULL
     );
+    CREATE TABLE full_drifts (                -- the last `provision drift --full` per inventory (--full-every)
+        inventory TEXT PRIMARY KEY,
+        at        REAL NOT NULL
+    );
     """,
 )
 

@@ -309,6 +309,15 @@ class Ledger:
                             digest=r["digest"])
         return out
 
+    def full_drift_done(self, inventory: str, at: float | None = None) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO full_drifts (inventory, at) VALUES (?, ?)",
+                       (inventory, time.time() if at is None else at))
+
+    def last_full_drift(self, inventory: str) -> float | None:
+        row = self._db.execute("SELECT at FROM full_drifts WHERE inventory = ?", (inventory,)).fetchone()
+        return float(row[0]) if row else None
+
 
 def _statements(script: str) -> list[str]:
     """A migration step's statements (split on `;` at line ends; no triggers or strings with `;` in the steps)."""
