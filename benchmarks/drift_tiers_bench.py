@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import loadavg, run_measured  # noqa: E402
-from _summary import ROOT, record  # noqa: E402
+from _measure import run_measured  # noqa: E402
+from _summary import ROOT, loadavg, record  # noqa: E402
 
 PROVISION = [str(ROOT / ".venv" / "bin" / "provision")]
 
@@ -29,7 +29,7 @@ PROVISION = [str(ROOT / ".venv" / "bin" / "provision")]
 def bench(rack: str, reps: int, runs: Path) -> dict:
     inv = ROOT / "inventories" / f"testbed-{rack}" / "hosts.ini"
     env = dict(os.environ, PROVISION_RUNS_DIR=str(runs))
-    hosts = sum(1 for ln in inv.read_text().splitlines() if ln.startswith("node"))
+    hosts = 0
     conv = run_measured([*PROVISION, "run", str(inv), "--skip-tags", "vllm", "-q"], env=env, cwd=ROOT)
     assert conv["rc"] == 0, conv
     load = [loadavg()]
@@ -40,6 +40,7 @@ def bench(rack: str, reps: int, runs: Path) -> dict:
                               "-o", str(runs / f"{side}.json"), *extra], env=env, cwd=ROOT)
             doc = json.loads((runs / f"{side}.json").read_text())
             assert m["rc"] == 0, (side, m)
+            hosts = doc["summary"]["hosts"]
             if side == "tiers":
                 assert doc["summary"]["tiers"]["tier1"] == hosts, doc["summary"]
             sides[side].append({"wall_s": round(m["wall_s"], 3), "controller_cpu_s": round(m["controller_cpu_s"], 3)})
@@ -92,9 +93,10 @@ def main() -> int:
         ffixed, fper = fit(full_pts)
         big = max(res, key=lambda r: r["hosts"])
         ratio = round(big["median"]["full"]["controller_cpu_s"] / big["median"]["tiers"]["controller_cpu_s"], 1)
-        # 10,000 nodes in 5 minutes from 16 cores: the per-host CPU spread over 16 cores plus the fixed cost
-        cores, fleet = 16, 10000
-        projected = fixed + per_host * fleet / cores
+        # 10,000 nodes in 5 minutes: the probe's threads share one GIL, so the per-host CPU is on ONE core (the
+        # other 15 of a 16-core controller are not needed); wall also bounded by the pool (64 hosts at a time)
+        fleet = 10000
+        projected = fixed + per_host * fleet
         rec = record(
             "drift_tier1_controller_cpu_per_host",
             anchor="`provision drift --full` (Ansible check+diff for every host, today's tuned drift) on the same "
@@ -102,7 +104,7 @@ def main() -> int:
                    "and 10,000 nodes in <= 300 s from a 16-core controller",
             ours={"tiers_cpu_s_per_host": round(per_host, 4), "tiers_fixed_cpu_s": round(fixed, 3),
                   "full_cpu_s_per_host": round(fper, 4), "full_fixed_cpu_s": round(ffixed, 3),
-                  "projected_10000_nodes_16_cores_s": round(projected, 1),
+                  "projected_10000_nodes_one_core_cpu_s": round(projected, 1),
                   "wall_s": {r["hosts"]: r["median"]["tiers"]["wall_s"] for r in res}},
             ratio=ratio, met=ratio >= 30 and projected <= 300,
             load={"min": min(r["load"]["start"] for r in res), "max": max(r["load"]["end"] for r in res)},
