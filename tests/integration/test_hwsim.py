@@ -63,7 +63,8 @@ def test_defaults_are_an_8x_h100_node_with_8_ndr_hcas() -> None:
      r"faults.acs_on: no PCIe bridge with ACS at '0000:a0:00.0' \(this node has 0000:15:01.0, 0000:17:00.0, "),
     ({"faults": {"acs_on": "yes"}}, r"faults.acs_on: no PCIe bridge with ACS at 'yes'"),
     ({"faults": {"acs_on": [1.5]}}, r"faults.acs_on: expected true, a GPU index, a bridge address or a list"),
-    ({"faults": {"acs_on": []}}, r"faults.acs_on: expected true, a GPU index, a bridge address or a list of them, got \[\]"),
+    ({"faults": {"acs_on": []}},
+     r"faults.acs_on: expected true, a GPU index, a bridge address or a list of them, got \[\]"),
 ])
 def test_invalid_specs_are_usage_errors_that_name_the_key(spec: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
