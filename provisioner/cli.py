@@ -36,6 +36,7 @@ COMMANDS = (
     "status",
     "history",
     "node",
+    "remediate",
     "bench",
     "monitoring",
     "testbed",

@@ -43,6 +43,7 @@ class DriftItem:
     action: str | None = None
     diff: str | None = None
     play: str | None = None
+    tier: int | None = None  # two-tier drift: 1 = the probe found this resource changed too, 2 = only Ansible did
 
     @property
     def key(self) -> str:
@@ -73,6 +74,11 @@ class HostResult:
     # reboot was allowed); the host's state is unchanged (a run's exit code too), the reports say it per host
     reboot_required: bool = False
     reboot_reason: str | None = None  # the matching `<name>_reboot_reason` fact, else who set the flag
+    # two-tier drift: 1 = the probe matched the recorded state (clean, Ansible did not run), 2 = Ansible checked it
+    # (tier_reason says why); probe_changes = what the probe found against the record
+    tier: int | None = None
+    tier_reason: str | None = None
+    probe_changes: list[str] = field(default_factory=list)
 
     @property
     def state(self) -> str:
@@ -123,6 +129,8 @@ class RunResult:
     error: str | None = None  # why the run could not happen at all (ansible error before any host ran)
     # a sharded run (`--exec-node`): one entry per execution node (node, hosts, status, rc, duration, error, ...)
     shards: list[dict[str, Any]] = field(default_factory=list)
+    # a two-tier drift: {"tier1": n, "tier2": n, "reasons": {reason kind: n}, "probe_seconds": s}; {} otherwise
+    tiers: dict[str, Any] = field(default_factory=dict)
 
     # -- views ---------------------------------------------------------------------------------------------
     def host(self, name: str) -> HostResult:
@@ -206,4 +214,5 @@ class RunResult:
             "batches": self.batches,
             "hosts": {n: self.hosts[n].to_dict() for n in sorted(self.hosts)},
             "shards": self.shards,
+            "tiers": self.tiers,
         }

@@ -31,7 +31,10 @@ EXTENSIONS = {Report.text: "txt", Report.json: "json", Report.junit: "xml", Repo
 
 HELP = unwrap("""Report what differs between INVENTORY's hosts and the playbooks; change nothing.
 
-Runs the playbooks in check + diff mode (with the -e extra vars, validated first like `provision run`) and reports,
+Two tiers: a host whose inputs (its variables, -e, tags, the suite's content) are those of its last complete run
+is probed with one SSH exec against the state recorded after that run; the hosts the probe finds changed or cannot
+reach, hosts whose inputs changed and hosts without a record are checked by the playbooks in check + diff mode (with
+the -e extra vars, validated first like `provision run`). --full checks every host with the playbooks. It reports,
 per host, each resource that differs (file path / package / service, the task and role, the diff for files) and the
 hosts that could not be checked. Reports: text, json, junit (one testcase per host x resource), prometheus
 (node_exporter textfile). With --exec-node, the check is sharded across execution nodes (see `provision run`).
@@ -72,6 +75,11 @@ def register(app: typer.Typer) -> None:
             "--accelerate",
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
         exec_node: Annotated[list[str] | None, typer.Option("--exec-node", help=EXEC_NODE_HELP)] = None,
+        full: Annotated[bool, typer.Option(
+            "--full", help="Check every host with Ansible (no probe tier; the weekly run).")] = False,
+        full_every: Annotated[float | None, typer.Option(
+            "--full-every", metavar="DAYS",
+            help="--full when the last full check of this inventory is older than DAYS (the nightly timer).")] = None,
     ) -> None:
         from provisioner.commands.common import finding_line, load_run_targets, shard_lines, shard_targets, validate
         from provisioner.reports import drift_text
@@ -91,11 +99,39 @@ def register(app: typer.Typer) -> None:
             err.print(f"drift check not run: {len(errors)} validation error(s)")
             raise typer.Exit(int(Exit.FAIL))
 
-        progress = make_progress("none" if quiet else "auto")
-        result = run_playbook(inventory, command="drift", playbook=playbook, limit=limit_abs, tags=tags,
-                              skip_tags=skip_tags, check=True, diff=True, extravars=xv, targeted=targeted,
-                              progress=progress, accelerate=accelerate, exec_nodes=nodes,
-                              fleet=fleet if nodes else None)
+        import time
+
+        from provisioner import tiers as tiering
+        from provisioner.paths import ledger_path
+
+        started = time.time()
+        if full_every is not None:
+            if full_every <= 0:
+                raise UsageError(f"--full-every must be a positive number of days, got {full_every:g}")
+            full = full or tiering.full_due(str(inventory), full_every, ledger_path())
+        # tier 1: hosts whose inputs are unchanged since their last complete run get the probe; the others, and the
+        # hosts the probe finds changed or cannot reach, go to tier 2 (Ansible check + diff, as before)
+        tiers = tiering.sort_hosts(fleet, targeted, full=full, playbook=playbook, tags=tags, skip_tags=skip_tags,
+                                   extra=xv, ledger_path=ledger_path())
+        tier2 = [h for h in targeted if h in tiers.tier2]
+        if not quiet and not full:
+            sys.stderr.write(f"drift: {len(tiers.tier1)} host(s) clean by the probe, {len(tier2)} to check with "
+                             f"Ansible ({tiers.probe_seconds:.1f}s probing)\n")
+        if tier2:
+            progress = make_progress("none" if quiet else "auto")
+            result = run_playbook(inventory, command="drift", playbook=playbook,
+                                  limit=limit_abs if full else ",".join(tier2), tags=tags, skip_tags=skip_tags,
+                                  check=True, diff=True, extravars=xv, targeted=tier2, progress=progress,
+                                  accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
+                                  amend=lambda r: tiering.merge(tiers, r, targeted))
+            if not full:
+                tiering.refresh(fleet, tiers, result, ledger_path(Path(result.run_dir).parent))
+            elif limit_abs is None and not tags and not result.error:
+                tiering.full_done(str(inventory), ledger_path(Path(result.run_dir).parent))
+        else:
+            result, rec = tiering.probe_only_result(inventory, playbook, limit_abs, started)
+            tiering.merge(tiers, result, targeted)
+            rec.finish(result)
         # every format is kept with the run's artifacts (.runs/<time>-drift/drift.{txt,json,xml,prom})
         for fmt, ext in EXTENSIONS.items():
             (Path(result.run_dir) / f"drift.{ext}").write_text(render(result, fmt))
@@ -104,7 +140,8 @@ def register(app: typer.Typer) -> None:
             write_atomic(output, text)
             if not quiet:
                 # the summary line of the text report, so a terminal user sees the outcome
-                sys.stderr.write(drift_text.render(result, diffs=False).splitlines()[-2] + "\n")
+                summary = [ln for ln in drift_text.render(result, diffs=False).splitlines() if ln.startswith("drift: ")]
+                sys.stderr.write(summary[-1] + "\n")
         else:
             sys.stdout.write(text)
         if not quiet:

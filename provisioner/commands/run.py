@@ -113,6 +113,13 @@ def register(app: typer.Typer) -> None:
             progress=progress, accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
             on_event=seen,
         )
+        if not check:
+            from provisioner.tiers import record_run
+
+            # the hosts this run completed: their state, for the next drift's probe tier
+            warning = record_run(fleet, result, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=xv)
+            if warning:
+                err.print(warning)
         if not (json_out or quiet):
             for line in shard_lines(result):
                 err.print(line)

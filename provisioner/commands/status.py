@@ -10,28 +10,41 @@ from typing import Annotated
 import typer
 
 from provisioner.commands.common import Format, unwrap
-from provisioner.errors import Exit
+from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since, cluster, last run, health and drift.
 
 The states and runs come from the ledger (PROVISION_LEDGER, else ledger.sqlite3 in the runs directory: see
 docs/lifecycle.md); a host the ledger has never seen is `new`. A run whose process was killed reads `interrupted`.
+--html FILE also writes one self-contained page: the same table and each node's timeline of transitions, health
+passes and remediation steps.
 
 Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
 
 
-def run(inventory: Path, fmt: Format = Format.text) -> int:
+def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None) -> int:
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
-    from provisioner.ledger.view import read_ledger, status_rows, when
+    from provisioner.ledger.view import history, read_ledger, status_rows, when
 
     fleet = load_fleet(inventory)
     try:
         with read_ledger() as ledger:
             rows = status_rows(fleet, ledger)
+            histories = {r["host"]: history(ledger, r["host"]) for r in rows} if html is not None else {}
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
+    if html is not None:
+        import time
+
+        from provisioner.reports.status_html import render
+        from provisioner.reports.textfile import write_atomic
+
+        try:
+            write_atomic(html, render(str(inventory), rows, histories, when, time.time()))
+        except OSError as exc:
+            raise UsageError(f"cannot write the HTML page: {exc.strerror or exc}", path=str(html)) from None
     if fmt is Format.json:
         sys.stdout.write(json.dumps({"inventory": str(inventory), "hosts": rows}, indent=2) + "\n")
         return int(Exit.OK)
@@ -60,5 +73,8 @@ def register(app: typer.Typer) -> None:
     def status_cmd(
         inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Table (text) or JSON.")] = Format.text,
+        html: Annotated[Path | None, typer.Option(
+            "--html", help="Also write a self-contained HTML page (table + each node's timeline) here.",
+            show_default=False)] = None,
     ) -> None:
-        raise typer.Exit(run(inventory, fmt))
+        raise typer.Exit(run(inventory, fmt, html))

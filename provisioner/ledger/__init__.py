@@ -15,6 +15,6 @@ Only the standard library here.
 
 from __future__ import annotations
 
-from provisioner.ledger.store import Ledger, LedgerError, Run, Transition
+from provisioner.ledger.store import Ledger, LedgerError, Remediation, Run, Transition
 
-__all__ = ["Ledger", "LedgerError", "Run", "Transition"]
+__all__ = ["Ledger", "LedgerError", "Remediation", "Run", "Transition"]

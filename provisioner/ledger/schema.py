@@ -58,6 +58,36 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX transitions_host ON transitions (host, id);
     """,
+    # 2: remediation records (provision remediate): the steps tried on a quarantined node, replacement marks
+    """
+    CREATE TABLE remediations (
+        id      INTEGER PRIMARY KEY,
+        host    TEXT NOT NULL,
+        step    TEXT NOT NULL,               -- gpu_reset, reboot, power_cycle, replace
+        outcome TEXT NOT NULL,               -- done, failed, skipped; marked (replace)
+        detail  TEXT,
+        at      REAL NOT NULL,
+        actor   TEXT NOT NULL,
+        run     INTEGER REFERENCES runs (id) ON DELETE SET NULL
+    );
+    CREATE INDEX remediations_host ON remediations (host, id);
+    """,
+    # 3: each host's recorded state (the two-tier drift's tier 1 compares a probe with it); one row per host, the
+    # last complete run's; `state` = zlib-compressed JSON of the state map, `digest` = sha256 of that map
+    """
+    CREATE TABLE host_state (
+        host     TEXT PRIMARY KEY,
+        run      INTEGER REFERENCES runs (id) ON DELETE SET NULL,
+        recorded REAL NOT NULL,
+        inputs   TEXT NOT NULL,              -- hoststate.inputs_digest of the run that converged it
+        digest   TEXT NOT NULL,
+        state    BLOB NOT NULL
+    );
+    CREATE TABLE full_drifts (                -- the last `provision drift --full` per inventory (--full-every)
+        inventory TEXT PRIMARY KEY,
+        at        REAL NOT NULL
+    );
+    """,
 )
 
 #: The version a database opened by this code ends at.

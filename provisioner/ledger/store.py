@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +42,16 @@ class Transition:
     actor: str
     run: int | None
     forced: bool
+
+
+@dataclass(frozen=True)
+class Remediation:
+    host: str
+    step: str  # gpu_reset, reboot, power_cycle, replace
+    outcome: str  # done, failed, skipped; marked (replace)
+    detail: str | None
+    at: float
+    actor: str
 
 
 def _pid_alive(pid: int) -> bool:
@@ -237,6 +249,21 @@ class Ledger:
         return [Transition(r["host"], r["from_state"], r["to_state"], r["reason"], r["at"], r["actor"], r["run"],
                            bool(r["forced"])) for r in self._db.execute(q, (host,) if host else ())]
 
+    def record_step(self, host: str, step: str, outcome: str, *, actor: str, detail: str | None = None,
+                    run: int | None = None, at: float | None = None) -> Remediation:
+        """Append one remediation record (a step tried on `host`, or a replacement mark)."""
+        when = time.time() if at is None else at
+        with self._tx() as db:
+            db.execute("INSERT INTO remediations (host, step, outcome, detail, at, actor, run) VALUES (?, ?, ?, ?, ?, "
+                       "?, ?)", (host, step, outcome, detail, when, actor, run))
+        return Remediation(host, step, outcome, detail, when, actor)
+
+    def remediations(self, host: str | None = None) -> list[Remediation]:
+        """Oldest first."""
+        q = "SELECT * FROM remediations" + (" WHERE host = ?" if host else "") + " ORDER BY id"
+        return [Remediation(r["host"], r["step"], r["outcome"], r["detail"], r["at"], r["actor"])
+                for r in self._db.execute(q, (host,) if host else ())]
+
     def states(self) -> dict[str, tuple[str, float]]:
         """{host: (lifecycle state, since)} for every host with a transition (the others are `new`)."""
         rows = self._db.execute(
@@ -246,6 +273,50 @@ class Ledger:
     def state(self, host: str) -> tuple[str, float | None]:
         """(lifecycle state, since when; None for a host never moved: `new`)."""
         return self.states().get(host, ("new", None))
+
+    # -- recorded host states (the two-tier drift) ----------------------------------------------------------------
+    def put_states(self, rows: Iterable[tuple[str, int | None, str, dict[str, str]]], *,
+                   drop: Iterable[str] = ()) -> None:
+        """In one transaction: record (host, run, inputs digest, state map) per host (replacing its last record) and
+        forget the records of `drop` (hosts whose run failed: their state is no longer a converged one)."""
+        from provisioner.hoststate import state_digest
+
+        now = time.time()
+        with self._tx() as db:
+            db.executemany("DELETE FROM host_state WHERE host = ?", [(h,) for h in drop])
+            db.executemany(
+                "INSERT OR REPLACE INTO host_state (host, run, recorded, inputs, digest, state) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(h, run, now, inputs, state_digest(state),
+                  zlib.compress(json.dumps(state, sort_keys=True).encode(), 6)) for h, run, inputs, state in rows])
+
+    def records(self, hosts: Iterable[str]) -> dict[str, Any]:
+        """{host: hoststate.Record} for the hosts that have one; a row that cannot be decoded comes back with an empty
+        state (its digest then fails: `corrupted`)."""
+        from provisioner.hoststate import Record
+
+        out: dict[str, Any] = {}
+        for h in hosts:
+            r = self._db.execute("SELECT * FROM host_state WHERE host = ?", (h,)).fetchone()
+            if r is None:
+                continue
+            try:
+                state = json.loads(zlib.decompress(r["state"]).decode())
+                state = {str(k): str(v) for k, v in state.items()} if isinstance(state, dict) else {}
+            except (zlib.error, ValueError, TypeError, AttributeError):
+                state = {}
+            out[h] = Record(host=h, run=r["run"], recorded=r["recorded"], inputs=r["inputs"], state=state,
+                            digest=r["digest"])
+        return out
+
+    def full_drift_done(self, inventory: str, at: float | None = None) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO full_drifts (inventory, at) VALUES (?, ?)",
+                       (inventory, time.time() if at is None else at))
+
+    def last_full_drift(self, inventory: str) -> float | None:
+        row = self._db.execute("SELECT at FROM full_drifts WHERE inventory = ?", (inventory,)).fetchone()
+        return float(row[0]) if row else None
 
 
 def _statements(script: str) -> list[str]:

@@ -92,4 +92,6 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
     return {"host": host, "state": ledger.state(host)[0], "since": ledger.state(host)[1],
             "transitions": [{"from": t.from_state, "to": t.to_state, "reason": t.reason, "at": t.at,
                              "actor": t.actor, "run": t.run, "forced": t.forced} for t in ledger.transitions(host)],
-            "runs": runs}
+            "runs": runs,
+            "remediations": [{"step": s.step, "outcome": s.outcome, "detail": s.detail, "at": s.at, "actor": s.actor}
+                             for s in ledger.remediations(host)]}

@@ -20,7 +20,7 @@ def to_dict(result: RunResult) -> dict[str, Any]:
                                                            ("not_checked" if h.state == "not_run" else "clean"))),
             "drift": [
                 {"kind": d.kind, "resource": d.resource, "task": d.task, "role": d.role, "action": d.action,
-                 "diff": d.diff}
+                 "diff": d.diff, "tier": d.tier}
                 for d in h.drift
             ],
             "errors": [{"task": f.task, "role": f.role, "message": f.message} for f in h.failures],
@@ -28,6 +28,10 @@ def to_dict(result: RunResult) -> dict[str, Any]:
             # check mode: applying the playbooks would leave the host needing a reboot (the kernel module changes)
             "reboot_required": h.reboot_required,
             "reboot_reason": h.reboot_reason,
+            # two-tier drift: 1 = clean by the probe alone, 2 = checked by Ansible (tier_reason: why)
+            "tier": h.tier,
+            "tier_reason": h.tier_reason,
+            "probe_changes": h.probe_changes,
         }
     return {
         "schema": SCHEMA,
@@ -46,6 +50,8 @@ def to_dict(result: RunResult) -> dict[str, Any]:
             "unreachable_hosts": result.unreachable_hosts,
             "check_failed_hosts": result.failed_hosts,
             "reboot_required_hosts": result.reboot_hosts,
+            # hosts per tier and why tier 2 ran ({} for a drift without tiers)
+            "tiers": result.tiers,
         },
         "hosts": hosts,
         "run_dir": result.run_dir,

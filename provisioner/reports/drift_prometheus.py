@@ -45,6 +45,12 @@ def render(result: RunResult, *, now: float | None = None) -> str:
         h = result.hosts[name]
         if not h.unreachable and h.state != "not_run":
             out.append(f'provisioner_drift_reboot_required{{host="{_esc(name)}"}} {1 if h.reboot_required else 0}')
+    if any(h.tier for h in result.hosts.values()):
+        out.append("# HELP provisioner_drift_tier The drift tier that checked the host: 1 the probe alone, 2 Ansible.")
+        out.append("# TYPE provisioner_drift_tier gauge")
+        for name in sorted(result.hosts):
+            if result.hosts[name].tier:
+                out.append(f'provisioner_drift_tier{{host="{_esc(name)}"}} {result.hosts[name].tier}')
     out.append("# HELP provisioner_drift_last_run_timestamp_seconds When the last drift check finished (Unix time).")
     out.append("# TYPE provisioner_drift_last_run_timestamp_seconds gauge")
     out.append(f"provisioner_drift_last_run_timestamp_seconds {ts:.3f}")

@@ -27,7 +27,10 @@ def render(result: RunResult, *, diffs: bool = True) -> str:
                 if diffs and d.diff:
                     lines.extend("      " + ln for ln in d.diff.rstrip("\n").splitlines())
         elif not h.failures and h.state != "not_run":
-            lines.append(f"{name}: no drift")
+            lines.append(f"{name}: no drift" + (" (probe)" if h.tier == 1 else ""))
+        if h.tier == 2 and h.probe_changes:
+            lines.append(f"  the probe found: {'; '.join(h.probe_changes[:5])}"
+                         + (f"; ... ({len(h.probe_changes) - 5} more)" if len(h.probe_changes) > 5 else ""))
         if h.reboot_required:
             lines.append(f"  applying would require a reboot: {h.reboot_reason or 'a task said so'}")
     n_drift = len(result.drift)
@@ -38,5 +41,9 @@ def render(result: RunResult, *, diffs: bool = True) -> str:
         f" of {len(result.targeted)} checked in {result.duration:.1f}s"
         + (f"; {len(problems)} host(s) could not be checked: {', '.join(sorted(problems))}" if problems else "")
     )
+    if result.tiers:
+        why = ", ".join(f"{k} {n}" for k, n in sorted(result.tiers.get("reasons", {}).items()))
+        lines.append(f"tiers: {count(result.tiers.get('tier1', 0), 'host')} clean by the probe, "
+                     f"{result.tiers.get('tier2', 0)} checked with Ansible" + (f" ({why})" if why else ""))
     lines.append(f"run dir: {result.run_dir}")
     return "\n".join(lines) + "\n"

@@ -184,10 +184,12 @@ def run_playbook(
     fleet: Fleet | None = None,
     accelerate: str | None = None,
     exec_nodes: list[str] | None = None,
+    amend: Callable[[RunResult], None] | None = None,
 ) -> RunResult:
     """Run `playbook` (default playbooks/site.yml) on `inventory`: `execute(RunConfig(...))` with these options
     (RunConfig documents them) and callbacks. With `exec_nodes` (and the `fleet`), the targeted hosts are sharded
-    across those execution nodes (provisioner/runner/stream.py) and folded into the same result."""
+    across those execution nodes (provisioner/runner/stream.py) and folded into the same result. `amend(result)` runs
+    before the ledger records it."""
     config = RunConfig(
         inventory=Path(inventory), command=command, playbook=Path(playbook) if playbook else None, limit=limit,
         tags=tags, skip_tags=skip_tags, check=check, diff=diff, serial=serial, max_fail_percent=max_fail_percent,
@@ -206,6 +208,10 @@ def run_playbook(
 
         fleet = fleet or load_fleet(inventory, extra_vars=extravars)
         hosts = list(targeted) if targeted is not None else target_hosts(fleet, config.limit)
-        return rec.finish(execute_sharded(config, plan(fleet, hosts, exec_nodes), fleet, progress=progress,
-                                          on_run_dir=on_run_dir, on_event=on_event))
-    return rec.finish(execute(config, progress=progress, on_event=on_event, on_run_dir=on_run_dir, fleet=fleet))
+        result = execute_sharded(config, plan(fleet, hosts, exec_nodes), fleet, progress=progress,
+                                 on_run_dir=on_run_dir, on_event=on_event)
+    else:
+        result = execute(config, progress=progress, on_event=on_event, on_run_dir=on_run_dir, fleet=fleet)
+    if amend is not None:  # the caller completes the result before the ledger indexes it (drift's tier-1 hosts)
+        amend(result)
+    return rec.finish(result)

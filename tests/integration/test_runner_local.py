@@ -285,6 +285,7 @@ def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
     assert "OnCalendar=*-*-* 02:30:00" in timer and "WantedBy=timers.target" in timer
     assert textfiles.is_dir()
     assert "--exec-node" not in service
+    assert "--quiet --full-every 7\n" in service  # the two-tier drift, with a weekly full check
     # sharded across execution nodes
     r = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs",
                      extravars={**xv, "drift_exec_nodes": ["exec01", "exec02"]},
@@ -292,7 +293,7 @@ def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
     assert r.succeeded, r.to_dict()
     service = (units / "provision-drift.service").read_text()
     line = next(ln for ln in service.splitlines() if ln.startswith("ExecStart="))
-    assert line.endswith("--quiet --exec-node exec01,exec02"), line
+    assert line.endswith("--quiet --full-every 7 --exec-node exec01,exec02"), line
     # without the inventory it refuses with a clear message
     xv.pop("drift_inventory")
     bad = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs", extravars=xv,

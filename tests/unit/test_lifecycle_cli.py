@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,85 @@ def test_status_shows_last_health_and_drift(site: tuple[Path, dict[str, str], Pa
     assert rows["n2"]["health"]["result"] == "ok" and rows["n2"]["drift"] is None and rows["n3"]["health"] is None
     text = provision("status", str(inv), env=env, columns=250).stdout
     assert "failed (ecc)" in text and "2 item(s)" in text
+
+
+class _Page(HTMLParser):
+    """The status table's rows (cells' text), each node section's timeline items, every tag and attribute seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.timeline: dict[str, list[tuple[str, str]]] = {}
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self._cell: list[str] | None = None
+        self._li: tuple[str, list[str]] | None = None
+        self._section = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "tr" and "data-host" in a:
+            self.rows.append([])
+        elif tag == "td" and self.rows:
+            self._cell = []
+        elif tag == "section":
+            self._section = str(a["id"]).removeprefix("node-")
+            self.timeline[self._section] = []
+        elif tag == "li":
+            self._li = (str(a["data-kind"]), [])
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+        elif tag == "li" and self._li is not None:
+            self.timeline[self._section].append((self._li[0], "".join(self._li[1])))
+            self._li = None
+
+    def handle_data(self, data: str) -> None:
+        for buf in (self._cell, self._li[1] if self._li else None):
+            if buf is not None:
+                buf.append(data)
+
+
+def test_status_html_is_the_table_and_each_nodes_timeline(site: tuple[Path, dict[str, str], Path],
+                                                          tmp_path: Path) -> None:
+    inv, env, db = site
+    evil = "<script>alert('x')</script> & more"
+    with Ledger.open(db) as lg:
+        for a, b in (("new", "provisioning"), ("provisioning", "burn-in")):
+            lg.record_transition("n1", a, b, reason=evil if b == "burn-in" else "racked", actor="user:t", at=100.0)
+        h = lg.run_started("health", str(inv), started=200.0)
+        lg.run_finished(h, "failed", hosts=[{"host": "n1", "status": "failed"}],
+                        health=[("n1", "ecc", "fail", "row remap pending")])
+        lg.record_transition("n1", "burn-in", "quarantined", reason="ecc: row remap pending", actor="policy:remediate",
+                             at=300.0)
+        lg.record_step("n1", "gpu_reset", "failed", actor="policy:remediate", detail="GPU held by 42 <python3>",
+                       at=400.0)
+    page = tmp_path / "out" / "status.html"
+    r = provision("status", str(inv), "--html", str(page), env=env, columns=250)
+    assert r.returncode == 0, r.stderr
+    text = page.read_text()
+    assert "<script>" not in text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; more" in text
+    p = _Page()
+    p.feed(text)
+    assert [row[:2] for row in p.rows] == [["n1", "quarantined"], ["n2", "new"], ["n3", "new"], ["n4", "new"]]
+    assert p.rows[0][4].startswith("health #") and p.rows[0][5] == "1970-01-01 00:03:20Z: failed (ecc)"
+    assert p.timeline["n1"] == [
+        ("transition", "1970-01-01 00:01:40Znew -> provisioning by user:t: racked"),
+        ("transition", f"1970-01-01 00:01:40Zprovisioning -> burn-in by user:t: {evil}"),
+        ("health", "1970-01-01 00:03:20Zhealth #1: failed (failed: ecc)"),
+        ("transition", "1970-01-01 00:05:00Zburn-in -> quarantined by policy:remediate: ecc: row remap pending"),
+        ("remediation", "1970-01-01 00:06:40Zgpu_reset failed: GPU held by 42 <python3>")]
+    assert p.timeline["n2"] == []
+    # self-contained: nothing loaded from anywhere, no script at all
+    assert not [t for t, a in p.tags if t in ("script", "link", "img", "iframe") or "src" in a]
+    assert all(str(a.get("href", "#")).startswith("#") for _, a in p.tags)
+
+
+def test_status_html_to_an_unwritable_place_is_a_usage_error(site: tuple[Path, dict[str, str], Path],
+                                                             tmp_path: Path) -> None:
+    inv, env, _ = site
+    (tmp_path / "f").write_text("")
+    r = provision("status", str(inv), "--html", str(tmp_path / "f" / "x.html"), env=env)
+    assert r.returncode == 2 and "cannot write the HTML page" in r.stderr and "Traceback" not in r.stderr

@@ -33,7 +33,7 @@ def test_drift_json_structure() -> None:
     assert d["schema"] == "provision.drift/v1" and d["drift_found"] is True and d["complete"] is False
     assert d["summary"] == {"hosts": 4, "drifted_hosts": ["node01"], "drifted_resources": 4,
                             "unreachable_hosts": ["node03"], "check_failed_hosts": ['odd"name\\x'],
-                            "reboot_required_hosts": []}
+                            "reboot_required_hosts": [], "tiers": {}}
     assert [(i["kind"], i["resource"]) for i in d["hosts"]["node01"]["drift"]] == [
         ("file", "/etc/nccl.conf"), ("service", "nvidia-persistenced"), ("package", "nvidia-fabricmanager-580"),
         ("file", "/etc/systemd/system/nvidia-persistenced.service")]

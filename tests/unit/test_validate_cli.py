@@ -49,6 +49,9 @@ SHA = "0" * 63 + "1"
 EFA = {"fabric": "efa", "ib_hcas": DELETE, "efa_device_count": 32, "efa_installer_sha256": SHA,
        "efa_installer_url": "https://mirror.example/efa/aws-efa-installer-1.43.2.tar.gz"}
 GB = {"gpu_model": "GB200-186GB", "gpu_count": 4, "nvlink_domain": "nvl72-a"}
+# the quarantine/remediation policy of docs/lifecycle.md
+POLICY = {"quarantine_on": ["ecc", "xid", "fabricmanager", "ib"], "remediation": ["gpu_reset", "reboot"],
+          "replace_after": {"quarantines": 3, "window_days": 30}}
 GB_TP8 = cluster(tensor_parallel_size=8, pipeline_parallel_size=1)
 
 
@@ -223,9 +226,28 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
               [{"group_vars": gpu_nodes(firmware={"bios": ["2.3.1"], "gpu": ["96.00.89.00.01"]})}]),
     "FW003": ([{"group_vars": gpu_nodes(firmware={"bmc": [1.1]})}, {"group_vars": gpu_nodes(firmware={"bmc": ["7 00"]})}],
               [{"group_vars": gpu_nodes(firmware={"bmc": ["7.00.00.00", "1.10"]})}]),
+    "LC001": ([{"group_vars": gpu_nodes(lifecycle_policy=["ecc"])},
+               {"group_vars": gpu_nodes(lifecycle_policy={"quarantine": ["ecc"]})}],
+              [{"group_vars": gpu_nodes(lifecycle_policy=POLICY)}, {"group_vars": gpu_nodes(lifecycle_policy={})}]),
+    "LC002": ([{"group_vars": gpu_nodes(lifecycle_policy={"quarantine_on": ["ecc", "driver"]})},
+               {"group_vars": gpu_nodes(lifecycle_policy={"quarantine_on": "ecc"})},
+               {"group_vars": gpu_nodes(lifecycle_policy={"quarantine_on": ["xdi"]})}],
+              [{"group_vars": gpu_nodes(lifecycle_policy=POLICY)}]),
+    "LC003": ([{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["gpu_reset", "reboot", "reboot"]})},
+               {"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["reimage"]})},
+               {"group_vars": gpu_nodes(lifecycle_policy={"remediation": []})}],
+              [{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["reboot"]})}]),
+    "LC004": ([{"group_vars": gpu_nodes(lifecycle_policy={"replace_after": {"quarantines": "3"}})},
+               {"group_vars": gpu_nodes(lifecycle_policy={"replace_after": {"quarantines": 0, "window_days": 7}})},
+               {"group_vars": gpu_nodes(lifecycle_policy={"replace_after": {"days": 7}})},
+               {"group_vars": gpu_nodes(lifecycle_policy={"replace_after": 3})}],
+              [{"group_vars": gpu_nodes(lifecycle_policy=POLICY)}]),
+    "LC005": ([{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["gpu_reset", "power_cycle"]})}],
+              [{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["gpu_reset", "power_cycle"]}),
+                "host_vars": {"n1": BMC, "n2": {**BMC, "bmc_address": "10.1.0.2"}}}]),
 }
 
-WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005"}
+WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005"}
 
 
 def _cases(which: int) -> list[Any]:

@@ -1,0 +1,267 @@
+"""A host's recorded state for the two-tier drift: what the probe reads (files under the managed roots, packages,
+units, the nftables ruleset, node facts), the input digest that says whether the record still applies, and the
+comparison of a record with a fresh probe. Pure: no SSH, no files of the controller (provisioner/probes/state.py
+runs the probe; provisioner/ledger keeps the records).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Format of a recorded state; a record of another version is treated as missing.
+STATE_VERSION = 1
+
+#: The managed roots: every file, directory and link under them is part of the recorded state. They cover every path
+#: a role of this suite writes (tests/unit/test_hoststate.py checks the roles' path defaults against them). A change
+#: here by anyone sends the host to tier 2, which decides whether it is drift.
+ROOTS: tuple[str, ...] = (
+    "/etc/apt", "/etc/nccl.conf", "/etc/systemd/system", "/etc/nftables.d", "/etc/nftables.conf",
+    "/etc/security/limits.d", "/etc/modprobe.d", "/etc/modules-load.d", "/etc/sysctl.d", "/etc/ld.so.conf.d",
+    "/etc/vllm", "/etc/provisioner", "/etc/nvidia-imex", "/etc/nginx", "/etc/prometheus", "/etc/default",
+    "/etc/environment", "/etc/profile.d", "/etc/passwd", "/etc/group", "/etc/ssl/certs/ca-certificates.crt",
+    "/usr/local/libexec/provisioner", "/usr/local/lib/provisioner", "/usr/local/sbin",
+    "/usr/local/share/ca-certificates", "/opt/amazon", "/opt/provisioner",
+    "/var/lib/vllm-lb",
+)
+#: Python virtual environments whose installed distributions (the `*.dist-info` names: name and version) are part of
+#: the state, not their files (too many to hash nightly).
+VENVS: tuple[str, ...] = ("/opt/vllm/venv",)
+#: Files a node reports about its hardware and loaded driver (the simulated node's first, as the probes read them).
+FACTS: tuple[str, ...] = ("/var/lib/hwsim/sys/module/nvidia/version", "/sys/module/nvidia/version")
+
+#: The probe: one `python3 -` on the host, reading ROOTS/VENVS/FACTS (argv), printing one JSON object. Read-only.
+PROBE = r'''
+import hashlib, json, os, stat, subprocess, sys
+roots, venvs, facts = json.loads(sys.argv[1])
+out = {}
+def ent(p):
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return
+    own = "%o %d %d" % (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+    if stat.S_ISLNK(st.st_mode):
+        out["file:" + p] = "link " + os.readlink(p)
+    elif stat.S_ISDIR(st.st_mode):
+        out["file:" + p] = "dir " + own
+        try:
+            names = sorted(os.listdir(p))
+        except OSError:
+            return
+        for n in names:
+            ent(os.path.join(p, n))
+    elif stat.S_ISREG(st.st_mode):
+        h = hashlib.sha256()
+        try:
+            with open(p, "rb") as f:
+                for b in iter(lambda: f.read(1 << 20), b""):
+                    h.update(b)
+            out["file:" + p] = h.hexdigest() + " " + own
+        except OSError as e:
+            out["file:" + p] = "unreadable " + own
+    else:
+        out["file:" + p] = "special " + own
+for r in roots:
+    ent(r)
+def run(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                              env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    except (OSError, subprocess.SubprocessError) as e:
+        return None
+p = run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Abbrev}\t${Status}\n"])
+if p is None or p.returncode != 0:
+    out["error:dpkg"] = "dpkg-query failed"
+else:
+    for line in p.stdout.splitlines():
+        f = line.split("\t")
+        if len(f) == 4 and f[2].strip() not in ("un", "pn"):
+            out["package:" + f[0]] = f[1] + " " + f[3]
+units = set()
+for base, dirs, files in os.walk("/etc/systemd/system"):
+    for n in dirs + files:
+        if n.endswith((".service", ".timer", ".socket")) and not n.startswith("-") and "@." not in n:
+            units.add(n)
+units = sorted(units)
+if units:
+    p = run(["systemctl", "show", "--property=Id,UnitFileState,ActiveState,SubState", "--"] + units)
+    if p is not None and p.returncode == 0:
+        cur = {}
+        for line in p.stdout.splitlines() + [""]:
+            if not line.strip():
+                if cur.get("Id"):
+                    out["service:" + cur["Id"]] = "%s %s/%s" % (
+                        cur.get("UnitFileState", ""), cur.get("ActiveState", ""), cur.get("SubState", ""))
+                cur = {}
+            elif "=" in line:
+                k, v = line.split("=", 1)
+                cur[k] = v
+    else:
+        out["error:systemctl"] = "systemctl show failed"
+p = run(["nft", "-s", "list", "ruleset"])
+if p is not None and p.returncode == 0:
+    out["other:nftables ruleset"] = hashlib.sha256(p.stdout.encode()).hexdigest()
+for v in venvs:
+    sp = []
+    for base, dirs, files in os.walk(v):
+        sp += [d for d in dirs if d.endswith(".dist-info")]
+        if base.count(os.sep) - v.count(os.sep) >= 4:
+            dirs[:] = []
+    if os.path.lexists(v):
+        out["other:venv " + v] = hashlib.sha256("\n".join(sorted(sp)).encode()).hexdigest() + " %d" % len(sp)
+for f in facts:
+    try:
+        with open(f) as fh:
+            out["other:fact " + f] = fh.read().strip()[:200]
+    except OSError:
+        pass
+try:
+    with open("/proc/sys/kernel/random/boot_id") as fh:
+        boot = fh.read().strip()
+except OSError:
+    boot = ""
+print(json.dumps({"version": @VERSION@, "boot_id": boot, "state": out}, sort_keys=True))
+'''.replace("@VERSION@", str(STATE_VERSION))
+
+
+def probe_command(roots: Iterable[str] = ROOTS, venvs: Iterable[str] = VENVS, facts: Iterable[str] = FACTS) -> str:
+    """The shell command that runs the probe on a host (python3, the script inline; no file is written there)."""
+    import shlex
+
+    arg = json.dumps([list(roots), list(venvs), list(facts)])
+    return f"python3 -c {shlex.quote(PROBE)} {shlex.quote(arg)}"
+
+
+class StateError(ValueError):
+    """A probe's output or a record that cannot be read."""
+
+
+def parse_probe(stdout: str) -> dict[str, str]:
+    """The state map (`kind:resource` -> value) from the probe's stdout; StateError when it is not the probe's."""
+    try:
+        doc = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION or not isinstance(doc.get("state"), dict):
+        raise StateError("the probe printed no state (is python3 on the host?)")
+    state = {str(k): str(v) for k, v in doc["state"].items()}
+    errors = [f"{k[6:]}: {v}" for k, v in state.items() if k.startswith("error:")]
+    if errors:
+        raise StateError("; ".join(errors))
+    return state
+
+
+def state_digest(state: Mapping[str, str]) -> str:
+    """sha256 of a state map (stored beside it: a record that no longer matches it is corrupted)."""
+    return hashlib.sha256(json.dumps(dict(state), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference between the recorded state and the probe: kind (file, package, service, other), resource,
+    the recorded value and the one found (None: absent)."""
+
+    kind: str
+    resource: str
+    recorded: str | None
+    found: str | None
+
+    @property
+    def text(self) -> str:
+        if self.found is None:
+            return f"{self.kind} {self.resource}: gone"
+        if self.recorded is None:
+            return f"{self.kind} {self.resource}: new ({self.found})"
+        return f"{self.kind} {self.resource}: {self.recorded} -> {self.found}"
+
+
+def compare(recorded: Mapping[str, str], found: Mapping[str, str]) -> list[Change]:
+    """Every key whose value differs, appeared or disappeared, sorted."""
+    out = []
+    for key in sorted(set(recorded) | set(found)):
+        a, b = recorded.get(key), found.get(key)
+        if a != b:
+            kind, _, resource = key.partition(":")
+            out.append(Change(kind, resource, a, b))
+    return out
+
+
+# -- inputs ---------------------------------------------------------------------------------------------------------
+#: Content that decides what a run does besides the inventory: a change to any of it is a change of every host's inputs.
+CONTENT_DIRS = ("playbooks", "roles", "templates", "plugins")
+
+
+def content_hash(root: Path, code: Path | None = None) -> str:
+    """sha256 over the playbooks, roles, templates and plugins under `root` (paths and bytes) and the provisioner
+    package's own Python files under `code` (the plan and the argument builders are code)."""
+    h = hashlib.sha256()
+    trees = [(root / d, d) for d in CONTENT_DIRS]
+    if code is not None:
+        trees.append((code, "provisioner"))
+    for base, label in trees:
+        if not base.is_dir():
+            continue
+        files = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".pytest_cache"))
+            files += [Path(dirpath) / f for f in filenames if not f.endswith((".pyc", ".pyo"))]
+        for f in sorted(files):
+            try:
+                data = f.read_bytes()
+            except OSError:
+                continue
+            h.update(f"{label}/{f.relative_to(base)}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy of resolved variables (Ansible's tagged strings and custom mappings become plain types)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        seq = [_plain(v) for v in value]
+        return sorted(seq, key=repr) if isinstance(value, (set, frozenset)) else seq
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return str(value)
+
+
+def inputs_digest(*, host_vars: Mapping[str, Any], host_plan: Any, fleet_plan: Any, run_options: Mapping[str, Any],
+                  content: str, version: str) -> str:
+    """One host's input digest: its resolved variables, its plan (and the fleet-wide parts: clusters, targets), what
+    the run was asked (playbook, tags, skip-tags, extra vars), the suite's content hash and version."""
+    doc = {"vars": _plain(host_vars), "plan": _plain(host_plan), "fleet": _plain(fleet_plan),
+           "run": _plain(run_options), "content": content, "version": version}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# -- the tier decision ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    """A host's recorded state as the ledger returns it."""
+
+    host: str
+    run: int | None
+    recorded: float
+    inputs: str
+    state: Mapping[str, str]
+    digest: str
+
+
+def tier2_reason(record: Record | None, inputs: str) -> str | None:
+    """Why a host cannot be checked by the probe alone (None: it can): no record, a corrupted one, or changed
+    inputs. The probe's own verdict (reachable, drifted) comes after."""
+    if record is None:
+        return "no recorded state (no complete run since the ledger began, or its last run failed)"
+    if state_digest(record.state) != record.digest:
+        return "recorded state corrupted (its digest does not match)"
+    if record.inputs != inputs:
+        return "inputs changed since the last complete run (inventory, -e, tags, or the suite's content)"
+    return None

@@ -1,0 +1,88 @@
+"""The remediation steps on a node: GPU reset (only when no process holds a GPU; the holders are named), reboot
+over SSH, power cycle through the BMC, each waiting for the node to answer again (a new boot id)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+
+from provisioner.model import Fleet
+from provisioner.probes.ssh import run_one, target_for
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+#: processes with /dev/nvidia<N> open, as `pid name` lines (reads every /proc/*/fd: needs root)
+HOLDERS = ('for p in /proc/[0-9]*; do for f in "$p"/fd/*; do case $(readlink "$f" 2>/dev/null) in '
+           '/dev/nvidia[0-9]*) echo "${p#/proc/} $(cat "$p/comm" 2>/dev/null)"; break;; esac; done; done')
+HELD = 3  # gpu_reset's exit status when a process holds a GPU
+
+
+@dataclass(frozen=True)
+class StepResult:
+    ok: bool
+    detail: str
+
+
+def _as_root(script: str, user: str | None) -> str:
+    return script if (user or "root") == "root" else f"sudo -n sh -c {shlex.quote(script)}"
+
+
+def gpu_reset_command(user: str | None) -> str:
+    script = (f'h=$({HOLDERS}); if [ -n "$h" ]; then echo "$h" | sed "s/^/held: /"; exit {HELD}; fi; '
+              "nvidia-smi --gpu-reset")
+    return _as_root(script, user)
+
+
+def gpu_reset(fleet: Fleet, host: str, timeout: float = 300.0) -> StepResult:
+    t = target_for(fleet.hosts[host])
+    r = run_one(t, gpu_reset_command(t.user), timeout=timeout)
+    if not r.ok:
+        return StepResult(False, f"unreachable: {r.error}")
+    if r.rc == HELD:
+        held = [ln.removeprefix("held: ") for ln in r.stdout.splitlines() if ln.startswith("held: ")]
+        return StepResult(False, f"GPU held by {', '.join(held)}: not reset (stop it, or reboot)")
+    if r.rc != 0:
+        tail = (r.stderr.strip() or r.stdout.strip() or "no output").splitlines()[-1][:200]
+        return StepResult(False, f"nvidia-smi --gpu-reset exited {r.rc}: {tail}")
+    return StepResult(True, "GPUs reset")
+
+
+def _boot_id(fleet: Fleet, host: str) -> str | None:
+    r = run_one(target_for(fleet.hosts[host]), BOOT_ID, timeout=15.0)
+    return r.stdout.strip() if r.ok and r.rc == 0 and r.stdout.strip() else None
+
+
+def wait_back(fleet: Fleet, host: str, before: str | None, timeout: float, poll: float = 5.0) -> StepResult:
+    """Until the node answers over SSH with a boot id other than `before`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = _boot_id(fleet, host)
+        if now is not None and now != before:
+            return StepResult(True, "back after a reboot")
+        time.sleep(poll)
+    return StepResult(False, f"not back within {timeout:g}s")
+
+
+def reboot(fleet: Fleet, host: str, timeout: float = 900.0) -> StepResult:
+    before = _boot_id(fleet, host)
+    if before is None:
+        return StepResult(False, "unreachable before the reboot: not rebooted (power_cycle is the next step)")
+    t = target_for(fleet.hosts[host])
+    run_one(t, _as_root("systemctl reboot", t.user), timeout=30.0)  # the connection may drop: judged by the boot id
+    return wait_back(fleet, host, before, timeout)
+
+
+def power_cycle(fleet: Fleet, host: str, timeout: float = 900.0) -> StepResult:
+    from provisioner.bmc.config import BmcConfigError
+    from provisioner.bmc.redfish import Bmc, BmcError
+    from provisioner.bmc.session import bmc_target
+
+    before = _boot_id(fleet, host)
+    try:
+        Bmc(bmc_target(fleet, host)).power("cycle", timeout=min(timeout, 300.0))
+    except (BmcConfigError, BmcError) as exc:
+        return StepResult(False, f"BMC: {exc}")
+    return wait_back(fleet, host, before, timeout)
+
+
+STEP_FUNCS = {"gpu_reset": gpu_reset, "reboot": reboot, "power_cycle": power_cycle}

@@ -1,0 +1,116 @@
+"""Quarantine/remediation policy rules (LC0xx): the `lifecycle_policy` variable of docs/lifecycle.md, inventory
+only (what the nodes report is `provision health`'s; what is done about it, `provision remediate`'s)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from provisioner.model import Fleet
+from provisioner.remediation import HARD_CHECKS, POLICY_KEYS, REPLACE_KEYS, STEPS
+from provisioner.rules import Finding, rule
+from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
+from provisioner.rules.context import RuleContext
+from provisioner.rules.firmware import _places
+
+VAR = "lifecycle_policy"
+EXAMPLE = ("{quarantine_on: [ecc, xid], remediation: [gpu_reset, reboot], "
+           "replace_after: {quarantines: 3, window_days: 30}}")
+
+
+def _policies(fleet: Fleet) -> Iterable[tuple[str | None, str | None, Mapping[str, Any]]]:
+    for g, h, v in _places(fleet, VAR):
+        if isinstance(v, Mapping):
+            yield g, h, v
+
+
+@rule("LC001", "lifecycle_policy is not a policy mapping")
+def policy_shape(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """lifecycle_policy is a mapping of quarantine_on / remediation / replace_after, nothing else."""
+    for g, h, v in _places(fleet, VAR):
+        if v is None:
+            continue
+        if not isinstance(v, Mapping):
+            yield Finding("LC001", "error", f"{VAR} = {show(v)} is a {type_name(v)}: expected a mapping, e.g. "
+                          f"{EXAMPLE}", host=h, group=g, var=VAR)
+            continue
+        for k in v:
+            if k not in POLICY_KEYS:
+                yield Finding("LC001", "error", f"{VAR}.{k} is not a policy key (one of {', '.join(POLICY_KEYS)})"
+                              f"{suggest(k, POLICY_KEYS)}", host=h, group=g, var=VAR)
+
+
+@rule("LC002", "lifecycle_policy.quarantine_on names a check that is not a hardware check")
+def quarantine_on(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """quarantine_on is a list of the hard health checks (ecc, xid, fabricmanager, nvlink, ib): a soft check
+    (driver, persistence, allreduce...) is fixed by a run, not by quarantining the node."""
+    for g, h, v in _policies(fleet):
+        if "quarantine_on" not in v:
+            continue
+        q = v["quarantine_on"]
+        if not isinstance(q, list) or not q:
+            yield Finding("LC002", "error", f"{VAR}.quarantine_on = {show(q)}: expected a non-empty list of "
+                          f"checks ({', '.join(HARD_CHECKS)}); leave it out for all of them", host=h, group=g,
+                          var=VAR)
+            continue
+        for c in q:
+            if c not in HARD_CHECKS:
+                yield Finding("LC002", "error", f"{VAR}.quarantine_on: {show(c)} is not a hardware health check "
+                              f"(one of {', '.join(HARD_CHECKS)}){suggest(c, HARD_CHECKS)}; other checks are "
+                              "fixed by provision run, not by quarantine", host=h, group=g, var=VAR)
+
+
+@rule("LC003", "lifecycle_policy.remediation is not a list of known steps")
+def remediation_steps(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """remediation is a non-empty list of gpu_reset / reboot / power_cycle, each once (tried in that order)."""
+    for g, h, v in _policies(fleet):
+        if "remediation" not in v:
+            continue
+        r = v["remediation"]
+        if not isinstance(r, list) or not r:
+            yield Finding("LC003", "error", f"{VAR}.remediation = {show(r)}: expected a non-empty list of steps "
+                          f"({', '.join(STEPS)}), tried in order", host=h, group=g, var=VAR)
+            continue
+        seen: set[Any] = set()
+        for s in r:
+            if s not in STEPS:
+                yield Finding("LC003", "error", f"{VAR}.remediation: {show(s)} is not a step (one of "
+                              f"{', '.join(STEPS)}){suggest(s, STEPS)}", host=h, group=g, var=VAR)
+            elif s in seen:
+                yield Finding("LC003", "error", f"{VAR}.remediation lists {s} twice: each step is tried once per "
+                              "quarantine; remove the repeat", host=h, group=g, var=VAR)
+            if isinstance(s, str):
+                seen.add(s)
+
+
+@rule("LC004", "lifecycle_policy.replace_after is not {quarantines: N, window_days: D}")
+def replace_after(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """replace_after is a mapping with quarantines (an int >= 1) and window_days (an int >= 1)."""
+    for g, h, v in _policies(fleet):
+        if "replace_after" not in v:
+            continue
+        ra = v["replace_after"]
+        if not isinstance(ra, Mapping):
+            yield Finding("LC004", "error", f"{VAR}.replace_after = {show(ra)}: expected a mapping, e.g. "
+                          "{quarantines: 3, window_days: 30}", host=h, group=g, var=VAR)
+            continue
+        for k in ra:
+            if k not in REPLACE_KEYS:
+                yield Finding("LC004", "error", f"{VAR}.replace_after.{k} is not a key (one of "
+                              f"{', '.join(REPLACE_KEYS)}){suggest(k, REPLACE_KEYS)}", host=h, group=g, var=VAR)
+        for k in REPLACE_KEYS:
+            if k in ra and not (is_int(ra[k]) and ra[k] >= 1):
+                yield Finding("LC004", "error", f"{VAR}.replace_after.{k} = {show(ra[k])}: expected an int >= 1"
+                              f"{quoted_hint(ra[k], 'int')}", host=h, group=g, var=VAR)
+
+
+@rule("LC005", "lifecycle_policy.remediation has power_cycle on a host without a BMC")
+def power_cycle_without_bmc(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """power_cycle goes through the host's BMC (bmc_address, docs/bmc.md): without one the step is skipped."""
+    for h in fleet.gpu_nodes:
+        v = h.vars.get(VAR)
+        if isinstance(v, Mapping) and isinstance(v.get("remediation"), list) and "power_cycle" in v["remediation"] \
+                and not h.vars.get("bmc_address"):
+            yield Finding("LC005", "warning", f"{VAR}.remediation has power_cycle but the host has no bmc_address: "
+                          "the step is skipped there (set bmc_address and its credentials, docs/bmc.md)",
+                          host=h.name, var=VAR)

@@ -1,0 +1,152 @@
+"""`provision remediate` as a real process on a real SQLite ledger, without a rack: the nodes are at a closed port
+of 127.0.0.1 (every SSH step fails at once, as an unreachable node would), the health results are put in the ledger
+the way `provision health` records them. Proven: the decisions, the ledger's transitions and remediation records,
+the output lines and exit codes. Not proven here: a GPU reset, reboot or power cycle that works (the rack's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.ledger import Ledger
+
+INI = """\
+[gpu_nodes]
+n1 ansible_host=127.0.0.1 ansible_port=1
+n2 ansible_host=127.0.0.1 ansible_port=1
+n3 ansible_host=127.0.0.1 ansible_port=1
+n4 ansible_host=127.0.0.1 ansible_port=1
+
+[c1]
+n1 node_rank=0
+n2 node_rank=1
+
+[c2]
+n3 node_rank=0
+n4 node_rank=1
+"""
+POLICY = {"quarantine_on": ["ecc", "xid", "fabricmanager", "ib"], "remediation": ["gpu_reset", "reboot"],
+          "replace_after": {"quarantines": 3, "window_days": 30}}
+CLUSTER = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8,
+           "pipeline_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 64}
+REMAP = "GPU 3: row remap pending (reset the GPU)"
+
+
+@pytest.fixture()
+def site(tmp_path: Path) -> dict[str, Path]:
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "host_vars").mkdir()
+    (inv / "hosts.ini").write_text(INI)
+    (inv / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump({
+        "gpu_model": "H100-SXM5-80GB", "gpu_count": 8, "fabric": "ethernet", "bootstrap_interface": "eth0",
+        "ansible_ssh_common_args": "-o ConnectTimeout=3", "lifecycle_policy": POLICY}))
+    for c in ("c1", "c2"):
+        (inv / "group_vars" / f"{c}.yml").write_text(yaml.safe_dump({"vllm_cluster": CLUSTER}))
+    (inv / "host_vars" / "n4.yml").write_text(yaml.safe_dump(
+        {"lifecycle_policy": {**POLICY, "replace_after": {"quarantines": 1, "window_days": 30}}}))
+    db = tmp_path / "ledger.sqlite3"
+    with Ledger.open(db) as lg:
+        for h in ("n1", "n2", "n3", "n4"):
+            for a, b in (("new", "provisioning"), ("provisioning", "burn-in"), ("burn-in", "in-service")):
+                lg.record_transition(h, a, b, reason="setup", actor="test", at=time.time() - 3600)
+    health(db, n1=("fail", REMAP), n4=("fail", "critical XID 79 on 0000:1b:00.0"))
+    return {"inv": inv / "hosts.ini", "tmp": tmp_path, "db": db}
+
+
+def health(db: Path, **fails: tuple[str, str]) -> None:
+    """A `provision health` pass as record_health writes it: every host, the failing checks given."""
+    with Ledger.open(db) as lg:
+        run = lg.run_started("health", "inv")
+        rows, checks = [], []
+        for h in ("n1", "n2", "n3", "n4"):
+            bad = fails.get(h)
+            rows.append({"host": h, "status": "failed" if bad else "ok", "failed": int(bool(bad))})
+            check = "xid" if bad and "XID" in bad[1] else "ecc"
+            checks += [(h, check, "fail", bad[1]) if bad else (h, "ecc", "pass", "no uncorrectable ECC errors")]
+        lg.run_finished(run, "failed" if fails else "ok", hosts=rows, health=checks)
+
+
+def provision(site: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PROVISION_RUNS_DIR=str(site["tmp"] / "runs"), PROVISION_LEDGER=str(site["db"]),
+               COLUMNS="300")
+    return subprocess.run([sys.executable, "-m", "provisioner.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def transitions(db: Path, host: str) -> list[tuple[str, str, str, str]]:
+    with Ledger.open(db) as lg:
+        return [(t.from_state, t.to_state, t.reason, t.actor) for t in lg.transitions(host) if t.actor != "test"]
+
+
+def test_dry_run_decides_and_changes_nothing(site: dict[str, Path]) -> None:
+    before = site["db"].read_bytes()
+    p = provision(site, "remediate", str(site["inv"]), "--dry-run", "--app-fault", "n3=vLLM exited 1")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [
+        f"n1: quarantine (ecc: {REMAP})",
+        "n3: restart cluster c2 (application fault without a hardware signal: vLLM exited 1)",
+        "n4: mark for hardware replacement (xid: critical XID 79 on 0000:1b:00.0; quarantine 1 in 30 days "
+        "(replace_after 1))",
+        "remediate: 4 nodes under the policy, 3 actions (dry run: nothing changed)"]
+    assert transitions(site["db"], "n1") == [] and site["db"].read_bytes() == before
+
+
+def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
+    p = provision(site, "remediate", str(site["inv"]), "--limit", "n1,n2,n4")
+    assert p.returncode == 1, p.stdout + p.stderr  # the nodes cannot be reached: the steps and marks fail
+    out = p.stdout
+    assert f"n1: quarantine (ecc: {REMAP})" in out
+    assert f"n1: in-service -> draining (quarantine: ecc: {REMAP})" in out
+    assert "note: cluster c1 drains as a whole (with n2)" in out
+    assert "n1: /etc/provisioner/in-service not removed: cannot connect to 127.0.0.1:1" in out
+    assert "n1: gpu_reset: failed (unreachable: cannot connect" in out
+    assert "n1: reboot: failed (unreachable before the reboot" in out
+    assert "n1: no action (remediation exhausted (gpu_reset, reboot): stays quarantined" in out
+    assert "n2:" not in out and "Traceback" not in p.stderr
+    assert transitions(site["db"], "n1") == [
+        ("in-service", "draining", f"quarantine: ecc: {REMAP}", "policy:remediate"),
+        ("draining", "quarantined", f"ecc: {REMAP}", "policy:remediate")]
+    with Ledger.open(site["db"]) as lg:
+        assert [(r.step, r.outcome) for r in lg.remediations("n1")] == [("gpu_reset", "failed"), ("reboot", "failed")]
+        assert [(r.step, r.outcome) for r in lg.remediations("n4")] == [("replace", "marked")]
+        assert lg.state("n4")[0] == "quarantined" and lg.remediations("n2") == []
+    st = json.loads(provision(site, "status", str(site["inv"]), "-f", "json").stdout)["hosts"]
+    assert [(r["host"], r["state"]) for r in st] == [("n1", "quarantined"), ("n2", "in-service"),
+                                                    ("n3", "in-service"), ("n4", "quarantined")]
+    # a second night: nothing new to try, n4 waits for its replacement
+    again = provision(site, "remediate", str(site["inv"]), "--limit", "n1,n4", "--dry-run")
+    assert "n4: no action (marked for hardware replacement: stays quarantined)" in again.stdout
+    # the fault is cleared (a part swapped by hand): the next health pass passes, the node returns
+    health(site["db"])
+    back = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
+    assert "n1: return to service (health gate passed after reboot (health run #" in back.stdout
+    assert "n1: quarantined -> burn-in" in back.stdout and "n1: burn-in -> in-service" in back.stdout
+    assert "n1: /etc/provisioner/in-service not written" in back.stdout and back.returncode == 1
+    assert [t[1] for t in transitions(site["db"], "n1")] == ["draining", "quarantined", "burn-in", "in-service"]
+
+
+@pytest.mark.parametrize(("args", "needle", "rc"), [
+    (["--app-fault", "n9=crash"], "n9 is not a host of the inventory", 2),
+    (["--app-fault", "n1"], "expected HOST=WHY", 2),
+    (["--timeout", "0"], "--timeout must be > 0", 2),
+])
+def test_bad_input_is_one_line(site: dict[str, Path], args: list[str], needle: str, rc: int) -> None:
+    p = provision(site, "remediate", str(site["inv"]), "--dry-run", *args)
+    assert p.returncode == rc and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_an_invalid_policy_stops_before_acting(site: dict[str, Path]) -> None:
+    (site["inv"].parent / "host_vars" / "n2.yml").write_text(yaml.safe_dump(
+        {"lifecycle_policy": {"quarantine_on": ["driver"]}}))
+    p = provision(site, "remediate", str(site["inv"]))
+    assert p.returncode == 1 and "LC002" in p.stderr and "driver" in p.stderr and p.stdout == ""
+    assert transitions(site["db"], "n1") == []
