@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys

@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from provisioner.errors import UsageError
 
@@ -104,10 +105,12 @@ XID_TEXT: Mapping[int, str] = {
 }
 
 FAULTS = ("missing_gpu", "hca_down", "hca_rate", "xid", "ecc_uncorrectable", "row_remap_pending", "nvlink_down",
-          "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded")
+          "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded", "acs_on")
 
 _TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "kernel_module_version", "cuda_version", "hcas",
-             "hca_rate", "faults", "gpus", "efa"}
+             "hca_rate", "faults", "gpus", "efa", "iommu"}
+#: `iommu:` values: what /proc/cmdline and /sys/kernel/iommu_groups/*/type show (off: no groups).
+IOMMU_MODES = ("off", "passthrough", "translated")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 
@@ -201,6 +204,73 @@ def _default_hcas(names: list[str], rate: int, node: str) -> list[dict[str, Any]
                        "link_layer": "InfiniBand", "lid": 0x10 + i, "sm_lid": 1}],
         })
     return hcas
+
+
+def _pcie_bridges(gpus: list[dict[str, Any]], hcas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The PCIe bridges above the GPUs and HCAs, as on an HGX H100 board: per GPU/HCA pair i (the `pcie_switch`
+    index) a CPU root port `RR:01.0` -> a PCIe switch upstream port `(RR+1):00.0` -> one downstream port per device
+    `(RR+2):0d.0` whose secondary bus is the device's (RR = the pair's lowest bus - 3). A device off the standard
+    layout (GPU/HCA 8 and up) hangs from its own root port on bus 00. Root ports and downstream ports have the ACS
+    capability (redirect off: `acs_on` turns it on); upstream ports have none."""
+    def bus_of(pci: str) -> int:
+        return int(pci.split(":")[-2], 16)
+
+    pairs: dict[int, list[tuple[str, int, int]]] = {}
+    for g in gpus:
+        pairs.setdefault(g["pcie_switch"], []).append(("gpu", g["index"], bus_of(g["pci_bus_id"])))
+    for h in hcas:
+        pairs.setdefault(h["pcie_switch"], []).append(("hca", h["pcie_switch"], bus_of(h["pci"])))
+    out: list[dict[str, Any]] = []
+    loose: list[tuple[str, int, int]] = []
+    for i, members in sorted(pairs.items()):
+        std = {int(b, 16) for b in (_GPU_BUSES[i:i + 1] + _NIC_BUSES[i:i + 1])} if i < len(_GPU_BUSES) else set()
+        if not std or any(b not in std for _, _, b in members):
+            loose.extend(members)
+            continue
+        lo, hi = min(std) - 3, max(std)
+        out.append({"address": f"0000:{lo:02x}:01.0", "role": "root_port", "secondary": lo + 1, "subordinate": hi,
+                    "acs": True, "acs_redirect": False, "gpu": None, "switch": i})
+        out.append({"address": f"0000:{lo + 1:02x}:00.0", "role": "upstream", "secondary": lo + 2,
+                    "subordinate": hi, "acs": False, "acs_redirect": False, "gpu": None, "switch": i})
+        for kind, index, bus in sorted(members, key=lambda m: m[2]):
+            out.append({"address": f"0000:{lo + 2:02x}:{bus - lo - 3:02x}.0", "role": "downstream",
+                        "secondary": bus, "subordinate": bus, "acs": True, "acs_redirect": False,
+                        "gpu": index if kind == "gpu" else None, "switch": i})
+    for k, (kind, index, bus) in enumerate(m for m in loose if m[2] <= 0xFF):
+        out.append({"address": f"0000:00:{1 + k // 8:02x}.{k % 8}", "role": "root_port", "secondary": bus,
+                    "subordinate": bus, "acs": True, "acs_redirect": False,
+                    "gpu": index if kind == "gpu" else None, "switch": None})
+    return out
+
+
+def _acs_on(spec: dict[str, Any], value: Any, gpu_count: int) -> None:
+    """`acs_on`: true (every bridge with ACS: root ports and switch downstream ports), GPU indexes (the switch
+    downstream port above each), or bridge addresses (`0000:17:03.0`); mixed in one list is fine."""
+    where = "faults.acs_on"
+    bridges = [b for b in spec["pcie"] if b["acs"]]
+    if value is True:
+        chosen = bridges
+    else:
+        if isinstance(value, Mapping):
+            value = _gpu_list(where, value, gpu_count)
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise _err(where, "expected true, a GPU index, a bridge address or a list of them, got []")
+        chosen = []
+        for item in items:
+            if isinstance(item, str):
+                hit = [b for b in bridges if b["address"] == item.lower() or b["address"] == "0000:" + item.lower()]
+                if not hit:
+                    have = ", ".join(b["address"] for b in bridges[:6]) + (", ..." if len(bridges) > 6 else "")
+                    raise _err(where, f"no PCIe bridge with ACS at {item!r} (this node has {have or 'none'})")
+                chosen.extend(hit)
+            elif isinstance(item, int) and not isinstance(item, bool):
+                i = _int(where, item, maximum=gpu_count - 1) if gpu_count else _int(where, item, maximum=-1)
+                chosen.extend(b for b in bridges if b["gpu"] == i)
+            else:
+                raise _err(where, f"expected true, a GPU index, a bridge address or a list of them, got {item!r}")
+    for b in chosen:
+        b["acs_redirect"] = True
 
 
 def _efa_devices(where: str, value: Any, node: str) -> list[dict[str, Any]]:
@@ -357,6 +427,9 @@ def _apply_faults(spec: dict[str, Any], faults: Mapping[str, Any]) -> None:
             for link in gpu["nvlinks"]:
                 link["active"] = False
 
+    if faults.get("acs_on") not in (None, False):
+        _acs_on(spec, faults["acs_on"], len(gpus))
+
     if faults.get("missing_gpu"):
         value = faults["missing_gpu"]
         if value is True or (isinstance(value, int) and not isinstance(value, bool)):
@@ -388,7 +461,8 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     Keys (all optional): `node` (seed for UUIDs, GUIDs, serials), `gpu_model` (one of GPU_MODELS), `gpu_count`,
     `driver_version` (the installed driver), `kernel_module_version` (the loaded module, default `driver_version`:
     another version is a node that installed a driver and has not rebooted), `cuda_version`, `hcas` (count or list
-    of names), `hca_rate` (Gb/s), `efa` (EFA devices: count or list of rdmap* names), `faults` (see FAULTS).
+    of names), `hca_rate` (Gb/s), `efa` (EFA devices: count or list of rdmap* names), `iommu` (IOMMU_MODES),
+    `faults` (see FAULTS).
     """
     src = dict(spec or {})
     if src.get("schema") == SCHEMA and "input" in src:  # an already resolved spec: resolve its input again
@@ -423,6 +497,9 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     faults = src.get("faults") or {}
     if not isinstance(faults, Mapping):
         raise _err("faults", f"expected a mapping of fault name to value, got {faults!r}")
+    iommu = src.get("iommu", "off")
+    if iommu not in IOMMU_MODES:
+        raise _err("iommu", f"unknown mode {iommu!r} (known: {', '.join(IOMMU_MODES)})")
     if "kernel_module_version" in src and faults.get("fm_mismatch"):
         raise _err("kernel_module_version", "set it or the fault fm_mismatch, not both (both set the loaded module)")
 
@@ -436,6 +513,7 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "gpus": _default_gpus(model, count, node),
         "gpus_missing": [],
         "hcas": _default_hcas(names, rate, node),
+        "iommu": iommu,
         "efa": efa,
         "nvlsm": model.nvlsm,
         "nvlsm_fail": False,
@@ -446,6 +524,10 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "faults": copy.deepcopy(dict(faults)),
         "input": copy.deepcopy(src),
     }
+    out["pcie"] = _pcie_bridges(out["gpus"], out["hcas"])
+    # GPUs (PCI device id, lspci name) kept for lspci: a GPU the driver failed (missing_gpu) is still on the bus
+    out["pci_gpus"] = [{"pci_bus_id": g["pci_bus_id"], "device_id": g["device_id"], "numa_node": g["numa_node"]}
+                       for g in out["gpus"]]
     _apply_faults(out, faults)
     return out
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from provisioner.errors import UsageError
 from provisioner_testbed import hosts as hostmod
-from provisioner_testbed import network, proxy, rootfs, serve
 from provisioner_testbed import inventory_writer as invw
+from provisioner_testbed import network, proxy, rootfs, serve
 from provisioner_testbed.state import (
     NAME_RE,
     HostState,
@@ -371,7 +371,7 @@ def _wait_ready(st: RackState, names: list[str]) -> None:
     with ThreadPoolExecutor(max_workers=min(16, len(hs))) as pool:
         while left:
             answered = list(pool.map(lambda h: hostmod.ssh_banner(h.address, 0.5), left))
-            left = [h for h, ok in zip(left, answered) if not ok]
+            left = [h for h, ok in zip(left, answered, strict=True) if not ok]
             dead = [h for h in left if h.proc is None or not h.proc.alive()]
             if dead:
                 h = dead[0]

@@ -20,10 +20,10 @@ import shutil
 import subprocess
 import time
 import tomllib
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from provisioner.errors import UsageError
 

@@ -44,7 +44,7 @@ class Proc:
     start: int
 
     @staticmethod
-    def of(pid: int) -> "Proc | None":
+    def of(pid: int) -> Proc | None:
         st = proc_start_time(pid)
         return Proc(pid, st) if st is not None else None
 
@@ -64,7 +64,7 @@ class Proc:
         return [self.pid, self.start]
 
     @staticmethod
-    def from_json(v: Any) -> "Proc | None":
+    def from_json(v: Any) -> Proc | None:
         if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
             return Proc(v[0], v[1])
         return None
@@ -198,7 +198,7 @@ class RackState:
         os.replace(tmp, d / "state.json")
 
     @staticmethod
-    def load(name: str) -> "RackState | None":
+    def load(name: str) -> RackState | None:
         p = rack_dir(name) / "state.json"
         try:
             raw = json.loads(p.read_text())

@@ -239,7 +239,7 @@ def run_health(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_T
 
 # ------------------------------------------------------------------------------------------ reports
 CHECK_ORDER = ("gpu", "driver", "reboot", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname",
-               "gpudirect", "efa", "nvlsm", "imex", "allreduce")
+               "gpudirect", "acs", "efa", "nvlsm", "imex", "allreduce")
 _MARK = {"pass": "ok", "fail": "FAIL", "skip": "-", "warn": "warn"}
 
 

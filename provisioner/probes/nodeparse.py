@@ -645,3 +645,162 @@ def parse_lspci_acs(text: str) -> list:
             flags = {k: v == "+" for k, v in _ACS_FLAG.findall(line[len("ACSCtl:"):])}
             out.append(PciAcs(address=head[0], device_class=head[1].strip(), name=head[2].strip(), ctl=flags))
     return out
+
+
+# The PCI tree from the same `lspci -D -vvv` text: every bridge prints `Bus: primary=PP, secondary=SS,
+# subordinate=UU`, so a function at bus B (same domain) is below a bridge when SS <= B <= UU. GPUs are NVIDIA display
+# / 3D controllers; HCAs are Mellanox/NVIDIA InfiniBand or Ethernet controllers (ConnectX in either link layer) and
+# AWS EFA devices.
+_PCI_BUS_LINE = re.compile(r"^Bus:\s*primary=([0-9a-fA-F]+),\s*secondary=([0-9a-fA-F]+),\s*subordinate=([0-9a-fA-F]+)")
+_HCA_CLASSES = ("infiniband controller", "ethernet controller")
+_HCA_VENDORS = ("mellanox", "nvidia", "elastic fabric adapter")
+
+#: The fix a failing ACS check names: the BIOS setting (names vary by vendor) or, until the next boot, setpci as in
+#: NCCL's troubleshooting guide.
+ACS_FIX = ("fix: disable PCIe ACS in the BIOS, on most boards an 'ACS Control' / 'PCIe ACS' setting; until the next "
+           "reboot: setpci -s BRIDGE ECAP_ACS+0x6.w=0000")
+
+
+@dataclass(frozen=True)
+class PciFunction:
+    """One function of `lspci -vvv`: address as printed, class, name, the bus range below it (bridges), the ACSCtl
+    bits (None: no ACS capability shown), and whether lspci could not read its capabilities (not root)."""
+
+    address: str
+    device_class: str
+    name: str
+    secondary: "int | None" = None
+    subordinate: "int | None" = None
+    acs: "dict | None" = None
+    access_denied: bool = False
+
+    @property
+    def domain_bus(self) -> tuple:
+        """(domain, bus) as integers; a domain-less address (`lspci` without -D) is domain 0."""
+        parts = self.address.split(":")
+        dom = int(parts[0], 16) if len(parts) == 3 else 0
+        return dom, int(parts[-2], 16)
+
+    @property
+    def full_address(self) -> str:
+        return self.address.lower() if self.address.count(":") == 2 else "0000:" + self.address.lower()
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.secondary is not None or "bridge" in self.device_class.lower()
+
+    @property
+    def redirect(self) -> bool:
+        return bool(self.acs and (self.acs.get("ReqRedir") or self.acs.get("CmpltRedir")))
+
+    @property
+    def kind(self) -> "str | None":
+        """`GPU`, `HCA`, or None for anything else."""
+        cls, name = self.device_class.lower(), self.name.lower()
+        if ("3d controller" in cls or "vga compatible" in cls) and "nvidia" in name:
+            return "GPU"
+        if any(c in cls for c in _HCA_CLASSES) and any(v in name for v in _HCA_VENDORS):
+            return "HCA"
+        return None
+
+    def covers(self, other: "PciFunction") -> bool:
+        """`other` sits below this bridge (its bus is in this bridge's secondary..subordinate range)."""
+        if self.secondary is None or self.subordinate is None:
+            return False
+        dom, bus = self.domain_bus
+        odom, obus = other.domain_bus
+        return dom == odom and self.secondary <= obus <= self.subordinate
+
+
+def parse_lspci(text: str) -> list:
+    """Every function of `lspci [-D] -vvv` output, in output order, with its bridge bus range and ACSCtl bits.
+    Never raises: lines that are not understood are skipped."""
+    out = []
+    cur = None
+    for raw in strip_ansi(text).splitlines():
+        if raw and not raw[0].isspace():
+            if cur is not None:
+                out.append(PciFunction(**cur))
+            m = _PCI_HEAD.match(raw.strip())
+            cur = {"address": m.group(1), "device_class": m.group(2).strip(), "name": m.group(3).strip()} if m else None
+            continue
+        if cur is None:
+            continue
+        line = raw.strip()
+        m = _PCI_BUS_LINE.match(line)
+        if m:
+            cur["secondary"], cur["subordinate"] = int(m.group(2), 16), int(m.group(3), 16)
+        elif line.startswith("ACSCtl:") and "acs" not in cur:
+            cur["acs"] = {k: v == "+" for k, v in _ACS_FLAG.findall(line[len("ACSCtl:"):])}
+        elif line.startswith("Capabilities:") and "<access denied>" in line:
+            cur["access_denied"] = True
+    if cur is not None:
+        out.append(PciFunction(**cur))
+    return out
+
+
+@dataclass(frozen=True)
+class AcsRedirect:
+    """A bridge with ACS request/completion redirect on, and the GPUs/HCAs below it: [(kind, address, name)]."""
+
+    bridge: str
+    bridge_name: str
+    devices: tuple
+
+    def line(self) -> str:
+        below = ", ".join("%s %s" % (kind, addr) for kind, addr, _ in self.devices)
+        return "ACS redirect on at bridge %s above %s" % (self.bridge, below)
+
+
+def acs_redirects(functions: list) -> list:
+    """Bridges with ACS redirect on above a GPU or an HCA, in lspci order (NCCL's troubleshooting guide: ACS must be
+    off on the path for GPUDirect P2P/RDMA; with redirect on, peer traffic detours through the root complex)."""
+    targets = [f for f in functions if f.kind]
+    out = []
+    for br in functions:
+        if not br.redirect:
+            continue
+        below = tuple((t.kind, t.full_address, t.name) for t in targets if br.covers(t))
+        if below:
+            out.append(AcsRedirect(br.full_address, br.name, below))
+    return out
+
+
+def acs_unreadable(functions: list) -> bool:
+    """lspci ran without root: capabilities `<access denied>`, so no ACSCtl line could be read."""
+    return any(f.access_denied for f in functions if f.is_bridge)
+
+
+def acs_message(found: list, limit: int = 4) -> str:
+    """One line for a failing check: the first `limit` bridges (with what is below them), the count of the rest, the
+    fix."""
+    parts = [r.line() for r in found[:limit]]
+    if len(found) > limit:
+        parts.append("and %d more bridge(s)" % (len(found) - limit))
+    return "; ".join(parts) + " (%s)" % ACS_FIX
+
+
+# --- IOMMU mode (`/proc/cmdline`, `/sys/kernel/iommu_groups/*/type`) -----------------------------------------------
+# Kernel >= 5.11 writes each IOMMU group's default domain type: `identity` (passthrough: devices DMA to physical
+# addresses, what GPUDirect RDMA wants), `DMA` / `DMA-FQ` (translated). No groups at all: no IOMMU in use.
+
+def iommu_mode(cmdline: "str | None", group_types: list) -> tuple:
+    """(mode, why): mode `off`, `passthrough` or `translated`; `why` names what decided it."""
+    args = {}
+    for tok in (cmdline or "").split():
+        k, _, v = tok.partition("=")
+        args[k] = v
+    types = sorted({t.strip() for t in group_types if t and t.strip()})
+    if types:
+        if all(t == "identity" for t in types):
+            return "passthrough", "iommu_groups type identity"
+        return "translated", "iommu_groups type %s" % ",".join(t for t in types if t != "identity")
+    for key in ("intel_iommu", "amd_iommu"):
+        if args.get(key) == "off":
+            return "off", "%s=off" % key
+    if args.get("iommu") == "pt" or args.get("iommu.passthrough") == "1":
+        return "passthrough", "iommu=pt" if args.get("iommu") == "pt" else "iommu.passthrough=1"
+    for key in ("intel_iommu", "amd_iommu"):
+        if args.get(key, "").startswith("on"):
+            return "translated", "%s=%s" % (key, args[key])
+    return "off", "no IOMMU groups"

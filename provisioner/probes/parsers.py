@@ -20,15 +20,21 @@ from provisioner.probes.nodeparse import (  # noqa: F401  (re-exported: one copy
     IbPort,
     ImexDomain,
     ImexNode,
+    PciFunction,
     Topology,
     Xid,
+    acs_message,
+    acs_redirects,
+    acs_unreadable,
     dig,
     efa_devices,
+    iommu_mode,
     parse_fi_info,
     parse_ib_sysfs,
     parse_ibdev2netdev,
     parse_ibstat,
     parse_imex_ctl,
+    parse_lspci,
     parse_nccl_conf,
     parse_nccl_ib_hca,
     parse_nvlink_status,
@@ -176,6 +182,9 @@ class NodeFacts:
     disk: DfEntry | None = None
     disk_path: str | None = None
     net_ifaces: list[str] | None = None  # /sys/class/net entries; None when the probe did not list them
+    pci: list[PciFunction] | None = None  # `lspci -D -vvv`; None when it did not run
+    pci_error: str | None = None  # why not (lspci not installed)
+    iommu: tuple[str, str] | None = None  # (off|passthrough|translated, what said so)
 
 
 def _numa_dump(text: str, pattern: str) -> dict[str, int | None]:
@@ -223,4 +232,19 @@ def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
         f.disk = entries[0] if entries else None
     if "net" in s:
         f.net_ifaces = parse_net_ifaces(s["net"].text)
+    pci = s.get("lspci")
+    if pci is not None:
+        if pci.rc == 0:
+            f.pci = parse_lspci(pci.text)
+        else:
+            why = "lspci not installed (pciutils)" if pci.rc == 127 else f"lspci failed (rc {pci.rc})"
+            f.pci_error = why + (f": {pci.text.strip().splitlines()[-1][:200]}" if pci.text.strip() else "")
+    iommu = s.get("iommu")
+    if iommu is not None:
+        cmdline = None
+        for line in iommu.text.splitlines():
+            if line.startswith("cmdline\t"):
+                cmdline = line.partition("\t")[2]
+        types = [v for path, v in parse_file_dump(iommu.text).items() if path.endswith("/type")]
+        f.iommu = iommu_mode(cmdline, types)
     return f

@@ -7,7 +7,8 @@ Checks (stable names, used in reports and tests): `unreachable`, `gpu_count`, `g
 `ib_hcas` present), `ib_state` (port ACTIVE and LinkUp), `ib_rate` (rate == expected), `numa_affinity` (every GPU has
 an expected HCA on its NUMA node; with a topology matrix, the nearest NIC of each GPU is one of `ib_hcas`),
 `socket_ifname` (the interface(s) NCCL_SOCKET_IFNAME in the host's rendered /etc/nccl.conf selects exist: NCCL does not
-fall back, its bootstrap dies with "no socket interface found"), `os`, `kernel`, `disk`.
+fall back, its bootstrap dies with "no socket interface found"), `acs` (no ACS redirect on a PCIe bridge above a GPU
+or HCA, from `lspci -D -vvv`), `iommu` (a warning when the IOMMU translates), `os`, `kernel`, `disk`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ DEFAULT_MODEL_DIR = "/opt/models"
 
 # Where the probe looks for IB sysfs: the simulated rack's hardware boundary when it exists (the read-only bind of the
 # hardware spec, always current; it is also overlaid on /sys/class), else the real /sys/class/infiniband.
-IB_SYSFS_DIRS = ("/var/lib/hwsim/sys/class/infiniband", "/sys/class/infiniband")
+HWSIM_DIR = "/var/lib/hwsim"
+IB_SYSFS_DIRS = (f"{HWSIM_DIR}/sys/class/infiniband", "/sys/class/infiniband")
 
 # ONE shell snippet per host (POSIX sh). Each part is framed by `@@pv@@ begin NAME` / `@@pv@@ end NAME RC` so a
 # failing tool never hides the others; files are printed as PATH<TAB>FIRST LINE. The two nvidia-smi calls run side by
@@ -54,6 +56,8 @@ b gpu-numa; dump /sys/bus/pci/drivers/nvidia/*/numa_node; e gpu-numa $?
 b net; for i in /sys/class/net/*; do [ -e "$i" ] && echo "${i##*/}"; done; e net 0
 b os-release; if [ -r /etc/os-release ]; then while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done </etc/os-release; else echo "/etc/os-release: not readable"; false; fi; e os-release $?
 b kernel; k=; { read -r k </proc/sys/kernel/osrelease; } 2>/dev/null; if [ -n "$k" ]; then echo "$k"; else uname -r; fi; e kernel $?
+b lspci; if [ -r __HWSIM__/lspci ]; then while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done <__HWSIM__/lspci; else o=$(lspci -D -vvv 2>&1); rc=$?; case $o in *"<access denied>"*) o2=$(sudo -n lspci -D -vvv 2>/dev/null) && o=$o2;; esac; printf '%s\n' "$o"; (exit $rc); fi; e lspci $?
+b iommu; R=; [ -r __HWSIM__/proc/cmdline ] && R=__HWSIM__; c=; { read -r c <"$R/proc/cmdline"; } 2>/dev/null; printf 'cmdline\t%s\n' "$c"; dump "$R"/sys/kernel/iommu_groups/*/type; e iommu 0
 b arch; a=; for f in /var/lib/hwsim/proc/sys/kernel/arch /proc/sys/kernel/arch; do [ -z "$a" ] && { read -r a <"$f"; } 2>/dev/null; done; if [ -n "$a" ]; then echo "$a"; else uname -m; fi; e arch $?
 D=__DISK__; while [ ! -e "$D" ] && [ "$D" != / ]; do case $D in */*) D=${D%/*}; D=${D:-/};; *) D=.;; esac; done
 b df; df -P -B1 "$D" 2>&1; e df $?
@@ -61,9 +65,12 @@ wait; b topo; cat "$T/topo"; rc=1; { read -r rc <"$T/rc"; } 2>/dev/null; e topo 
 """
 
 
-def probe_script(disk_path: str = DEFAULT_MODEL_DIR) -> str:
-    return (PROBE_SCRIPT.replace("__IB_DIRS__", " ".join(shlex.quote(d) for d in IB_SYSFS_DIRS))
-            .replace("__DISK__", shlex.quote(disk_path)))
+def probe_script(disk_path: str = DEFAULT_MODEL_DIR, hwsim_dir: str = HWSIM_DIR) -> str:
+    """The probe for one host; `hwsim_dir` (tests) moves the simulated hardware boundary the PCI/IB/IOMMU parts read
+    first."""
+    ib_dirs = [d.replace(HWSIM_DIR, hwsim_dir, 1) for d in IB_SYSFS_DIRS]
+    return (PROBE_SCRIPT.replace("__IB_DIRS__", " ".join(shlex.quote(d) for d in ib_dirs))
+            .replace("__HWSIM__", shlex.quote(hwsim_dir)).replace("__DISK__", shlex.quote(disk_path)))
 
 
 # ------------------------------------------------------------------------------------------ result model
@@ -262,6 +269,7 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
     # NUMA affinity, NCCL bootstrap interface
     out.extend(_numa(host, facts))
     out.extend(_socket_ifname(host, facts))
+    out.extend(_pcie(facts))
     # OS / kernel / disk
     if facts.os_release:
         ok, want = _os_ok(facts.os_release, host)
@@ -304,6 +312,29 @@ def _shape(host: Host, facts: NodeFacts) -> list[Mismatch]:
         missing = [n for n in host.efa_devices if n not in up]
         if missing:
             out.append(Mismatch("efa_devices", ", ".join(host.efa_devices), f"missing or down: {', '.join(missing)}"))
+    return out
+
+
+ACS_EXPECTED = "ACS redirect off on the PCIe bridges above GPUs and HCAs (GPUDirect P2P/RDMA)"
+
+
+def _pcie(facts: NodeFacts) -> list[Mismatch]:
+    """`acs`: no bridge above a GPU or HCA has ACS request/completion redirect on (NCCL's troubleshooting guide:
+    ACS must be off for GPUDirect P2P/RDMA), naming each bridge and what is below it. `iommu`: a translating IOMMU
+    is a warning (GPUDirect RDMA wants it off or in passthrough)."""
+    out: list[Mismatch] = []
+    if facts.pci is not None:
+        redirects = parsers.acs_redirects(facts.pci)
+        if redirects:
+            out.append(Mismatch("acs", ACS_EXPECTED, parsers.acs_message(redirects)))
+        elif parsers.acs_unreadable(facts.pci) and not any(f.acs is not None for f in facts.pci):
+            out.append(Mismatch("acs", ACS_EXPECTED, "not readable: lspci shows no capabilities without root "
+                                "(run preflight as root or allow `sudo -n lspci`)", "warning"))
+    elif facts.pci_error:
+        out.append(Mismatch("acs", ACS_EXPECTED, f"not checked: {facts.pci_error}", "warning"))
+    if facts.iommu and facts.iommu[0] == "translated":
+        out.append(Mismatch("iommu", "IOMMU off or passthrough (iommu=pt) for GPUDirect RDMA",
+                            f"translated ({facts.iommu[1]})", "warning"))
     return out
 
 
@@ -358,6 +389,8 @@ def summarize(facts: NodeFacts) -> dict[str, Any]:
         "disk_free_bytes": facts.disk.avail if facts.disk else None,
         "disk_mount": facts.disk.mount if facts.disk else None,
         "net_ifaces": facts.net_ifaces,
+        "acs_redirect": None if facts.pci is None else [r.bridge for r in parsers.acs_redirects(facts.pci)],
+        "iommu": facts.iommu[0] if facts.iommu else None,
     }
 
 

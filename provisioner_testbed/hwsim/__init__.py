@@ -9,7 +9,9 @@ atomically in place (so a live read-only bind mount sees the change at once, nev
   `Unspecified`);
 - `sys/module/nvidia/version`, `proc/driver/nvidia/version`: what the loaded kernel module reports;
 - `kmsg` (records as `/dev/kmsg` yields them) and `dmesg` (as `dmesg` prints them): driver load lines, NVRM Xid
-  lines, failed-GPU init lines.
+  lines, failed-GPU init lines;
+- `lspci` (what `lspci -D -vvv` prints as root: the PCIe bridges above the GPUs and HCAs with their `ACSCtl:` bits),
+  `proc/cmdline` and `sys/kernel/iommu_groups/<n>/type` (the IOMMU mode).
 
 See README.md next to this file for the spec and every fault.
 """
@@ -19,8 +21,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from provisioner_testbed import hwspec
 
@@ -179,6 +182,80 @@ def _modules(spec: Mapping[str, Any]) -> str:
     return "".join(f"{m} 1 0 - Live 0x0000000000000000\n" for m in dict.fromkeys(mods))
 
 
+#: lspci's names for the simulated GPUs (pci.ids); an id it does not know prints as `Device <id>`, as lspci does.
+_LSPCI_GPU = {"0x233010DE": "GH100 [H100 SXM5 80GB]", "0x233510DE": "GH100 [H200 SXM 141GB]",
+              "0x290110DE": "GB100 [B200]"}
+_ACS_CAP = "SrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+"
+_ACS_OFF = "SrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-"
+#: what Linux (and a BIOS with ACS enabled) sets on a downstream port: peer requests and completions go upstream
+_ACS_ON = "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
+
+
+def _pci_key(address: str) -> tuple[int, int, int, int]:
+    dom, bus, devfn = address.split(":")
+    dev, fn = devfn.split(".")
+    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+
+
+def lspci(spec: Mapping[str, Any]) -> str:
+    """What `lspci -D -vvv` prints as root for the simulated PCIe tree (abridged to the lines tools read: the class and
+    name, `Bus:` of bridges, the Express and ACS capabilities, NUMA node, the driver in use), in PCI order."""
+    blocks: list[tuple[str, str]] = []
+    for b in spec.get("pcie", []):
+        addr = b["address"]
+        if b["role"] == "root_port":
+            head, express = "Intel Corporation Device 352a (rev 04)", "Root Port (Slot+)"
+        else:
+            head = "Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)"
+            express = "Upstream Port" if b["role"] == "upstream" else "Downstream Port (Slot+)"
+        lines = [f"{addr} PCI bridge: {head} (prog-if 00 [Normal decode])",
+                 "\tControl: I/O+ Mem+ BusMaster+ SpecCycle- MemWINV- VGASnoop- ParErr- Stepping- SERR+ FastB2B- "
+                 "DisINTx+",
+                 f"\tBus: primary={_pci_key(addr)[1]:02x}, secondary={b['secondary']:02x}, "
+                 f"subordinate={b['subordinate']:02x}, sec-latency=0",
+                 f"\tCapabilities: [40] Express (v2) {express}, MSI 00"]
+        if b["acs"]:
+            lines += ["\tCapabilities: [220 v1] Access Control Services",
+                      f"\t\tACSCap:\t{_ACS_CAP}",
+                      f"\t\tACSCtl:\t{_ACS_ON if b['acs_redirect'] else _ACS_OFF}"]
+        lines.append("\tKernel driver in use: pcieport")
+        blocks.append((addr, "\n".join(lines)))
+    for g in spec.get("pci_gpus", []):
+        addr = _full_pci(g["pci_bus_id"])
+        dev_id = g["device_id"][2:6].lower()
+        name = _LSPCI_GPU.get(g["device_id"], f"Device {dev_id}")
+        blocks.append((addr, "\n".join([
+            f"{addr} 3D controller: NVIDIA Corporation {name} (rev a1)",
+            "\tSubsystem: NVIDIA Corporation Device 16c1",
+            f"\tNUMA node: {g['numa_node']}",
+            "\tCapabilities: [60] Express (v2) Endpoint, MSI 00",
+            "\tKernel driver in use: nvidia"])))
+    for h in spec["hcas"]:
+        blocks.append((h["pci"], "\n".join([
+            f"{h['pci']} Infiniband controller: Mellanox Technologies MT2910 Family [ConnectX-7]",
+            "\tSubsystem: Mellanox Technologies Device 0051",
+            f"\tNUMA node: {h['numa_node']}",
+            "\tCapabilities: [60] Express (v2) Endpoint, MSI 00",
+            "\tKernel driver in use: mlx5_core"])))
+    return "".join(text + "\n\n" for _, text in sorted(blocks, key=lambda b: _pci_key(b[0])))
+
+
+_CMDLINE = "BOOT_IMAGE=/boot/vmlinuz-6.1.0-40-amd64 root=UUID=3f1c2a9e-51c4-4f0e-9b7a-2d8e6c0a1b55 ro quiet"
+
+
+def _iommu_files(spec: Mapping[str, Any]) -> dict[str, str]:
+    """`proc/cmdline` (always: the host's own /proc/cmdline is the machine's) and, with an IOMMU on, one
+    `sys/kernel/iommu_groups/<n>/type` per PCI function (`identity` = passthrough, `DMA-FQ` = translated)."""
+    mode = spec.get("iommu", "off")
+    args = {"off": "", "passthrough": " intel_iommu=on iommu=pt", "translated": " intel_iommu=on"}[mode]
+    files = {"proc/cmdline": _CMDLINE + args + "\n"}
+    if mode != "off":
+        n = len(spec.get("pcie", [])) + len(spec.get("pci_gpus", [])) + len(spec["hcas"])
+        kind = "identity" if mode == "passthrough" else "DMA-FQ"
+        files.update({f"sys/kernel/iommu_groups/{i}/type": kind + "\n" for i in range(n)})
+    return files
+
+
 def _prune(dest: Path, written: set[Path]) -> None:
     """Remove derived files a previous spec wrote that this one does not (an HCA that is gone)."""
     for tree in _DERIVED_TREES:
@@ -203,12 +280,14 @@ def materialize(spec: Mapping[str, Any] | None, dest: Path) -> None:
     dest.chmod(0o755)
     written: set[Path] = set()
     files = {**_ib_files(resolved), **_efa_files(resolved), **_driver_files(resolved),
+             **_iommu_files(resolved),
              "proc/modules": _modules(resolved),
              # the CPU the simulated node has (GB200 trays: aarch64, though the host running it is x86-64)
              "proc/sys/kernel/arch": resolved["cpu_arch"] + "\n"}
     kmsg, dmesg = _kmsg_and_dmesg(resolved)
     files["kmsg"] = kmsg
     files["dmesg"] = dmesg
+    files["lspci"] = lspci(resolved)
     for rel, text in files.items():
         _write(dest / rel, text, written)
     _prune(dest, written)

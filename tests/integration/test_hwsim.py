@@ -57,6 +57,14 @@ def test_defaults_are_an_8x_h100_node_with_8_ndr_hcas() -> None:
     ({"kernel_module_version": 580}, r"kernel_module_version: expected a version such as '580.82.07', got 580"),
     ({"kernel_module_version": "580.82.07", "faults": {"fm_mismatch": True}},
      r"kernel_module_version: set it or the fault fm_mismatch, not both"),
+    ({"iommu": "on"}, r"iommu: unknown mode 'on' \(known: off, passthrough, translated\)"),
+    ({"faults": {"acs_on": 8}}, r"faults.acs_on: 8 is out of range \(allowed 0..7\)"),
+    ({"faults": {"acs_on": "0000:a0:00.0"}},
+     r"faults.acs_on: no PCIe bridge with ACS at '0000:a0:00.0' \(this node has 0000:15:01.0, 0000:17:00.0, "),
+    ({"faults": {"acs_on": "yes"}}, r"faults.acs_on: no PCIe bridge with ACS at 'yes'"),
+    ({"faults": {"acs_on": [1.5]}}, r"faults.acs_on: expected true, a GPU index, a bridge address or a list"),
+    ({"faults": {"acs_on": []}},
+     r"faults.acs_on: expected true, a GPU index, a bridge address or a list of them, got \[\]"),
 ])
 def test_invalid_specs_are_usage_errors_that_name_the_key(spec: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
@@ -117,6 +125,87 @@ def test_sysfs_tree_uses_the_kernels_formats(tmp_path: Path) -> None:
     assert (tmp_path / "sys/module/nvidia/version").read_text() == "580.95.05\n"
     assert (tmp_path / "proc/driver/nvidia/version").read_text().startswith(
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build")
+
+
+def test_lspci_shows_a_pcie_switch_per_gpu_hca_pair_with_acs_off(tmp_path: Path) -> None:
+    from provisioner.probes.nodeparse import acs_redirects, parse_lspci
+
+    hwsim.materialize({}, tmp_path)
+    fs = parse_lspci((tmp_path / "lspci").read_text())
+    assert [f.address for f in fs if f.kind == "GPU"] == [f"0000:{b.lower()}:00.0" for b in hwspec._GPU_BUSES]
+    assert [f.address for f in fs if f.kind == "HCA"] == [f"0000:{b.lower()}:00.0" for b in hwspec._NIC_BUSES]
+    bridges = {f.address: f for f in fs if f.is_bridge}
+    assert len(bridges) == 8 * 4  # root port, switch upstream port, 2 downstream ports per pair
+    gpu0 = next(f for f in fs if f.address == "0000:1b:00.0")
+    assert sorted(a for a, b in bridges.items() if b.covers(gpu0)) == ["0000:15:01.0", "0000:16:00.0", "0000:17:03.0"]
+    assert sum(b.acs is not None for b in bridges.values()) == 24 and not any(b.redirect for b in bridges.values())
+    assert acs_redirects(fs) == []
+    assert (tmp_path / "proc/cmdline").read_text().endswith(" ro quiet\n")
+    assert not (tmp_path / "sys/kernel").exists()  # iommu off: no groups
+
+
+@pytest.mark.parametrize(("acs_on", "bridges"), [
+    (True, 24),
+    ([0], ["0000:17:03.0"]),
+    ({"gpu": 7}, ["0000:db:03.0"]),
+    ("0000:17:00.0", ["0000:17:00.0"]),
+    (["15:01.0", 2], ["0000:15:01.0", "0000:4e:03.0"]),
+])
+def test_acs_on_turns_redirect_on_at_the_bridges_it_names(tmp_path: Path, acs_on: object, bridges: object) -> None:
+    from provisioner.probes.nodeparse import parse_lspci
+
+    hwsim.materialize({"faults": {"acs_on": acs_on}}, tmp_path)
+    text = (tmp_path / "lspci").read_text()
+    on = [f.address for f in parse_lspci(text) if f.redirect]
+    assert (len(on) if isinstance(bridges, int) else on) == bridges
+    assert "ACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-\n" in text
+
+
+def test_acs_on_and_missing_gpu_a_failed_gpu_stays_on_the_bus(tmp_path: Path) -> None:
+    from provisioner.probes.nodeparse import acs_redirects, parse_lspci
+
+    hwsim.materialize({"faults": {"missing_gpu": [7], "acs_on": 7}}, tmp_path)
+    (r,) = acs_redirects(parse_lspci((tmp_path / "lspci").read_text()))
+    assert r.line() == "ACS redirect on at bridge 0000:db:03.0 above GPU 0000:df:00.0"
+
+
+@pytest.mark.parametrize(("iommu", "args", "kind"), [("passthrough", " intel_iommu=on iommu=pt", "identity"),
+                                                      ("translated", " intel_iommu=on", "DMA-FQ")])
+def test_iommu_mode_files(tmp_path: Path, iommu: str, args: str, kind: str) -> None:
+    hwsim.materialize({"iommu": iommu}, tmp_path)
+    assert (tmp_path / "proc/cmdline").read_text().endswith(args + "\n")
+    types = sorted((tmp_path / "sys/kernel/iommu_groups").glob("*/type"))
+    assert len(types) == 48 and {t.read_text() for t in types} == {kind + "\n"}
+    hwsim.materialize({}, tmp_path)  # back to off: the groups are pruned
+    assert not (tmp_path / "sys/kernel/iommu_groups").exists()
+
+
+def _preflight(tmp_path: Path, spec: dict) -> list:
+    """Run the real preflight probe snippet with the hardware boundary at a materialized spec; compare as node01."""
+    from provisioner import INVENTORIES
+    from provisioner.inventory import load_fleet
+    from provisioner.probes import parsers, preflight
+
+    hwsim.materialize(spec, tmp_path / "hwsim")
+    script = preflight.probe_script(str(tmp_path / "models"), hwsim_dir=str(tmp_path / "hwsim"))
+    r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+    facts = parsers.parse_probe(r.stdout)
+    fleet = load_fleet(INVENTORIES / "rack-a.ini")
+    return [m for m in preflight.compare(fleet, fleet.hosts["node01"], facts) if m.check in ("acs", "iommu")]
+
+
+def test_preflight_catches_acs_on_naming_the_bridge_and_passes_without_it(tmp_path: Path) -> None:
+    assert _preflight(tmp_path, {"iommu": "passthrough"}) == []
+    (m,) = _preflight(tmp_path, {"faults": {"acs_on": [0]}})
+    assert m.severity == "error"
+    assert m.line().startswith("acs: expected ACS redirect off on the PCIe bridges above GPUs and HCAs (GPUDirect "
+                               "P2P/RDMA), found ACS redirect on at bridge 0000:17:03.0 above GPU 0000:1b:00.0 (fix: "
+                               "disable PCIe ACS in the BIOS")
+    (m,) = _preflight(tmp_path, {"faults": {"acs_on": "0000:3f:00.0"}})
+    assert "bridge 0000:3f:00.0 above HCA 0000:40:00.0 (" in m.found
+    (acs, iommu) = _preflight(tmp_path, {"iommu": "translated", "faults": {"acs_on": True}})
+    assert acs.found.count("ACS redirect on at bridge") == 4 and "and 20 more bridge(s)" in acs.found
+    assert (iommu.check, iommu.severity, iommu.found) == ("iommu", "warning", "translated (iommu_groups type DMA-FQ)")
 
 
 def test_kernel_module_version_is_the_loaded_module_not_the_installed_driver(tmp_path: Path) -> None:

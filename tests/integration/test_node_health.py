@@ -132,6 +132,23 @@ def test_healthy_node_passes(node: Node) -> None:
     assert res["nvlink"]["message"] == "144 links active on 8 GPUs"
 
 
+def test_acs_on_fails_naming_the_bridge_and_passes_without_it(node: Node) -> None:
+    node.set_spec(iommu="passthrough")
+    rc, res, out = node.run(*H100, "--only", "acs")
+    assert rc == 0 and res["acs"]["status"] == "pass", out
+    assert res["acs"]["message"] == "ACS redirect off on 24 bridges; IOMMU passthrough"
+    node.set_spec(faults={"acs_on": [3]})
+    rc, res, out = node.run(*H100, "--only", "acs")
+    assert rc == 1 and res["acs"]["status"] == "fail", out
+    assert res["acs"]["message"].startswith("ACS redirect on at bridge 0000:5d:03.0 above GPU 0000:61:00.0 (fix: "
+                                            "disable PCIe ACS in the BIOS")
+    assert res["acs"]["found"]["redirect"] == [{"bridge": "0000:5d:03.0", "below": ["0000:61:00.0"]}]
+    node.set_spec(iommu="translated")
+    rc, res, out = node.run(*H100, "--only", "acs")
+    assert rc == 0 and res["acs"]["status"] == "warn" and "IOMMU translated (iommu_groups type DMA-FQ)" in \
+        res["acs"]["message"], out
+
+
 def test_missing_gpu(node: Node) -> None:
     node.set_spec(faults={"missing_gpu": 1})
     node.persistence_on()
@@ -450,7 +467,7 @@ def test_real_h200_outputs(tmp_path: Path, d: Path, count: int, expect: dict[str
     assert p.returncode == 0, p.stdout + p.stderr
     assert statuses(res) == {"gpu": "pass", "driver": "pass", "reboot": "pass", "persistence": "pass", "ecc": "pass",
                              "xid": "pass", "ib": "skip", "socket_ifname": "skip", "gpudirect": "skip",
-                             "allreduce": "skip", "efa": "skip", "nvlsm": "skip", "imex": "skip", "summary": "pass",
+                             "acs": "skip", "allreduce": "skip", "efa": "skip", "nvlsm": "skip", "imex": "skip", "summary": "pass",
                              **expect}
     assert res["gpu"]["found"] == {"count": count, "names": ["NVIDIA H200"], "memory_mib": ["143771"]}
 

@@ -22,6 +22,8 @@ Checks (each prints one JSON object per line, `--format text` for a table):
   socket_ifname  an interface NCCL_SOCKET_IFNAME selects exists and is up (NCCL's bootstrap: without one it fails
                  with "Bootstrap : no socket interface found")
   gpudirect      nvidia-peermem loaded, or DMA-BUF usable (open kernel modules on kernel >= 5.12)
+  acs            no PCIe bridge above a GPU or HCA has ACS redirect on (`lspci -D -vvv` ACSCtl ReqRedir/CmpltRedir;
+                 NCCL: ACS must be off for GPUDirect P2P/RDMA); warns on a translating IOMMU
   allreduce      single-node all-reduce bus bandwidth (nccl-tests all_reduce_perf, else torch.distributed/NCCL)
 
 A result: {"check": ..., "status": "pass"|"fail"|"warn"|"skip", "message": ..., "expected": ..., "found": ...}.
@@ -47,11 +49,16 @@ import time
 from nodeparse import (
     CRITICAL_XIDS,
     REBOOT_REQUIRED_FILE,
+    acs_message,
+    acs_redirects,
+    acs_unreadable,
     dig,
     efa_devices,
+    iommu_mode,
     parse_fi_info,
     parse_ib_sysfs,
     parse_imex_ctl,
+    parse_lspci,
     parse_nccl_conf,
     parse_nvlink_status,
     parse_dpkg_installed,
@@ -67,7 +74,7 @@ from nodeparse import (
 VERSION = "1.0"
 
 CHECKS = ("gpu", "driver", "reboot", "persistence", "fabricmanager", "ecc", "xid", "nvlink", "ib", "socket_ifname", "gpudirect",
-          "efa", "nvlsm", "imex", "allreduce")
+          "acs", "efa", "nvlsm", "imex", "allreduce")
 
 QUERY_FIELDS = "index,name,memory.total,driver_version,persistence_mode,pci.bus_id"
 ECC_FIELDS = "index,ecc.mode.current,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,remapped_rows.failure"
@@ -603,6 +610,49 @@ def check_gpudirect(ctx):
                   % (open_km, rel), "nvidia-peermem or DMA-BUF", found)
 
 
+def _iommu(root):
+    cmdline = _read(os.path.join(root, "proc/cmdline"))
+    gdir = os.path.join(root, "sys/kernel/iommu_groups")
+    try:
+        groups = os.listdir(gdir)
+    except OSError:
+        groups = []
+    types = [_read(os.path.join(gdir, g, "type")) or "" for g in groups]
+    return iommu_mode(cmdline, types)
+
+
+def check_acs(ctx):
+    """ACS redirect off on every bridge above a GPU/HCA. Under a --sysfs-root other than / (the simulated rack, a
+    replay) the PCI tree is <root>/lspci (what `lspci -D -vvv` printed); on the node itself lspci runs."""
+    a = ctx.args
+    root = a.sysfs_root
+    exp = "ACS redirect off on the PCIe bridges above GPUs and HCAs (GPUDirect P2P/RDMA)"
+    if root != "/":
+        text = _read(os.path.join(root, "lspci"))
+        if text is None:
+            return result("acs", "skip", "no %s (what lspci -D -vvv prints)" % os.path.join(root, "lspci"), exp)
+    else:
+        rc, text, err = ctx.run([a.lspci, "-D", "-vvv"])
+        if rc == 127:
+            return result("acs", "skip", "lspci not installed (pciutils)", exp)
+        if rc != 0:
+            return result("acs", "fail", "lspci failed (rc %d): %s" % (rc, _first(err or text)), exp)
+    funcs = parse_lspci(text)
+    mode, why = _iommu(root)
+    bridges = [f for f in funcs if f.is_bridge and f.acs is not None]
+    found = {"bridges_with_acs": len(bridges), "redirect": [], "iommu": mode, "iommu_source": why}
+    redirects = acs_redirects(funcs)
+    if redirects:
+        found["redirect"] = [{"bridge": r.bridge, "below": [d[1] for d in r.devices]} for r in redirects]
+        return result("acs", "fail", acs_message(redirects), exp, found)
+    if not bridges and acs_unreadable(funcs):
+        return result("acs", "skip", "lspci shows no capabilities without root: ACS not readable", exp, found)
+    if mode == "translated":
+        return result("acs", "warn", "ACS redirect off on %d bridges; IOMMU translated (%s): GPUDirect RDMA wants "
+                      "it off or iommu=pt" % (len(bridges), why), exp, found)
+    return result("acs", "pass", "ACS redirect off on %d bridges; IOMMU %s" % (len(bridges), mode), exp, found)
+
+
 # ----------------------------------------------------------------------------------------------------- node shapes
 def _present(ctx, prog):
     """prog itself when it runs here (a path or on PATH), else None."""
@@ -932,7 +982,7 @@ def check_allreduce(ctx):
 CHECK_FUNCS = {
     "gpu": check_gpu, "driver": check_driver, "reboot": check_reboot, "persistence": check_persistence, "fabricmanager": check_fabricmanager,
     "ecc": check_ecc, "xid": check_xid, "nvlink": check_nvlink, "ib": check_ib, "socket_ifname": check_socket_ifname,
-    "gpudirect": check_gpudirect, "efa": check_efa, "nvlsm": check_nvlsm, "imex": check_imex,
+    "gpudirect": check_gpudirect, "acs": check_acs, "efa": check_efa, "nvlsm": check_nvlsm, "imex": check_imex,
     "allreduce": check_allreduce,
 }
 
@@ -991,6 +1041,7 @@ def build_parser():
     p.add_argument("--torch-python", help="python with torch for the all-reduce (default: this one, "
                    "/opt/vllm/venv/bin/python, python3)")
     p.add_argument("--nvidia-smi", default="nvidia-smi")
+    p.add_argument("--lspci", default="lspci", help="pciutils' lspci (the acs check; run only with --sysfs-root /)")
     p.add_argument("--only", action="append", choices=CHECKS, help="run only these checks (repeatable)")
     p.add_argument("--skip", action="append", default=[], choices=CHECKS, help="skip these checks (repeatable)")
     p.add_argument("--format", choices=("jsonl", "text"), default="jsonl")
