@@ -159,7 +159,7 @@ def test_healed_with_limit_the_others_keep_their_records(rig: Rig) -> None:
 
 
 def test_an_inventory_change_not_applied_goes_to_ansible(rig: Rig) -> None:
-    rc, doc = same_as_full(rig, "-e", "nccl_ib_timeout=21")
+    rc, doc = same_as_full(rig, "-e", '{"nccl_ib_timeout": 21}')
     assert rc == 3 and tiers(doc) == dict.fromkeys(HOSTS, 2)
     assert all(reason(doc, h).startswith("inputs changed") for h in HOSTS)
     assert all(("file", "/etc/nccl.conf", "nccl_tuning") in {(i["kind"], i["resource"], i["role"])
