@@ -253,6 +253,7 @@ class Record:
     inputs: str
     state: Mapping[str, str]
     digest: str
+    roles: tuple[str, ...] = ()
 
 
 def tier2_reason(record: Record | None, inputs: str) -> str | None:

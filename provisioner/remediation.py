@@ -44,7 +44,8 @@ def policy_of(value: Any) -> Policy | None:
         return None
     q = value.get("quarantine_on")
     r = value.get("remediation")
-    ra = value.get("replace_after") if isinstance(value.get("replace_after"), Mapping) else {}
+    ra_raw = value.get("replace_after")
+    ra: Mapping[str, Any] = ra_raw if isinstance(ra_raw, Mapping) else {}
     n, days = ra.get("quarantines", DEFAULT_REPLACE[0]), ra.get("window_days", DEFAULT_REPLACE[1])
     return Policy(
         quarantine_on=tuple(c for c in q if c in HARD_CHECKS) if isinstance(q, list) else tuple(HARD_CHECKS),

@@ -50,12 +50,28 @@ class Probed:
     seconds: float = 0.0
 
 
-def probe(fleet: Any, hosts: Iterable[str], *, forks: int = PROBE_FORKS,
-          timeout: float = PROBE_TIMEOUT) -> dict[str, Probed]:
-    """Run the probe on every host (one SSH exec each, the preflight's connection settings and host-key policy)."""
+def via_nodes(fleet: Any, hosts: list[str], nodes: list[str] | None) -> dict[str, str]:
+    """{host: execution node} for a sharded drift or run (the shard plan's): the probe reaches each host through the
+    execution node that runs its shard, the network path Ansible takes. Empty without execution nodes."""
+    if not nodes or not hosts:
+        return {}
+    from provisioner.runner.shards import plan as shard_plan
+
+    return {h: s.node for s in shard_plan(fleet, hosts, nodes) for h in s.hosts}
+
+
+def probe(fleet: Any, hosts: Iterable[str], *, forks: int = PROBE_FORKS, timeout: float = PROBE_TIMEOUT,
+          via: Mapping[str, str] | None = None) -> dict[str, Probed]:
+    """Run the probe on every host (one SSH exec each, the preflight's connection settings and host-key policy;
+    through the host's execution node when `via` names one)."""
+    from dataclasses import replace
+
     from provisioner.probes import ssh
 
-    targets = [ssh.target_for(fleet.hosts[h]) for h in hosts]
+    via = via or {}
+    jump = {n: ssh.target_for(fleet.hosts[n]) for n in set(via.values())}
+    targets = [replace(ssh.target_for(fleet.hosts[h]), via=jump[via[h]]) if h in via
+               else ssh.target_for(fleet.hosts[h]) for h in hosts]
     cmd = hoststate.probe_command()
 
     def command(t: Any) -> str:
@@ -81,7 +97,8 @@ def _ledger_path(run_dir: str | None) -> Path:
 
 
 def record_run(fleet: Any, result: Any, *, playbook: Any = None, tags: str | None = None,
-               skip_tags: str | None = None, extra: Mapping[str, Any] | None = None) -> str | None:
+               skip_tags: str | None = None, extra: Mapping[str, Any] | None = None,
+               exec_nodes: list[str] | None = None) -> str | None:
     """After `provision run`: the state of every host the run completed (ok/changed) is probed and recorded with its
     input digest; hosts that failed or were unreachable lose their record. Not for check runs or --tags runs (a
     partial run is not a converged state). Best effort: returns a warning line, never raises."""
@@ -93,12 +110,12 @@ def record_run(fleet: Any, result: Any, *, playbook: Any = None, tags: str | Non
     drop = [n for n, h in result.hosts.items() if h.state in ("failed", "unreachable")]
     try:
         inputs = host_inputs(fleet, done, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=extra)
-        probed = probe(fleet, done)
-        rows = [(h, None, inputs[h], probed[h].state) for h in done if probed[h].state is not None]
+        probed = probe(fleet, done, via=via_nodes(fleet, done, exec_nodes))
         drop += [h for h in done if probed[h].state is None]
         with Ledger.open(_ledger_path(result.run_dir)) as ledger:
             run = _run_id(ledger, result.run_dir)
-            ledger.put_states([(h, run, i, s) for h, _, i, s in rows], drop=drop)
+            ledger.put_states([(h, run, inputs[h], st, result.hosts[h].roles) for h in done
+                               if (st := probed[h].state) is not None], drop=drop)
     except Exception as exc:  # noqa: BLE001 (the run is done; its record is an optimisation of the next drift)
         return f"warning: host states not recorded ({type(exc).__name__}: {exc}); the next drift checks with Ansible"
     missed = [h for h in done if probed[h].state is None]
@@ -125,12 +142,14 @@ class Tiers:
     changes: dict[str, list[hoststate.Change]] = field(default_factory=dict)
     probed: dict[str, Probed] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
+    records: dict[str, hoststate.Record] = field(default_factory=dict)
+    via: dict[str, str] = field(default_factory=dict)
     probe_seconds: float = 0.0
 
 
 def sort_hosts(fleet: Any, hosts: list[str], *, full: bool, playbook: Any = None, tags: str | None = None,
                skip_tags: str | None = None, extra: Mapping[str, Any] | None = None,
-               ledger_path: Path | None = None) -> Tiers:
+               ledger_path: Path | None = None, exec_nodes: list[str] | None = None) -> Tiers:
     """Decide each host's tier (see Tiers). `full`: every host to tier 2 (the weekly run). --tags drifts go to tier 2
     as well (records are of whole runs)."""
     import time
@@ -153,6 +172,7 @@ def sort_hosts(fleet: Any, hosts: list[str], *, full: bool, playbook: Any = None
     except Exception as exc:  # noqa: BLE001 (no ledger: everyone is checked by Ansible)
         sys.stderr.write(f"warning: ledger not readable ({exc}): every host is checked with Ansible\n")
         records = {}
+    t.records = records
     candidates = []
     for h in hosts:
         why = hoststate.tier2_reason(records.get(h), t.inputs[h])
@@ -161,7 +181,8 @@ def sort_hosts(fleet: Any, hosts: list[str], *, full: bool, playbook: Any = None
         else:
             candidates.append(h)
     t0 = time.monotonic()
-    t.probed = probe(fleet, candidates) if candidates else {}
+    t.via = via_nodes(fleet, hosts, exec_nodes)
+    t.probed = probe(fleet, candidates, via=t.via) if candidates else {}
     t.probe_seconds = time.monotonic() - t0
     for h in candidates:
         p = t.probed[h]
@@ -191,8 +212,9 @@ def refresh(fleet: Any, tiers: Tiers, result: Any, ledger_path: Path) -> None:
         return
     try:
         missing = [h for h in clean if tiers.probed.get(h) is None or tiers.probed[h].state is None]
-        probed = {**tiers.probed, **(probe(fleet, missing) if missing else {})}
-        rows = [(h, None, tiers.inputs[h], probed[h].state) for h in clean if probed[h].state is not None]
+        probed = {**tiers.probed, **(probe(fleet, missing, via=tiers.via) if missing else {})}
+        rows = [(h, None, tiers.inputs[h], st, result.hosts[h].roles) for h in clean
+                if (st := probed[h].state) is not None]
         with Ledger.open(ledger_path) as ledger:
             ledger.put_states(rows)
     except Exception as exc:  # noqa: BLE001
@@ -252,7 +274,9 @@ def merge(tiers: Tiers, result: Any, targeted: list[str]) -> None:
     from provisioner.results import HostResult
 
     for h in tiers.tier1:
-        result.hosts[h] = HostResult(name=h, seen=True, tier=1, tier_reason="the probe matched the recorded state")
+        rec = tiers.records.get(h)
+        result.hosts[h] = HostResult(name=h, seen=True, tier=1, tier_reason="the probe matched the recorded state",
+                                     roles=list(rec.roles) if rec else [])
     for h, why in tiers.tier2.items():
         hr = result.host(h)
         hr.tier, hr.tier_reason = 2, why

@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
         # tier 1: hosts whose inputs are unchanged since their last complete run get the probe; the others, and the
         # hosts the probe finds changed or cannot reach, go to tier 2 (Ansible check + diff, as before)
         tiers = tiering.sort_hosts(fleet, targeted, full=full, playbook=playbook, tags=tags, skip_tags=skip_tags,
-                                   extra=xv, ledger_path=ledger_path())
+                                   extra=xv, ledger_path=ledger_path(), exec_nodes=nodes)
         tier2 = [h for h in targeted if h in tiers.tier2]
         if not quiet and not full:
             sys.stderr.write(f"drift: {len(tiers.tier1)} host(s) clean by the probe, {len(tier2)} to check with "

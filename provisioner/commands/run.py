@@ -117,7 +117,8 @@ def register(app: typer.Typer) -> None:
             from provisioner.tiers import record_run
 
             # the hosts this run completed: their state, for the next drift's probe tier
-            warning = record_run(fleet, result, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=xv)
+            warning = record_run(fleet, result, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=xv,
+                                 exec_nodes=nodes)
             if warning:
                 err.print(warning)
         if not (json_out or quiet):

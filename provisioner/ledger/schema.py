@@ -88,6 +88,10 @@ MIGRATIONS: tuple[str, ...] = (
         at        REAL NOT NULL
     );
     """,
+    # 4: the roles that ran tasks on the host in the recorded run (a tier-1 host's report lists them, as tier 2 does)
+    """
+    ALTER TABLE host_state ADD COLUMN roles TEXT NOT NULL DEFAULT '[]';  -- JSON list
+    """,
 )
 
 #: The version a database opened by this code ends at.

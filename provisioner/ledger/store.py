@@ -275,20 +275,23 @@ class Ledger:
         return self.states().get(host, ("new", None))
 
     # -- recorded host states (the two-tier drift) ----------------------------------------------------------------
-    def put_states(self, rows: Iterable[tuple[str, int | None, str, dict[str, str]]], *,
+    def put_states(self, rows: Iterable[tuple[str, int | None, str, dict[str, str]]
+                                        | tuple[str, int | None, str, dict[str, str], Iterable[str]]], *,
                    drop: Iterable[str] = ()) -> None:
-        """In one transaction: record (host, run, inputs digest, state map) per host (replacing its last record) and
-        forget the records of `drop` (hosts whose run failed: their state is no longer a converged one)."""
+        """In one transaction: record (host, run, inputs digest, state map[, roles that ran]) per host (replacing its
+        last record) and forget the records of `drop` (hosts whose run failed: their state is no longer converged)."""
         from provisioner.hoststate import state_digest
 
         now = time.time()
         with self._tx() as db:
             db.executemany("DELETE FROM host_state WHERE host = ?", [(h,) for h in drop])
             db.executemany(
-                "INSERT OR REPLACE INTO host_state (host, run, recorded, inputs, digest, state) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(h, run, now, inputs, state_digest(state),
-                  zlib.compress(json.dumps(state, sort_keys=True).encode(), 6)) for h, run, inputs, state in rows])
+                "INSERT OR REPLACE INTO host_state (host, run, recorded, inputs, digest, state, roles) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(row[0], row[1], now, row[2], state_digest(row[3]),
+                  zlib.compress(json.dumps(row[3], sort_keys=True).encode(), 6),
+                  json.dumps(list(row[4])) if len(row) > 4 else "[]")
+                 for row in rows])
 
     def records(self, hosts: Iterable[str]) -> dict[str, Any]:
         """{host: hoststate.Record} for the hosts that have one; a row that cannot be decoded comes back with an empty
@@ -306,7 +309,7 @@ class Ledger:
             except (zlib.error, ValueError, TypeError, AttributeError):
                 state = {}
             out[h] = Record(host=h, run=r["run"], recorded=r["recorded"], inputs=r["inputs"], state=state,
-                            digest=r["digest"])
+                            digest=r["digest"], roles=_roles(r["roles"]))
         return out
 
     def full_drift_done(self, inventory: str, at: float | None = None) -> None:
@@ -317,6 +320,14 @@ class Ledger:
     def last_full_drift(self, inventory: str) -> float | None:
         row = self._db.execute("SELECT at FROM full_drifts WHERE inventory = ?", (inventory,)).fetchone()
         return float(row[0]) if row else None
+
+
+def _roles(text: str | None) -> tuple[str, ...]:
+    try:
+        v = json.loads(text or "[]")
+    except ValueError:
+        return ()
+    return tuple(str(x) for x in v) if isinstance(v, list) else ()
 
 
 def _statements(script: str) -> list[str]:

@@ -715,8 +715,8 @@ class PciFunction:
 def parse_lspci(text: str) -> list:
     """Every function of `lspci [-D] -vvv` output, in output order, with its bridge bus range and ACSCtl bits.
     Never raises: lines that are not understood are skipped."""
-    out = []
-    cur = None
+    out: list[PciFunction] = []
+    cur: dict[str, Any] | None = None
     for raw in strip_ansi(text).splitlines():
         if raw and not raw[0].isspace():
             if cur is not None:

@@ -41,6 +41,7 @@ class SshTarget:
     known_hosts: tuple[str, ...] = ()
     strict_host_keys: bool = True
     connect_timeout: float | None = None
+    via: SshTarget | None = None  # a jump host (an execution node): the connection is tunnelled through it
 
 
 @dataclass
@@ -236,22 +237,98 @@ def _collect(chan: Any, deadline: float, res: ExecResult) -> tuple[bytes, bytes]
             select.select([fd], [], [], min(left, 1.0))
 
 
+def _connect(client: Any, t: SshTarget, timeout: float, sock: Any = None) -> None:
+    keys = [k for k in t.key_files if os.path.isfile(k)]
+    ct = min(t.connect_timeout or timeout, timeout)
+    client.connect(t.address, port=t.port, username=t.user or _default_user(),
+                   key_filename=keys or None, look_for_keys=not keys, allow_agent=not keys,
+                   timeout=ct, banner_timeout=ct, auth_timeout=ct, channel_timeout=ct, sock=sock)
+
+
+class Jumps:
+    """One connection per jump host (execution node), opened on first use and shared by the targets behind it
+    (each target gets its own direct-tcpip channel); a jump host that cannot be reached fails its targets with why."""
+
+    def __init__(self, known: KnownHosts, timeout: float) -> None:
+        self._known, self._timeout = known, timeout
+        self._lock = threading.Lock()
+        self._clients: dict[str, Any] = {}
+        self._errors: dict[str, str] = {}
+
+    def channel(self, t: SshTarget) -> Any:
+        via = t.via
+        assert via is not None
+        with self._lock:
+            if via.name not in self._clients and via.name not in self._errors:
+                r = ExecResult(host=via.name, ok=False)
+                client = None
+                try:
+                    client = _client(via, self._known)
+                    _connect(client, via, self._timeout)
+                    self._clients[via.name] = client
+                except Exception as exc:  # noqa: BLE001 (reported for every target behind it)
+                    r.error = _why(exc, via)
+                    self._errors[via.name] = r.error or str(exc)
+                    if client is not None:
+                        client.close()
+            if via.name in self._errors:
+                raise _JumpError(f"execution node {via.name} not reachable: {self._errors[via.name]}")
+            transport = self._clients[via.name].get_transport()
+        return transport.open_channel("direct-tcpip", (t.address, t.port), ("127.0.0.1", 0),
+                                      timeout=min(t.connect_timeout or self._timeout, self._timeout))
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class _JumpError(Exception):
+    pass
+
+
+def _why(exc: BaseException, t: SshTarget) -> str:
+    """One line for a connection failure (never raised)."""
+    paramiko = _import_paramiko()
+    if isinstance(exc, _JumpError):
+        return str(exc)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return f"host key for {exc.hostname} CHANGED (possible MITM): refused"
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"authentication failed as {t.user or _default_user()}: {exc}"
+    if isinstance(exc, paramiko.SSHException):
+        msg = str(exc)
+        if "not found in known_hosts" in msg:
+            return f"host key not in known_hosts ({', '.join(t.known_hosts) or '~/.ssh/known_hosts'}): refused"
+        return f"ssh: {msg or type(exc).__name__}"
+    if isinstance(exc, TimeoutError):
+        return f"connect timed out after {t.connect_timeout or DEFAULT_TIMEOUT:g}s"
+    if isinstance(exc, OSError):
+        return f"cannot connect to {t.address}:{t.port}: {exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
-            known: KnownHosts | None = None) -> ExecResult:
-    """Connect, run `command` once, collect stdout/stderr/exit status; every failure becomes `error`, never raised."""
+            known: KnownHosts | None = None, jumps: Jumps | None = None) -> ExecResult:
+    """Connect (through `t.via` when set), run `command` once, collect stdout/stderr/exit status; every failure
+    becomes `error`, never raised."""
     paramiko = _import_paramiko()
 
     t0 = time.monotonic()
     deadline = t0 + timeout
     res = ExecResult(host=t.name, ok=False)
     client = None
+    own_jumps = None
     try:
+        sock = None
+        if t.via is not None:
+            if jumps is None:
+                jumps = own_jumps = Jumps(known or KnownHosts(), timeout)
+            sock = jumps.channel(t)
         client = _client(t, known)
-        keys = [k for k in t.key_files if os.path.isfile(k)]
-        ct = min(t.connect_timeout or timeout, timeout)
-        client.connect(t.address, port=t.port, username=t.user or _default_user(),
-                       key_filename=keys or None, look_for_keys=not keys, allow_agent=not keys,
-                       timeout=ct, banner_timeout=ct, auth_timeout=ct, channel_timeout=ct)
+        _connect(client, t, timeout, sock)
         transport = client.get_transport()
         assert transport is not None
         chan = transport.open_session(timeout=max(1.0, deadline - time.monotonic()))
@@ -261,28 +338,22 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
             res.error = f"timed out after {timeout:g}s (command still running)"
         res.stdout = out.decode("utf-8", "replace")
         res.stderr = err.decode("utf-8", "replace")
-    except paramiko.BadHostKeyException as exc:
-        res.error = f"host key for {exc.hostname} CHANGED (possible MITM): refused"
-    except paramiko.AuthenticationException as exc:
-        res.error = f"authentication failed as {t.user or _default_user()}: {exc}"
-    except paramiko.SSHException as exc:
-        msg = str(exc)
-        if "not found in known_hosts" in msg:
-            res.error = f"host key not in known_hosts ({', '.join(t.known_hosts) or '~/.ssh/known_hosts'}): refused"
-        else:
-            res.error = f"ssh: {msg or type(exc).__name__}"
+    except _JumpError as exc:
+        res.error = str(exc)
     except TimeoutError:
         res.error = f"connect timed out after {min(t.connect_timeout or timeout, timeout):g}s"
-    except OSError as exc:
-        res.error = f"cannot connect to {t.address}:{t.port}: {exc.strerror or exc}"
+    except paramiko.SSHException as exc:
+        res.error = _why(exc, t)
     except Exception as exc:  # never let one host take the fan-out down
-        res.error = f"{type(exc).__name__}: {exc}"
+        res.error = _why(exc, t)
     finally:
         if client is not None:
             try:
                 client.close()
             except Exception:
                 pass
+        if own_jumps is not None:
+            own_jumps.close()
         res.seconds = round(time.monotonic() - t0, 3)
     return res
 
@@ -301,10 +372,11 @@ def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], 
     out: dict[str, ExecResult] = {}
     lock = threading.Lock()
     known = KnownHosts()
+    jumps = Jumps(known, timeout)
 
     def one(t: SshTarget) -> None:
         cmd = command(t) if callable(command) else command
-        r = run_one(t, cmd, timeout=timeout, known=known)
+        r = run_one(t, cmd, timeout=timeout, known=known, jumps=jumps)
         with lock:
             out[t.name] = r
             if on_result:
@@ -313,6 +385,9 @@ def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], 
     if not targets:
         return out
     _import_paramiko()  # once, before the threads: module imports take the import lock anyway
-    with ThreadPoolExecutor(max_workers=workers(len(targets), forks), thread_name_prefix="ssh") as pool:
-        list(pool.map(one, targets))
+    try:
+        with ThreadPoolExecutor(max_workers=workers(len(targets), forks), thread_name_prefix="ssh") as pool:
+            list(pool.map(one, targets))
+    finally:
+        jumps.close()
     return {t.name: out[t.name] for t in targets}

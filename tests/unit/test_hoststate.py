@@ -112,8 +112,10 @@ def test_merge_folds_tiers_into_the_drift_result(tmp_path: Path) -> None:
     r.host("n3").seen = True
     t = Tiers(tier1=["n1"], tier2={"n2": "probe found 1 change(s): file /etc/nccl.conf: a -> b",
                                    "n3": "inputs changed since the last complete run"},
-              changes={"n2": [Change("file", "/etc/nccl.conf", "a", "b")]})
+              changes={"n2": [Change("file", "/etc/nccl.conf", "a", "b")]},
+              records={"n1": Record("n1", 1, 0.0, "in", {}, "", roles=("", "nccl_tuning"))})
     merge(t, r, ["n1", "n2", "n3"])
+    assert r.hosts["n1"].roles == ["", "nccl_tuning"]  # a tier-1 host lists the roles of its recorded run
     assert [r.hosts[h].tier for h in ("n1", "n2", "n3")] == [1, 2, 2]
     assert r.hosts["n1"].state == "ok" and not r.hosts["n1"].drift
     assert [d.tier for d in r.hosts["n2"].drift] == [1, 2]  # the probe saw the file, not the package
@@ -126,9 +128,10 @@ def test_merge_folds_tiers_into_the_drift_result(tmp_path: Path) -> None:
 def test_ledger_keeps_one_record_per_host_and_drops_failed_ones() -> None:
     lg = Ledger.open(":memory:")
     lg.put_states([("n1", None, "i1", {"file:/a": "1"}), ("n2", None, "i2", {"file:/b": "2"})])
-    lg.put_states([("n1", None, "i3", {"file:/a": "3"})], drop=["n2"])
+    lg.put_states([("n1", None, "i3", {"file:/a": "3"}, ["", "nvidia_driver", "nccl_tuning"])], drop=["n2"])
     recs = lg.records(["n1", "n2", "n3"])
     assert list(recs) == ["n1"] and recs["n1"].inputs == "i3" and recs["n1"].state == {"file:/a": "3"}
+    assert recs["n1"].roles == ("", "nvidia_driver", "nccl_tuning")
     assert tier2_reason(recs["n1"], "i3") is None
     lg._db.execute("UPDATE host_state SET state = X'00'")
     assert tier2_reason(lg.records(["n1"])["n1"], "i3").startswith("recorded state corrupted")
