@@ -639,7 +639,7 @@ def parse_fault(arg: str) -> dict[str, Any]:
 
     hca_down=mlx5_3[,mlx5_4]  hca_rate=mlx5_2:200  xid=79 | xid=GPU:79  ecc_uncorrectable=GPU[:COUNT]
     missing_gpu[=N]  nvlink_down[=GPU]  row_remap_pending[=GPU]  fm_mismatch[=VERSION]  persistence_off
-    efa_missing[=N|=rdmap79s0,...]  nvlsm_fail  imex_degraded
+    efa_missing[=N|=rdmap79s0,...]  nvlsm_fail  imex_degraded  acs_on[=GPU|=BRIDGE,...]
     """
     name, eq, value = arg.partition("=")
     name = name.strip().replace("-", "_")
@@ -683,6 +683,10 @@ def parse_fault(arg: str) -> dict[str, Any]:
         return {"efa_missing": ints(value, "the count")[0] if value else 1}
     if name in ("nvlsm_fail", "imex_degraded"):
         return {name: True}
+    if name == "acs_on":  # every ACS bridge, or GPU indexes / bridge addresses (the switch port above a GPU)
+        if not value:
+            return {"acs_on": True}
+        return {"acs_on": [int(x) if x.isdigit() else x for x in value.split(",") if x]}
     from provisioner_testbed import hwspec
 
     raise UsageError(f"unknown fault {name!r} (known: {', '.join(hwspec.FAULTS)})")

@@ -10,6 +10,7 @@ packages, not on the roles' state.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -163,6 +164,38 @@ def test_xid_ecc_fm_faults(rig: Any) -> None:
         assert pf_errors(pf, n1) == {} and pf_errors(pf, n2) == {}
     finally:
         clear_all(rig)
+
+
+def test_acs_redirect_on_is_caught_by_preflight_and_health_naming_the_bridge(rig: Any) -> None:
+    """ACS redirect on a PCIe bridge above a GPU (the switch port above GPU 0) on one host, on every ACS bridge on
+    another: preflight and the health gate fail those two, naming the bridge and the GPU below it; onboarding leaves
+    them out (issue 26). lspci -D -vvv of the simulated node, as root over SSH."""
+    clear_all(rig)
+    n1, n2, n3, n4 = rig.names
+    fault(rig, n1, "acs_on=0")
+    fault(rig, n2, "acs_on")
+    try:
+        rc, pf, out = provision("preflight", str(rig.inventory), "--format", "json")
+        assert rc == 1, out
+        e1, e2 = pf_errors(pf, n1), pf_errors(pf, n2)
+        assert list(e1) == ["acs"] and re.search(r"ACS redirect on at bridge 0000:17:03\.0 above GPU 0000:\S+", e1["acs"])
+        assert "0000:17:00.0" not in e1["acs"]  # only the bridge the fault named
+        assert list(e2) == ["acs"] and re.search(r"and \d+ more bridge\(s\)", e2["acs"]), e2
+        assert pf_errors(pf, n3) == {} and pf_errors(pf, n4) == {}
+        assert pf["hosts"][n1]["facts"]["acs_redirect"] == ["0000:17:03.0"]
+        rc, _, text = provision("preflight", str(rig.inventory))
+        assert rc == 1 and f"{n1}: acs: " in text and "0000:17:03.0" in text
+
+        rc, hd, out = provision("health", str(rig.inventory), "--format", "json")
+        assert rc == 1, out
+        h1 = health_failed(hd, n1)
+        assert list(h1) == ["acs"] and "0000:17:03.0" in h1["acs"], h1
+        assert list(health_failed(hd, n2)) == ["acs"]
+        assert health_failed(hd, n3) == {} and health_failed(hd, n4) == {}
+    finally:
+        clear_all(rig)
+    rc, pf, out = provision("preflight", str(rig.inventory), "--format", "json", "--limit", f"{n1},{n2}")
+    assert rc == 0 and pf_errors(pf, n1) == {} and pf_errors(pf, n2) == {}, out
 
 
 def test_unreachable_and_usage(rig: Any, tmp_path: Path) -> None:

@@ -28,6 +28,9 @@ from provisioner_testbed.rack import merge_faults, parse_fault
         ("fm_mismatch=580.82.07", {"fm_mismatch": "580.82.07"}),
         ("persistence_off", {"persistence_off": True}),
         ("persistence-off", {"persistence_off": True}),
+        ("acs_on", {"acs_on": True}),
+        ("acs_on=0,7", {"acs_on": [0, 7]}),
+        ("acs_on=0000:17:00.0", {"acs_on": ["0000:17:00.0"]}),
     ],
 )
 def test_each_fault_argument_resolves(arg: str, want: dict) -> None:
