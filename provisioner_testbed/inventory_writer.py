@@ -35,6 +35,7 @@ class InvHost:
     ib_hcas: tuple[str, ...] = tuple(DEFAULT_HCAS)
     efa_devices: int = 0  # AWS EFA devices (fabric efa)
     nvlink_domain: str | None = None  # NVL72 trays: the rack's one NVLink domain
+    bmc: tuple[tuple[str, Any], ...] = ()  # bmc_address / bmc_port of the host's rack BMC (provisioner_testbed.bmc)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def render(rack: InvRack) -> dict[str, str]:
     for h in rack.hosts:  # hardware that differs from host to host (from the rack's --spec)
         own = {a: (list(v) if isinstance(v := getattr(h, a), tuple) else v) for a in common if common[a] is None}
         own = _fabric_vars(own, h, common)
+        own.update(dict(h.bmc))
         if own:
             files[f"host_vars/{h.name}.yml"] = _yaml(f"Generated: {h.name}'s own hardware (rack spec).", own)
 

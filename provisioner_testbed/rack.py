@@ -7,6 +7,7 @@ Callers: `provisioner/commands/testbed.py` (CLI) and `tests/testbed/conftest.py`
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -400,7 +401,11 @@ def _write_inventory(st: RackState) -> None:
     specs = {h.name: _load_spec(st, h) for h in st.hosts}
     extra: dict[str, Any] = {}
     cluster_vars: dict[str, dict[str, Any]] = {}
-    inv_hosts = tuple(_inv_host(h, specs[h.name]) for h in st.hosts)
+    from provisioner_testbed import bmc
+
+    inv_hosts = tuple(dataclasses.replace(_inv_host(h, specs[h.name]),
+                                          bmc=tuple(bmc.inventory_vars(st.name, h.name).items()))
+                      for h in st.hosts)
     if st.with_vllm and st.clusters:  # the vLLM area owns these values (docs/development.md, "vLLM on the testbed")
         from provisioner_testbed import vllm_image
 
@@ -423,7 +428,7 @@ def _write_inventory(st: RackState) -> None:
         known_hosts=str(st.dir / "ssh" / "known_hosts"),
         repo_url=st.repo_url,
         proxy_url=f"http://{st.gateway}:{proxy.PORT}",
-        extra_vars=extra,
+        extra_vars={**extra, **bmc.group_vars(st.name)},
         cluster_vars=cluster_vars,
         clusters=st.clusters,
     )
@@ -632,6 +637,31 @@ def start_host_cmd(name: str, host: str) -> bool:
         st.save()
         _wait_ready(st, [h.name])
         return True
+
+
+def bmcs(name: str, hosts: list[str] | None = None, *, stop: bool = False,
+         firmware: dict[str, str] | None = None) -> dict[str, str]:
+    """Start the rack's BMCs (every host's, or `hosts`'), or stop those hosts' BMCs (`stop`: the BMC unreachable
+    fault), or set what their firmware inventory reports (`firmware`: component -> version); the inventory gets
+    bmc_address/bmc_port per host and the credentials' variables. {host: BMC status}."""
+    from provisioner_testbed import bmc
+
+    require_root()
+    st = load(name)
+    names = hosts or [h.name for h in st.hosts]
+    for n in names:
+        get_host(st, n)
+    if stop:
+        bmc.stop(name, names)
+    elif firmware:
+        for n in names:
+            for comp, version in firmware.items():
+                bmc.set_firmware(name, n, comp, version)
+    else:
+        bmc.start(st, names)
+        with rootfs.locked(racks_dir() / f".{name}.lock"):
+            _write_inventory(load(name))
+    return {n: bmc.status(name, n) for n in names}
 
 
 def parse_fault(arg: str) -> dict[str, Any]:

@@ -22,6 +22,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per mess
 
 HELP = unwrap("""Bring new GPU nodes into service, one gate after the other.
 
+0. out of band, for hosts with a bmc_address: a host its BMC reports powered off is powered on and SSH waited for
+   (docs/bmc.md); a host with a `firmware` map has its BMC's firmware inventory checked against it (FW010-FW012: a
+   host whose firmware is not accepted is left out at `firmware`);
 1. preflight: the node's real hardware matches the inventory (a host that does not is not provisioned);
 2. provisioning run of the playbooks (default playbooks/site.yml) on the remaining hosts WITHOUT the vLLM launch
    (--skip-tags vllm), one host at a time by default (--serial, through provisioner.runner / ansible-runner);
@@ -43,7 +46,8 @@ IN_SERVICE = "/etc/provisioner/in-service"
 class Outcome:
     host: str
     in_service: bool = False
-    stage: str | None = None  # where it failed: preflight, run, health, mark
+    stage: str | None = None  # where it failed: power, firmware, preflight, run, health, mark
+    powered_on: bool = False  # its BMC powered it on first
     problems: list[str] = field(default_factory=list)
     clusters: list[str] = field(default_factory=list)
     marked: bool | None = None  # the in-service file was written/removed on the host
@@ -83,6 +87,59 @@ def _mark(fleet: Fleet, results: dict[str, Outcome], timeout: float, passed: lis
             o.in_service = False
             o.stage = "mark"
             o.problems.append(f"could not write {IN_SERVICE}: {r.error or r.stderr.strip()[:200]}")
+
+
+def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float,
+                say: Any) -> list[str]:
+    """Stage 0 (hosts with a bmc_address): power on what is off and wait for SSH, then the firmware gate where the
+    host has a `firmware` map. Fails hosts in `out` (stage power / firmware); returns the stages that ran."""
+    from provisioner.bmc.config import BmcConfigError
+    from provisioner.bmc.firmware import compare, wanted_map
+    from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
+    from provisioner.bmc.session import bmc_target, each, setup_vault
+    from provisioner.commands.power import wait_ssh
+
+    with_bmc = [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")]
+    if not with_bmc:
+        return []
+    setup_vault(fleet, with_bmc, None)
+
+    def one(host: str) -> None:
+        o = out[host]
+        try:
+            t = bmc_target(fleet, host)
+        except BmcConfigError as exc:
+            o.stage, o.problems = "power", [f"BMC: {exc}"]
+            return
+        warn = opt_out_line(t)
+        if warn:
+            sys.stderr.write(warn + "\n")
+        bmc = Bmc(t)
+        try:
+            state = bmc.power_state()
+            if state != "On":
+                say(f"onboard: {host} is {state} at its BMC: powering on")
+                bmc.power("on", timeout=timeout)
+                wait_ssh(fleet, host, time.monotonic() + timeout)
+                o.powered_on = True
+        except BmcError as exc:
+            o.stage, o.problems = "power", [str(exc)]
+            return
+        wanted = wanted_map(fleet.hosts[host].vars.get("firmware"))
+        if wanted:
+            try:
+                findings = compare(bmc.firmware(), wanted)
+            except BmcError as exc:
+                o.stage, o.problems = "firmware", [str(exc)]
+                return
+            if findings:
+                o.stage, o.problems = "firmware", [f.line() for f in findings]
+
+    for h, r in each(with_bmc, one, 16).items():
+        if isinstance(r, BaseException):
+            out[h].stage, out[h].problems = "power", [f"{type(r).__name__}: {r}"]
+    return ["power"] + (["firmware"] if any(wanted_map(fleet.hosts[h].vars.get("firmware")) for h in with_bmc)
+                        else [])
 
 
 def launch_targets(fleet: Fleet, in_service: list[str]) -> list[str]:
@@ -143,9 +200,12 @@ def register(app: typer.Typer) -> None:
         t0 = time.monotonic()
         say = (lambda m: None) if fmt is Format.json else (lambda m: err.print(m))
 
+        # 0. out of band: power on from the BMC, the firmware gate
+        oob = out_of_band(fleet, hosts, out, min(timeout, 600.0), say)
         # 1. preflight
-        say(f"onboard: preflight on {', '.join(hosts)}")
-        for name, r in probe(fleet, hosts, timeout=min(timeout, 60.0)).items():
+        ready = [h for h in hosts if out[h].stage is None]
+        say(f"onboard: preflight on {', '.join(ready) or 'no host'}")
+        for name, r in (probe(fleet, ready, timeout=min(timeout, 60.0)) if ready else {}).items():
             if not r.ok:
                 out[name].stage = "preflight" if r.reachable else "unreachable"
                 out[name].problems = [m.line() for m in r.mismatches if m.severity == "error"] or [r.message]
@@ -179,7 +239,7 @@ def register(app: typer.Typer) -> None:
             out[h].in_service = out[h].stage is None
 
         # 4. mark in service / out of service on the hosts
-        stages = ["preflight"] + ([] if skip_run else ["run"]) + ["health"]
+        stages = [*oob, "preflight"] + ([] if skip_run else ["run"]) + ["health"]
         _mark(fleet, out, timeout=min(timeout, 60.0), passed=stages)
         for o in out.values():
             o.passed = stages

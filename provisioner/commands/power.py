@@ -16,9 +16,10 @@ from provisioner.errors import Exit, UsageError
 HELP = unwrap("""Power hosts on, off or through a cycle, or read their power state, through their BMCs (Redfish).
 
 HOST... are inventory hosts, groups or globs (Ansible patterns); the last argument is the action: on, off (ForceOff),
-cycle (ForceRestart, or ForceOff then On) or status. The power state is read back and waited for (--timeout). off
-and cycle need --yes. --boot pxe|disk sets a one-time boot override first (the hand-off to an OS installer,
-docs/bmc.md).
+cycle (ForceRestart, or ForceOff then On) or status. The power state is read back and waited for (--timeout); after
+on and cycle, SSH to the host is waited for too, within the same --timeout (cycle: until the host answers with a
+new boot id; --no-wait-ssh: a host without an OS yet, e.g. before PXE). off and cycle need --yes. --boot pxe|disk
+sets a one-time boot override first (the hand-off to an OS installer, docs/bmc.md).
 
 BMC variables: bmc_address, bmc_username, bmc_password (vaulted) or bmc_password_env, bmc_tls_verify, bmc_ca_file
 (docs/bmc.md). A host whose BMC cannot be reached is one line and exit 1; the others go on.
@@ -33,8 +34,39 @@ class Boot(str, Enum):
     disk = "disk"
 
 
+def boot_id(fleet: Any, host: str, timeout: float) -> tuple[str | None, str | None]:
+    """(the host's boot id, None) over SSH (the preflight's connection settings), or (None, why not)."""
+    from provisioner.probes import ssh
+
+    r = ssh.run_one(ssh.target_for(fleet.hosts[host]), "cat /proc/sys/kernel/random/boot_id",
+                    timeout=max(1.0, timeout))
+    if r.ok and r.rc == 0 and r.stdout.strip():
+        return r.stdout.strip(), None
+    return None, r.error or f"exit {r.rc}: {r.stderr.strip()[:200]}"
+
+
+def wait_ssh(fleet: Any, host: str, deadline: float, *, not_boot: str | None = None, poll: float = 2.0) -> str:
+    """Wait until SSH answers (with another boot id than `not_boot`); the boot id, or BmcError at the deadline."""
+    import time
+
+    from provisioner.bmc.redfish import BmcError
+
+    why = "not tried"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BmcError(f"{host}: powered on, but SSH did not answer{' with a new boot id' if not_boot else ''} "
+                           f"in time ({why})")
+        bid, err = boot_id(fleet, host, min(left, 15.0))
+        if bid is not None and bid != not_boot:
+            return bid
+        why = err or "the old boot id: not restarted yet"
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+
 def run(inventory: Path, args: list[str], *, yes: bool = False, boot: Boot | None = None, timeout: float = 300.0,
-        forks: int = 16, fmt: Format = Format.text, vault_password_file: Path | None = None) -> int:
+        forks: int = 16, fmt: Format = Format.text, vault_password_file: Path | None = None,
+        ssh_wait: bool = True) -> int:
     from provisioner.bmc.config import BmcConfigError
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
     from provisioner.bmc.session import bmc_target, each, select, setup_vault
@@ -61,11 +93,21 @@ def run(inventory: Path, args: list[str], *, yes: bool = False, boot: Boot | Non
         warn = opt_out_line(t)
         if warn:
             sys.stderr.write(warn + "\n")
+        import time
+
+        deadline = time.monotonic() + timeout
         bmc = Bmc(t)
+        old_boot = None
+        if ssh_wait and action == "cycle" and bmc.power_state() == "On":
+            old_boot, _ = boot_id(fleet, host, 10.0)  # None: not reachable now, any answer afterwards will do
         if boot is not None:
             bmc.boot_once(boot.value)
         before, after = bmc.power(action, timeout=timeout)
-        return {"host": host, "ok": True, "before": before, "after": after, "error": None}
+        row: dict[str, Any] = {"host": host, "ok": True, "before": before, "after": after, "error": None}
+        if ssh_wait and action in ("on", "cycle"):
+            row["boot_id"] = wait_ssh(fleet, host, deadline, not_boot=old_boot)
+            row["boot_id_before"] = old_boot
+        return row
 
     results = each(hosts, one, forks)
     rows: list[dict[str, Any]] = []
@@ -106,12 +148,14 @@ def register(app: typer.Typer) -> None:
         boot: Annotated[Boot | None, typer.Option(
             "--boot", help="One-time boot override before on / cycle: pxe or disk.", show_default=False)] = None,
         timeout: Annotated[float, typer.Option(
-            "--timeout", help="Seconds to wait for the power state to read back.")] = 300.0,
+            "--timeout", help="Seconds to wait for the power state to read back (and SSH, after on / cycle).")] = 300.0,
         forks: Annotated[int, typer.Option("--forks", help="BMCs driven at once.")] = 16,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Table (text) or JSON.")] = Format.text,
         vault_password_file: Annotated[Path | None, typer.Option(
             "--vault-password-file", help="For vaulted bmc_password values (else ANSIBLE_VAULT_PASSWORD_FILE).",
             show_default=False)] = None,
+        no_wait_ssh: Annotated[bool, typer.Option(
+            "--no-wait-ssh", help="After on / cycle, do not wait for SSH (a host with no OS yet).")] = False,
     ) -> None:
         raise typer.Exit(run(inventory, args, yes=yes, boot=boot, timeout=timeout, forks=forks, fmt=fmt,
-                             vault_password_file=vault_password_file))
+                             vault_password_file=vault_password_file, ssh_wait=not no_wait_ssh))

@@ -219,6 +219,40 @@ def register(app: typer.Typer) -> None:
             _fail(exc)
         out.print(f"{host}: {'started' if started else 'already running'}", highlight=False)
 
+    @tb.command()
+    def bmc(
+        hosts: Annotated[list[str] | None, typer.Argument(help="Hosts (default: every host of the rack).",
+                                                          show_default=False)] = None,
+        name: RackName = "rack",
+        stop: Annotated[bool, typer.Option("--stop", help="Stop those BMCs (the BMC-unreachable fault).")] = False,
+        firmware: Annotated[list[str] | None, typer.Option(
+            "--firmware", help="COMPONENT=VERSION the BMCs report from now on (bios), e.g. --firmware bios=2.18.0",
+            show_default=False)] = None,
+    ) -> None:
+        """Give the rack's hosts Redfish BMCs (sushy-tools' emulator; power actions stop and start the host).
+
+        One HTTPS service per host on 127.0.0.1, certificates from the rack's own BMC CA, basic auth; the inventory
+        gets bmc_address/bmc_port per host, bmc_username, bmc_ca_file and bmc_password_env
+        (PROVISIONER_TESTBED_BMC_PASSWORD: export it from the password file this prints). docs/bmc.md."""
+        rack, bmcmod = _testbed("rack"), _testbed("bmc")
+
+        fw: dict[str, str] = {}
+        for item in firmware or []:
+            comp, eq, version = item.partition("=")
+            if not eq or comp != "bios" or not version:
+                err.print(f"error: --firmware {item!r}: expected bios=VERSION", highlight=False, markup=False)
+                raise typer.Exit(Exit.USAGE)
+            fw[comp] = version
+        try:
+            states = rack.bmcs(name, hosts or None, stop=stop, firmware=fw or None)
+        except (RuntimeError, KeyError) as exc:
+            _fail(exc)
+        for h, state in states.items():
+            info = bmcmod.read_host(name, h) or {}
+            out.print(f"{h}: BMC {state} at https://{bmcmod.ADDRESS}:{info.get('port')}", highlight=False)
+        out.print(f"password: {bmcmod.password_file(name)} (export {bmcmod.PASSWORD_ENV}=$(cat FILE))",
+                  highlight=False)
+
     @tb.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def ssh(
         ctx: typer.Context,
