@@ -231,9 +231,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Give the rack's hosts Redfish BMCs (sushy-tools' emulator; power actions stop and start the host).
 
-        One HTTPS service per host on 127.0.0.1, certificates from the rack's own BMC CA, basic auth; the inventory
-        gets bmc_address/bmc_port per host, bmc_username, bmc_ca_file and bmc_password_env
-        (PROVISIONER_TESTBED_BMC_PASSWORD: export it from the password file this prints). docs/bmc.md."""
+        One HTTPS service per host on 127.0.0.1, with certificates from the rack's own BMC CA and basic auth.
+
+        The inventory gets bmc_address/bmc_port per host, bmc_username, bmc_ca_file and bmc_password_env.
+
+        Export PROVISIONER_TESTBED_BMC_PASSWORD from the password file this prints; docs/bmc.md has the rest."""
         rack, bmcmod = _testbed("rack"), _testbed("bmc")
 
         fw: dict[str, str] = {}
