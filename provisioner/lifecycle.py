@@ -125,3 +125,29 @@ def transition(current: str, target: str, *, reason: str, host: str = "", force:
                 notes.append(f"forced: cluster {ctx.cluster} was the last one serving {c.model}")
     return Result(host=host, from_state=current, to_state=target, reason=reason.strip(), forced=forced,
                   notes=tuple(notes))
+
+
+def path_to(current: str, target: str) -> tuple[str, ...]:
+    """The shortest chain of allowed transitions from `current` to `target` (the states after `current`, in order;
+    empty when already there). Refused when no chain exists (out of retired, say)."""
+    check_state(current)
+    check_state(target)
+    prev: dict[str, str] = {}
+    frontier, seen = [current], {current}
+    while frontier and target not in seen:
+        nxt = []
+        for s in frontier:
+            for t in sorted(ALLOWED[s]):
+                if t not in seen:
+                    seen.add(t)
+                    prev[t] = s
+                    nxt.append(t)
+        frontier = nxt
+    if target not in seen:
+        raise Refused(f"no lifecycle path from {current} to {target}")
+    chain = []
+    s = target
+    while s != current:
+        chain.append(s)
+        s = prev[s]
+    return tuple(reversed(chain))

@@ -105,7 +105,8 @@ XID_TEXT: Mapping[int, str] = {
 }
 
 FAULTS = ("missing_gpu", "hca_down", "hca_rate", "xid", "ecc_uncorrectable", "row_remap_pending", "nvlink_down",
-          "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded", "acs_on")
+          "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded", "acs_on", "vbios", "hca_fw")
+_FW = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 _TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "kernel_module_version", "cuda_version", "hcas",
              "hca_rate", "faults", "gpus", "efa", "iommu"}
@@ -374,6 +375,7 @@ def _apply_faults(spec: dict[str, Any], faults: Mapping[str, Any]) -> None:
                 raise _err(where + ".text", f"expected a string, got {text!r}")
             spec["xids"].append({"pci_bus_id": gpu["pci_bus_id"], "gpu": gpu["index"], "code": code, "text": text})
 
+    _firmware_faults(faults, gpus, hcas)
     for name in _as_list(faults.get("hca_down")):
         for port in _find_hca("faults.hca_down", hcas, name)["ports"]:
             port.update(state="DOWN", phys_state="Polling", rate=10)
@@ -447,6 +449,35 @@ def _apply_faults(spec: dict[str, Any], faults: Mapping[str, Any]) -> None:
 
 def _first_if_true(value: Any) -> Any:
     return 0 if value is True else value
+
+
+def _fw_version(where: str, v: Any) -> str:
+    if not isinstance(v, str) or not _FW.match(v):
+        raise _err(where, f"expected a firmware version such as '96.00.61.00.01', got {v!r}")
+    return v
+
+
+def _firmware_faults(faults: Mapping[str, Any], gpus: list[dict[str, Any]], hcas: list[dict[str, Any]]) -> None:
+    """vbios / hca_fw: other firmware than the model's (a version for every GPU / HCA, or {GPU index | HCA name:
+    version}); nvidia-smi's VBIOS Version and the HCAs' fw_ver report it."""
+    v = faults.get("vbios")
+    if v is not None:
+        if isinstance(v, Mapping):
+            for k, ver in v.items():
+                i = int(k) if isinstance(k, str) and k.isdigit() else k
+                gpu = _find_gpu("faults.vbios", gpus, _int("faults.vbios", i))
+                gpu["vbios"] = _fw_version(f"faults.vbios.{k}", ver)
+        else:
+            for gpu in gpus:
+                gpu["vbios"] = _fw_version("faults.vbios", v)
+    v = faults.get("hca_fw")
+    if v is not None:
+        if isinstance(v, Mapping):
+            for name, ver in v.items():
+                _find_hca("faults.hca_fw", hcas, name)["fw_ver"] = _fw_version(f"faults.hca_fw.{name}", ver)
+        else:
+            for hca in hcas:
+                hca["fw_ver"] = _fw_version("faults.hca_fw", v)
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -670,6 +670,7 @@ def parse_fault(arg: str) -> dict[str, Any]:
     hca_down=mlx5_3[,mlx5_4]  hca_rate=mlx5_2:200  xid=79 | xid=GPU:79  ecc_uncorrectable=GPU[:COUNT]
     missing_gpu[=N]  nvlink_down[=GPU]  row_remap_pending[=GPU]  fm_mismatch[=VERSION]  persistence_off
     efa_missing[=N|=rdmap79s0,...]  nvlsm_fail  imex_degraded  acs_on[=GPU|=BRIDGE,...]
+    vbios=VERSION | vbios=GPU:VERSION  hca_fw=VERSION | hca_fw=HCA:VERSION
     """
     name, eq, value = arg.partition("=")
     name = name.strip().replace("-", "_")
@@ -713,6 +714,16 @@ def parse_fault(arg: str) -> dict[str, Any]:
         return {"efa_missing": ints(value, "the count")[0] if value else 1}
     if name in ("nvlsm_fail", "imex_degraded"):
         return {name: True}
+    if name in ("vbios", "hca_fw"):
+        key, sep, version = value.rpartition(":")
+        if not version:
+            raise UsageError(f"fault {arg!r}: expected {name}=VERSION or {name}="
+                             f"{'GPU' if name == 'vbios' else 'HCA'}:VERSION, e.g. {name}=96.00.61.00.01")
+        if not sep:
+            return {name: version}
+        if name == "vbios":
+            return {name: {str(ints(key, "the GPU index")[0]): version}}
+        return {name: {key: version}}
     if name == "acs_on":  # every ACS bridge, or GPU indexes / bridge addresses (the switch port above a GPU)
         if not value:
             return {"acs_on": True}

@@ -1,8 +1,9 @@
 """The fleet's firmware as its BMCs report it, against the inventory's `firmware` map (pure).
 
-`compare(report, wanted)` gives FW010 (a version not accepted), FW011 (a wanted component the BMC does not report);
-FW012 (the BMC could not be read, or the host has none) comes from the command. These are findings of a check that
-talks to hardware, not inventory rules: `provision validate` never reports them.
+`compare(report, wanted)` gives FW010 (a version not accepted), FW011 (a wanted component nobody reports), FW012
+(the BMC could not be read). What the node itself reports (`nvidia-smi` VBIOS, the HCAs' fw_ver: `items_from_node`)
+joins the BMC's items. These are findings of a check that talks to hardware, not inventory rules: `provision
+validate` never reports them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class Item:
     id: str
     name: str
     version: str
-    source: str = "FirmwareInventory"  # or Manager.FirmwareVersion / ComputerSystem.BiosVersion
+    source: str = "FirmwareInventory"  # or Manager / ComputerSystem (the fallbacks), node (items_from_node)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class HostFirmware:
     host: str
     items: tuple[Item, ...] = ()
     error: str | None = None  # one line: why the BMC could not be read (never a credential)
+    node_error: str | None = None  # one line: why the node's own report could not be read (when it was asked)
 
     def versions(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -73,6 +75,31 @@ def items_from_inventory(members: Iterable[Mapping[str, Any]]) -> list[Item]:
     return out
 
 
+#: components the node reports itself (the rest only the BMC knows)
+NODE_COMPONENTS: tuple[str, ...] = ("gpu", "hca")
+#: one exec on the node: `gpu INDEX VBIOS` per GPU, `hca NAME FW_VER` per InfiniBand device (needs no root)
+NODE_COMMAND = (
+    "nvidia-smi --query-gpu=index,vbios_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu /; s/, / /'; "
+    "for f in /sys/class/infiniband/*/fw_ver; do [ -r \"$f\" ] || continue; d=${f%/fw_ver}; "
+    "echo \"hca ${d##*/} $(cat \"$f\")\"; done; true")
+
+
+def items_from_node(stdout: str) -> list[Item]:
+    """The NODE_COMMAND's output as Items (component gpu / hca, source node); lines it does not know are skipped.
+    EFA devices (fw_ver 0.0.0.0, no firmware to judge) are left out."""
+    out = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or parts[0] not in NODE_COMPONENTS or version_problem(parts[2]):
+            continue
+        kind, ident, version = parts
+        if kind == "hca" and (ident.startswith(("efa", "rdmap")) or version == "0.0.0.0"):
+            continue
+        name = "nvidia-smi vbios_version" if kind == "gpu" else "/sys/class/infiniband fw_ver"
+        out.append(Item(kind, f"GPU{ident}" if kind == "gpu" else ident, name, version, "node"))
+    return out
+
+
 def with_fallbacks(items: list[Item], bios_version: str | None, bmc_version: str | None) -> list[Item]:
     """Add ComputerSystem.BiosVersion / Manager.FirmwareVersion when no FirmwareInventory member is bios / bmc
     (BMCs without an UpdateService, and sushy-tools' emulator, report only these)."""
@@ -103,7 +130,9 @@ def compare(report: HostFirmware, wanted: Mapping[str, tuple[str, ...]]) -> list
     for a wanted component the BMC does not report. A component not in `wanted` is shown, never judged."""
     out: list[FirmwareFinding] = []
     if report.error is not None:
-        return [FirmwareFinding("FW012", report.host, report.error)]
+        out.append(FirmwareFinding("FW012", report.host, report.error))
+        if not report.items:
+            return out
     by: dict[str, dict[str, list[str]]] = {}
     for it in report.items:
         if it.component:
@@ -111,9 +140,13 @@ def compare(report: HostFirmware, wanted: Mapping[str, tuple[str, ...]]) -> list
     for comp, accepted in wanted.items():
         found = by.get(comp)
         if not found:
+            if report.error is not None and comp not in NODE_COMPONENTS:
+                continue  # the BMC could not be read: FW012 says so
+            who = "neither the BMC nor the node reports" if comp in NODE_COMPONENTS else "the BMC reports no"
+            node = f" (node: {report.node_error})" if comp in NODE_COMPONENTS and report.node_error else ""
             out.append(FirmwareFinding(
-                "FW011", report.host, f"the BMC reports no {comp} firmware (wanted {' or '.join(accepted)}): "
-                "check the BMC exposes it, or drop it from this host's firmware map", comp, (), accepted))
+                "FW011", report.host, f"{who} {comp} firmware{node} (wanted {' or '.join(accepted)}): "
+                "check it is exposed, or drop it from this host's firmware map", comp, (), accepted))
             continue
         for version, ids in found.items():
             if version in accepted:
@@ -123,3 +156,8 @@ def compare(report: HostFirmware, wanted: Mapping[str, tuple[str, ...]]) -> list
                 "FW010", report.host, f"found {version}, wanted {' or '.join(accepted)}{on}: update the firmware "
                 f"or add {version!r} to firmware.{comp}", comp, (version,), accepted, tuple(ids)))
     return out
+
+
+def merged(report: HostFirmware, node_items: list[Item], node_error: str | None) -> HostFirmware:
+    """`report` (the BMC's) with what the node reported added."""
+    return HostFirmware(report.host, (*report.items, *node_items), report.error, node_error)

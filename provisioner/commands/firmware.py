@@ -15,17 +15,19 @@ from provisioner.errors import Exit
 HELP = unwrap("""Read every BMC's firmware inventory and compare it with the inventory's `firmware` map.
 
 Hosts with a bmc_address or a firmware map (narrowed by --limit) are read over Redfish (UpdateService/
-FirmwareInventory, plus ComputerSystem.BiosVersion and Manager.FirmwareVersion). Prints the fleet's firmware table,
-then the findings: FW010 a version not accepted (component, found, wanted, host), FW011 a wanted component the BMC
-does not report, FW012 a BMC that could not be read. The BMC001-005 / FW001-003 rules run first.
+FirmwareInventory, plus ComputerSystem.BiosVersion and Manager.FirmwareVersion). Where the map names gpu or hca (or
+with --node), the node's own report joins in over SSH: nvidia-smi's VBIOS per GPU, each InfiniBand HCA's fw_ver.
+Prints the fleet's firmware table, then the findings: FW010 a version not accepted (component, found, wanted,
+host), FW011 a wanted component nobody reports, FW012 a BMC that could not be read. The BMC001-005 / FW001-003 rules
+run first.
 
 Exit codes: 0 every wanted version found, 1 a mismatch, an invalid map or an unreadable BMC, 2 usage.""")
 
 
 def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, forks: int = 16,
-        vault_password_file: Path | None = None) -> int:
+        vault_password_file: Path | None = None, node: bool = False) -> int:
     from provisioner.bmc.config import BmcConfigError
-    from provisioner.bmc.firmware import FirmwareFinding, HostFirmware, compare, wanted_map
+    from provisioner.bmc.firmware import FirmwareFinding, HostFirmware, compare, merged, wanted_map
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
     from provisioner.bmc.session import bmc_target, each, select, setup_vault
     from provisioner.errors import UsageError
@@ -46,6 +48,8 @@ def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, fo
     setup_vault(fleet, hosts, vault_password_file)
 
     def one(host: str) -> HostFirmware:
+        if not fleet.hosts[host].vars.get("bmc_address") and host in node_hosts:
+            return HostFirmware(host)  # no BMC: the node's own report only
         try:
             t = bmc_target(fleet, host)
         except BmcConfigError as exc:
@@ -58,13 +62,19 @@ def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, fo
         except BmcError as exc:
             return HostFirmware(host, error=str(exc))
 
+    from provisioner.probes.nodefw import read_nodes, wants_node
+
+    wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
+    node_hosts = [h for h in hosts if node or wants_node(wanted[h])]
     results = each(hosts, one, forks)
+    nodes = read_nodes(fleet, node_hosts)
     reports: dict[str, HostFirmware] = {}
     for h in hosts:
         r = results[h]
         reports[h] = r if isinstance(r, HostFirmware) else HostFirmware(h, error=f"{h}: {type(r).__name__}: {r}")
+        if h in nodes:
+            reports[h] = merged(reports[h], *nodes[h])
     findings: list[FirmwareFinding] = []
-    wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
     for h in hosts:
         findings.extend(compare(reports[h], wanted[h]))
     ok = not findings and not invalid
@@ -72,7 +82,8 @@ def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, fo
         doc: dict[str, Any] = {
             "ok": ok,
             "errors": [f.as_dict() for f in invalid],
-            "hosts": {h: {"error": reports[h].error, "wanted": {c: list(v) for c, v in wanted[h].items()},
+            "hosts": {h: {"error": reports[h].error, "node_error": reports[h].node_error,
+                          "wanted": {c: list(v) for c, v in wanted[h].items()},
                           "items": [{"component": i.component, "id": i.id, "name": i.name, "version": i.version,
                                      "source": i.source} for i in reports[h].items]} for h in hosts},
             "findings": [f.as_dict() for f in findings],
@@ -92,19 +103,20 @@ def _print_text(hosts: list[str], reports: dict[str, Any], wanted: dict[str, Any
     out = Console(highlight=False, soft_wrap=True)
     bad = {(f.host, f.component) for f in findings}
     table = Table(title="firmware", title_justify="left")
-    for col in ("host", "component", "version", "wanted", "status"):
+    for col in ("host", "component", "version", "from", "wanted", "status"):
         table.add_column(col)
     for h in hosts:
         rep = reports[h]
-        if rep.error:
-            table.add_row(h, "-", "-", "-", "[red]unreadable[/]")
+        if rep.error and not rep.items:
+            table.add_row(h, "-", "-", "-", "-", "[red]unreadable[/]")
             continue
         comps = rep.versions()
         for c in sorted(set(comps) | set(wanted[h])):
             want = wanted[h].get(c)
             status = "[red]mismatch[/]" if (h, c) in bad else ("ok" if want else "-")
-            table.add_row(h, c, ", ".join(comps.get(c, [])) or "(not reported)", " or ".join(want or ()) or "-",
-                          status)
+            src = sorted({"node" if i.source == "node" else "bmc" for i in rep.items if i.component == c})
+            table.add_row(h, c, ", ".join(comps.get(c, [])) or "(not reported)", "+".join(src) or "-",
+                          " or ".join(want or ()) or "-", status)
     out.print(table)
     for line in invalid:
         out.print(escape(line))
@@ -124,5 +136,8 @@ def register(app: typer.Typer) -> None:
         vault_password_file: Annotated[Path | None, typer.Option(
             "--vault-password-file", help="For vaulted bmc_password values (else ANSIBLE_VAULT_PASSWORD_FILE).",
             show_default=False)] = None,
+        node: Annotated[bool, typer.Option(
+            "--node", help="Also read every host's own report over SSH (VBIOS, HCA fw_ver), not only where the map "
+                           "names gpu or hca.")] = False,
     ) -> None:
-        raise typer.Exit(run(inventory, limit, fmt, forks, vault_password_file))
+        raise typer.Exit(run(inventory, limit, fmt, forks, vault_password_file, node))

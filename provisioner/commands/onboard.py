@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
 from provisioner.commands.common import Format, unwrap
@@ -22,9 +23,10 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per mess
 
 HELP = unwrap("""Bring new GPU nodes into service, one gate after the other.
 
-0. out of band, for hosts with a bmc_address: a host its BMC reports powered off is powered on and SSH waited for
-   (docs/bmc.md); a host with a `firmware` map has its BMC's firmware inventory checked against it (FW010-FW012: a
-   host whose firmware is not accepted is left out at `firmware`);
+0. out of band: a host whose BMC (bmc_address) reports it powered off is powered on and SSH waited for
+   (docs/bmc.md); a host with a `firmware` map has its BMC's firmware inventory, and where the map names gpu or hca
+   the node's own VBIOS / HCA fw_ver, checked against it (FW010-FW012: a host whose firmware is not accepted is left
+   out at `firmware`; what a bare node cannot report before its driver is installed is checked after the run);
 1. preflight: the node's real hardware matches the inventory (a host that does not is not provisioned);
 2. provisioning run of the playbooks (default playbooks/site.yml) on the remaining hosts WITHOUT the vLLM launch
    (--skip-tags vllm), one host at a time by default (--serial, through provisioner.runner / ansible-runner);
@@ -54,6 +56,7 @@ class Outcome:
     passed: list[str] = field(default_factory=list)  # the gates a host in service went through
     launch: str | None = None  # vLLM launch after the mark: ok, failed, or None (not run: no cluster / skipped)
     launch_problems: list[str] = field(default_factory=list)
+    lifecycle: str | None = None  # its state in the ledger after onboarding (None: the ledger could not be written)
 
     def line(self) -> str:
         if self.in_service:
@@ -89,20 +92,63 @@ def _mark(fleet: Fleet, results: dict[str, Outcome], timeout: float, passed: lis
             o.problems.append(f"could not write {IN_SERVICE}: {r.error or r.stderr.strip()[:200]}")
 
 
+def lifecycle_target(state: str, in_service: bool) -> str:
+    """Where onboarding moves a node in the ledger: in-service when it passed; when it failed, provisioning from
+    new, maintenance from in-service or draining (its mark was removed), else where it is. Pure."""
+    if in_service:
+        return "in-service"
+    return {"new": "provisioning", "in-service": "maintenance", "draining": "maintenance"}.get(state, state)
+
+
+def record_lifecycle(fleet: Fleet, out: dict[str, Outcome], warn: Any) -> None:
+    """Move each onboarded node through the lifecycle to where `lifecycle_target` says, one ledger transition per
+    step (reason: the gates passed, or the stage it was left out at). A ledger that cannot be written is a warning."""
+    from dataclasses import replace
+
+    from provisioner.ledger import Ledger, LedgerError
+    from provisioner.ledger.view import lifecycle_context
+    from provisioner.lifecycle import Refused, path_to, transition
+    from provisioner.paths import ledger_path
+
+    try:
+        with Ledger.open(ledger_path()) as ledger:
+            for h, o in out.items():
+                state = ledger.state(h)[0]
+                target = lifecycle_target(state, o.in_service)
+                why = (f"onboard: {', '.join(o.passed)} passed" if o.in_service
+                       else f"onboard: left out at {o.stage}: {'; '.join(o.problems)[:300] or 'failed'}")
+                try:
+                    for to in path_to(state, target) if target != state else ():
+                        ctx = replace(lifecycle_context(fleet, ledger, h), health_passed=o.in_service)
+                        res = transition(state, to, reason=why, host=h, force=True, context=ctx)
+                        ledger.record_transition(h, state, to, reason=res.reason, actor="onboard", forced=res.forced)
+                        state = to
+                except Refused as exc:
+                    warn(f"{h}: lifecycle not moved: {exc}")
+                o.lifecycle = state
+    except LedgerError as exc:
+        warn(f"the ledger was not written: {exc}")
+
+
 def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float,
                 say: Any) -> list[str]:
-    """Stage 0 (hosts with a bmc_address): power on what is off and wait for SSH, then the firmware gate where the
-    host has a `firmware` map. Fails hosts in `out` (stage power / firmware); returns the stages that ran."""
+    """Stage 0: power on from the BMC what is off and wait for SSH (hosts with a bmc_address), then the firmware
+    gate for hosts with a `firmware` map: the BMC's report, plus the node's own (VBIOS, HCA fw_ver) where the map
+    names gpu or hca. Fails hosts in `out` (stage power / firmware); returns the stages that ran."""
     from provisioner.bmc.config import BmcConfigError
-    from provisioner.bmc.firmware import compare, wanted_map
+    from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, wanted_map
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
     from provisioner.bmc.session import bmc_target, each, setup_vault
     from provisioner.commands.power import wait_ssh
+    from provisioner.probes.nodefw import read_nodes, wants_node
 
     with_bmc = [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")]
-    if not with_bmc:
+    wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
+    gated = [h for h in hosts if wanted[h]]
+    if not with_bmc and not gated:
         return []
     setup_vault(fleet, with_bmc, None)
+    reports: dict[str, HostFirmware] = {}
 
     def one(host: str) -> None:
         o = out[host]
@@ -125,21 +171,42 @@ def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout
         except BmcError as exc:
             o.stage, o.problems = "power", [str(exc)]
             return
-        wanted = wanted_map(fleet.hosts[host].vars.get("firmware"))
-        if wanted:
+        if wanted[host]:
             try:
-                findings = compare(bmc.firmware(), wanted)
+                reports[host] = bmc.firmware()
             except BmcError as exc:
                 o.stage, o.problems = "firmware", [str(exc)]
-                return
-            if findings:
-                o.stage, o.problems = "firmware", [f.line() for f in findings]
 
     for h, r in each(with_bmc, one, 16).items():
         if isinstance(r, BaseException):
             out[h].stage, out[h].problems = "power", [f"{type(r).__name__}: {r}"]
-    return ["power"] + (["firmware"] if any(wanted_map(fleet.hosts[h].vars.get("firmware")) for h in with_bmc)
-                        else [])
+    gated = [h for h in gated if out[h].stage is None]
+    nodes = read_nodes(fleet, [h for h in gated if wants_node(wanted[h])], timeout=min(timeout, 60.0))
+    for h in gated:
+        rep = reports.get(h, HostFirmware(h))
+        if h in nodes:
+            rep = merged(rep, *nodes[h])
+        # a bare node has no nvidia-smi yet: what it cannot report now is judged after the run (node_firmware_gate)
+        findings = [f for f in compare(rep, wanted[h]) if not (f.code == "FW011" and f.component in NODE_COMPONENTS)]
+        if findings:
+            out[h].stage, out[h].problems = "firmware", [f.line() for f in findings]
+    return (["power"] if with_bmc else []) + (["firmware"] if any(wanted.values()) else [])
+
+
+def node_firmware_gate(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float) -> bool:
+    """After the run (the driver is installed now): the node's own VBIOS / HCA fw_ver against the gpu / hca entries
+    of each host's firmware map; a host that fails is left out at `firmware`. Whether any host was gated."""
+    from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, wanted_map
+    from provisioner.probes.nodefw import read_nodes
+
+    wanted = {h: {c: v for c, v in wanted_map(fleet.hosts[h].vars.get("firmware")).items() if c in NODE_COMPONENTS}
+              for h in hosts}
+    gated = [h for h in hosts if wanted[h]]
+    for h, (items, error) in read_nodes(fleet, gated, timeout=timeout).items():
+        findings = compare(merged(HostFirmware(h), items, error), wanted[h])
+        if findings:
+            out[h].stage, out[h].problems = "firmware", [f.line() for f in findings]
+    return bool(gated)
 
 
 def launch_targets(fleet: Fleet, in_service: list[str]) -> list[str]:
@@ -228,6 +295,12 @@ def register(app: typer.Typer) -> None:
                     out[h].problems = fails or [result.error or f"host {state} in the provisioning run"]
             alive = [h for h in alive if out[h].stage is None]
 
+        # the node's own firmware, now that the run installed its tools
+        node_fw = False
+        if alive:
+            node_fw = node_firmware_gate(fleet, alive, out, timeout=min(timeout, 60.0))
+            alive = [h for h in alive if out[h].stage is None]
+
         # 3. health gate
         if alive:
             say(f"onboard: health gate on {', '.join(alive)}")
@@ -239,10 +312,12 @@ def register(app: typer.Typer) -> None:
             out[h].in_service = out[h].stage is None
 
         # 4. mark in service / out of service on the hosts
-        stages = [*oob, "preflight"] + ([] if skip_run else ["run"]) + ["health"]
+        stages = [*oob, "preflight"] + ([] if skip_run else ["run"]) + (["node firmware"] if node_fw else []) + \
+            ["health"]
         _mark(fleet, out, timeout=min(timeout, 60.0), passed=stages)
         for o in out.values():
             o.passed = stages
+        record_lifecycle(fleet, out, lambda m: err.print(f"[yellow]warning:[/] {escape(m)}", highlight=False))
 
         # 5. vLLM launch for the clusters of the hosts now in service (after the mark: the launch checks it)
         launch_dir = None

@@ -182,7 +182,8 @@ def register(app: typer.Typer) -> None:
         host: HostName,
         faults: Annotated[list[str], typer.Argument(
             help="hca_down=mlx5_3 · hca_rate=mlx5_2:200 · xid=[GPU:]79 · ecc_uncorrectable=GPU[:N] · missing_gpu[=N] · "
-                 "nvlink_down[=GPU] · row_remap_pending[=GPU] · fm_mismatch[=VER] · persistence_off",
+                 "nvlink_down[=GPU] · row_remap_pending[=GPU] · fm_mismatch[=VER] · persistence_off · acs_on[=GPU] · "
+                 "vbios=[GPU:]VER · hca_fw=[HCA:]VER",
             show_default=False)],
         name: RackName = "rack",
     ) -> None:

@@ -286,6 +286,19 @@ def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
     assert textfiles.is_dir()
     assert "--exec-node" not in service
     assert "--quiet --full-every 7\n" in service  # the two-tier drift, with a weekly full check
+    # the nightly health gate then the lifecycle policy, after the drift
+    rem = (units / "provision-remediate.service").read_text()
+    execs = [ln for ln in rem.splitlines() if ln.startswith("ExecStart=")]
+    bin_ = next(ln for ln in service.splitlines() if ln.startswith("ExecStart=")).split()[0].removeprefix("ExecStart=")
+    assert execs == [f"ExecStart=-{bin_} health /srv/inv/rack-a.ini --prometheus {textfiles}/provisioner_health.prom",
+                     f"ExecStart={bin_} remediate /srv/inv/rack-a.ini"], rem
+    assert "After=network-online.target provision-drift.service" in rem
+    assert "OnCalendar=*-*-* 03:30:00" in (units / "provision-remediate.timer").read_text()
+    r = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs",
+                     extravars={**xv, "drift_remediate": False},
+                     envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")})
+    assert r.succeeded, r.to_dict()
+    assert not (units / "provision-remediate.service").exists() and not (units / "provision-remediate.timer").exists()
     # sharded across execution nodes
     r = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs",
                      extravars={**xv, "drift_exec_nodes": ["exec01", "exec02"]},

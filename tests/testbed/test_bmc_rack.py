@@ -8,6 +8,10 @@ actions stop and start that nspawn host.
 3. `provision firmware`: a host whose BMC reports another BIOS is FW010 naming component and versions.
 4. `provision onboard` of a powered-off host starts at its BMC (power on, SSH, firmware gate, run, health, mark); the
    host with the wrong BIOS is left out at the firmware gate, never provisioned.
+5. The node's own firmware (nvidia-smi's VBIOS, the HCAs' fw_ver) joins the BMC's: a GPU with another VBIOS is
+   FW010 naming the GPU, and onboarding leaves that host out at the firmware gate before any run.
+6. `provision remediate` with `remediation: [power_cycle]`: a node with a fatal XID is quarantined, power cycled
+   through its BMC (a new boot id), stays quarantined while the fault stays, and is returned once it passes.
 The BMC password is in no output and in no file of the runs' directory (PROVISION_RUNS_DIR, the module's own).
 """
 
@@ -153,6 +157,94 @@ def test_onboard_starts_a_powered_off_host_at_its_bmc_and_gates_firmware(rig: Ri
     assert rig.ssh("node01", "cat /etc/provisioner/in-service && test -s /etc/nccl.conf").returncode == 0
     # never provisioned: the run was limited to node01
     assert rig.ssh("node02", "test -e /etc/nccl.conf").returncode != 0
+
+
+def test_node_reported_vbios_and_hca_firmware_are_gated(rig: Rig, tmp_path: Path) -> None:
+    from provisioner_testbed import rack
+
+    rack.bmcs(rig.h.name, ["node02"], firmware={"bios": "2.19.1"})  # the BIOS as wanted: only the node's report differs
+    vbios = rig.ssh("node01", "nvidia-smi -i 3 --query-gpu=vbios_version --format=csv,noheader").stdout.strip()
+    hca = rig.ssh("node01", "cat /sys/class/infiniband/mlx5_0/fw_ver").stdout.strip()
+    assert vbios and hca
+    inv = _with_firmware_map(rig, tmp_path)
+    with (inv.parent / "group_vars" / "gpu_nodes.yml").open("a") as f:
+        f.write(f'  gpu: ["{vbios}"]\n  hca: ["{hca}"]\n')
+    report = tmp_path / "onboard.json"
+
+    def findings() -> list[tuple[str, str, str | None, list[str], list[str]]]:
+        p = rig.cli("firmware", str(inv), "--format", "json")
+        doc = json.loads(p.stdout)
+        assert p.returncode == (1 if doc["findings"] else 0), p.stdout + p.stderr
+        return [(f["code"], f["host"], f["component"], f["found"], f["ids"]) for f in doc["findings"]]
+
+    def onboard_node02() -> dict[str, Any]:
+        p = rig.cli("onboard", str(inv), "node02", "--skip-launch", "--report", str(report), timeout=1500)
+        assert p.returncode == 1, p.stdout + p.stderr
+        n2: dict[str, Any] = json.loads(report.read_text())["hosts"]["node02"]
+        assert n2["stage"] == "firmware" and not n2["in_service"], n2
+        return n2
+
+    # node02 is bare (no driver, so no nvidia-smi): its HCAs' fw_ver is readable, its VBIOS is not yet
+    rack.fault(rig.h.name, "node02", ["hca_fw=mlx5_1:28.39.1002"])
+    try:
+        assert findings() == [("FW011", "node02", "gpu", [], []), ("FW010", "node02", "hca", ["28.39.1002"],
+                                                                       ["mlx5_1"])]
+        n2 = onboard_node02()  # left out before the run
+        assert any("FW010 node02 (hca): found 28.39.1002" in x for x in n2["problems"]), n2
+        assert rig.ssh("node02", "test -e /etc/nccl.conf").returncode != 0
+    finally:
+        rack.clear(rig.h.name, "node02")
+    # another VBIOS on GPU 3: the gate after the run (the driver installed) leaves it out
+    rack.fault(rig.h.name, "node02", ["vbios=3:96.00.11.00.01"])
+    try:
+        n2 = onboard_node02()
+        assert any("FW010 node02 (gpu): found 96.00.11.00.01" in x and "GPU3" in x for x in n2["problems"]), n2
+        assert rig.ssh("node02", "test -s /etc/nccl.conf && test ! -e /etc/provisioner/in-service").returncode == 0
+        assert findings() == [("FW010", "node02", "gpu", ["96.00.11.00.01"], ["GPU3"])]
+    finally:
+        rack.clear(rig.h.name, "node02")
+    assert findings() == []
+
+
+def _state(rig: Rig, inv: Path, host: str) -> str:
+    p = rig.cli("status", str(inv), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    return next(h["state"] for h in json.loads(p.stdout)["hosts"] if h["host"] == host)
+
+
+def test_remediation_power_cycles_through_the_bmc_and_returns_the_node(rig: Rig, tmp_path: Path) -> None:
+    from provisioner_testbed import rack
+
+    inv = _with_firmware_map(rig, tmp_path)
+    with (inv.parent / "group_vars" / "gpu_nodes.yml").open("a") as f:
+        f.write("lifecycle_policy:\n  quarantine_on: [xid]\n  remediation: [power_cycle]\n"
+                "  replace_after: {quarantines: 9, window_days: 30}\n")
+    if _state(rig, inv, "node01") != "in-service":  # run alone: bring node01 in first
+        p = rig.cli("onboard", str(inv), "node01", "--skip-launch", timeout=1500)
+        assert p.returncode == 0, p.stdout + p.stderr
+    before = rig.ssh("node01", BOOT_ID).stdout.strip()
+    rack.fault(rig.h.name, "node01", ["xid=79"])
+    try:
+        p = rig.cli("health", str(inv), "--limit", "node01")
+        assert p.returncode == 1 and "xid" in p.stdout, p.stdout + p.stderr
+        p = rig.cli("remediate", str(inv), "--limit", "node01", "--format", "json", timeout=1200)
+        assert p.returncode == 0, p.stdout + p.stderr
+        lines = [a["line"] for a in json.loads(p.stdout)["actions"]]
+        text = "\n".join(lines)
+        assert "node01: in-service -> draining" in text and "-> quarantined (xid" in text, text
+        assert "node01: power_cycle: done (back after a reboot)" in text, text
+        assert "node01: health gate: fail" in text and "remediation exhausted (power_cycle)" in text, text
+        after = rig.ssh("node01", BOOT_ID).stdout.strip()
+        assert after and after != before  # the BMC really restarted it
+        assert _state(rig, inv, "node01") == "quarantined"
+        assert rig.ssh("node01", "test -e /etc/provisioner/in-service").returncode != 0  # the mark is gone
+    finally:
+        rack.clear(rig.h.name, "node01")
+    assert rig.cli("health", str(inv), "--limit", "node01").returncode == 0
+    p = rig.cli("remediate", str(inv), "--limit", "node01")
+    assert p.returncode == 0 and "node01: return to service" in p.stdout, p.stdout + p.stderr
+    assert _state(rig, inv, "node01") == "in-service"
+    assert rig.ssh("node01", "test -e /etc/provisioner/in-service").returncode == 0
 
 
 def test_the_bmc_password_is_in_no_output_and_no_run_artifact(rig: Rig) -> None:

@@ -99,3 +99,38 @@ def test_a_single_model_cluster_is_its_models_last() -> None:
     ctx = dataclasses.replace(fleet(SERVING), cluster="c")
     with pytest.raises(Refused, match="last one serving Llama-3-8B"):
         transition("in-service", "draining", reason="r", host="n5", context=ctx)
+
+
+@pytest.mark.parametrize(("start", "target", "chain"), [
+    ("new", "in-service", ("provisioning", "burn-in", "in-service")),
+    ("quarantined", "in-service", ("burn-in", "in-service")),
+    ("draining", "in-service", ("maintenance", "burn-in", "in-service")),
+    ("in-service", "maintenance", ("draining", "maintenance")),
+    ("burn-in", "burn-in", ()),
+])
+def test_path_to_is_the_shortest_chain_of_allowed_transitions(start: str, target: str, chain: tuple[str, ...]) -> None:
+    from provisioner.lifecycle import path_to
+
+    assert path_to(start, target) == chain
+    state = start
+    for to in chain:  # every step is one the rules allow
+        transition(state, to, reason="t", context=GATE, force=True)
+        state = to
+
+
+def test_path_to_out_of_retired_is_refused() -> None:
+    from provisioner.lifecycle import path_to
+
+    with pytest.raises(Refused, match="no lifecycle path from retired to in-service"):
+        path_to("retired", "in-service")
+
+
+@pytest.mark.parametrize(("state", "passed", "target"), [
+    ("new", True, "in-service"), ("maintenance", True, "in-service"), ("new", False, "provisioning"),
+    ("in-service", False, "maintenance"), ("draining", False, "maintenance"), ("burn-in", False, "burn-in"),
+    ("quarantined", False, "quarantined"),
+])
+def test_onboarding_moves_a_node_to_in_service_or_out_of_it(state: str, passed: bool, target: str) -> None:
+    from provisioner.commands.onboard import lifecycle_target
+
+    assert lifecycle_target(state, passed) == target

@@ -161,3 +161,37 @@ def test_vaulted_password_needs_the_vault_secret(tmp_path: Path) -> None:
         assert SECRET not in str(exc.value)
     templated = {"bmc_password": "{{ vault_bmc_password }}", "vault_bmc_password": SECRET}
     assert resolve_password("n1", templated, templar=lambda s: templated["vault_bmc_password"]) == SECRET
+
+
+NODE_OUT = """gpu 0 96.00.89.00.01
+gpu 1 96.00.61.00.01
+hca mlx5_0 28.43.1014
+hca rdmap79s0 0.0.0.0
+hca mlx5_1 not a version
+garbage
+"""
+
+
+def test_the_nodes_own_report_is_parsed_into_items() -> None:
+    from provisioner.bmc.firmware import items_from_node
+
+    assert [(i.component, i.id, i.version, i.source) for i in items_from_node(NODE_OUT)] == [
+        ("gpu", "GPU0", "96.00.89.00.01", "node"), ("gpu", "GPU1", "96.00.61.00.01", "node"),
+        ("hca", "mlx5_0", "28.43.1014", "node")]
+
+
+def test_node_items_are_judged_with_the_bmcs_and_survive_an_unreadable_bmc() -> None:
+    from provisioner.bmc.firmware import items_from_node, merged
+
+    wanted = wanted_map({"gpu": ["96.00.89.00.01"], "hca": ["28.43.1014"], "bios": ["2.3.1"]})
+    bmc = HostFirmware("n1", (Item("bios", "BiosVersion", "ComputerSystem.BiosVersion", "2.3.1", "ComputerSystem"),))
+    fs = compare(merged(bmc, items_from_node(NODE_OUT), None), wanted)
+    assert [(f.code, f.component, f.found, f.ids) for f in fs] == [("FW010", "gpu", ("96.00.61.00.01",), ("GPU1",))]
+    # the BMC unreadable: FW012, and the node's items are still judged; bios is not FW011 on top
+    down = HostFirmware("n1", error="n1: BMC https://x: the BMC is unreachable")
+    fs = compare(merged(down, items_from_node(NODE_OUT), None), wanted)
+    assert [(f.code, f.component) for f in fs] == [("FW012", None), ("FW010", "gpu")]
+    # the node unreadable too: FW011 for its components, naming why
+    fs = compare(merged(bmc, [], "unreachable over SSH: timed out"), wanted)
+    assert [(f.code, f.component) for f in fs] == [("FW011", "gpu"), ("FW011", "hca")]
+    assert "neither the BMC nor the node reports gpu firmware (node: unreachable over SSH: timed out)" in fs[0].line()

@@ -31,6 +31,10 @@ from provisioner_testbed.rack import merge_faults, parse_fault
         ("acs_on", {"acs_on": True}),
         ("acs_on=0,7", {"acs_on": [0, 7]}),
         ("acs_on=0000:17:00.0", {"acs_on": ["0000:17:00.0"]}),
+        ("vbios=96.00.61.00.01", {"vbios": "96.00.61.00.01"}),
+        ("vbios=3:96.00.61.00.01", {"vbios": {"3": "96.00.61.00.01"}}),
+        ("hca_fw=28.39.1002", {"hca_fw": "28.39.1002"}),
+        ("hca_fw=mlx5_2:28.39.1002", {"hca_fw": {"mlx5_2": "28.39.1002"}}),
     ],
 )
 def test_each_fault_argument_resolves(arg: str, want: dict) -> None:
@@ -39,7 +43,8 @@ def test_each_fault_argument_resolves(arg: str, want: dict) -> None:
     hwspec.resolve({"node": "node01", "faults": got})  # the simulator accepts it
 
 
-@pytest.mark.parametrize("arg", ["melted", "hca_down", "hca_rate=mlx5_2", "xid=a:79", "xid=", "missing_gpu=x"])
+@pytest.mark.parametrize("arg", ["melted", "hca_down", "hca_rate=mlx5_2", "xid=a:79", "xid=", "missing_gpu=x",
+                                 "vbios", "vbios=x:96.00.61.00.01", "hca_fw=mlx5_0:"])
 def test_bad_fault_arguments_are_usage_errors(arg: str) -> None:
     with pytest.raises(UsageError):
         parse_fault(arg)
@@ -56,3 +61,18 @@ def test_faults_accumulate() -> None:
                  "xid": [{"gpu": 0, "code": 79}]}
     r = hwspec.resolve({"node": "n", "faults": f})
     assert sum(1 for h in r["hcas"] if h["ports"][0]["state"] == "DOWN") == 2
+
+
+def test_firmware_faults_change_what_the_gpus_and_hcas_report() -> None:
+    r = hwspec.resolve({"node": "n", "faults": merge_faults(parse_fault("vbios=3:96.00.61.00.01"),
+                                                             parse_fault("hca_fw=mlx5_2:28.39.1002"))})
+    assert [g["vbios"] == "96.00.61.00.01" for g in r["gpus"]].count(True) == 1 and r["gpus"][3]["vbios"] == \
+        "96.00.61.00.01"
+    assert {h["name"]: h["fw_ver"] for h in r["hcas"]}["mlx5_2"] == "28.39.1002"
+    assert len({h["fw_ver"] for h in r["hcas"]}) == 2
+    every = hwspec.resolve({"node": "n", "faults": parse_fault("vbios=96.00.61.00.01")})
+    assert {g["vbios"] for g in every["gpus"]} == {"96.00.61.00.01"}
+    with pytest.raises(hwspec.HwSpecError, match="faults.vbios"):
+        hwspec.resolve({"node": "n", "faults": {"vbios": {"9": "1.0"}}})
+    with pytest.raises(hwspec.HwSpecError, match="faults.hca_fw"):
+        hwspec.resolve({"node": "n", "faults": {"hca_fw": "bad version"}})
