@@ -29,6 +29,10 @@ PASSWORD_ENV = "PROVISIONER_TESTBED_BMC_PASSWORD"
 ADDRESS = "127.0.0.1"
 #: What the simulated hosts' firmware reports unless a test sets another version (`set_firmware`).
 DEFAULT_FIRMWARE = {"bios": "2.19.1"}
+#: The BIOS attributes the simulated BMCs report (Bios.Attributes); the ACS one follows the host's `acs_on` fault, as a
+#: BIOS with ACS enabled sets ACS on at the bridges. Vendors name these differently: these names are the rack's own.
+BIOS_ATTRIBUTES = {"BootMode": "Uefi", "PcieAcsControl": "Disabled", "SriovGlobalEnable": "Enabled",
+                   "IntelVtForDirectedIo": "Enabled"}
 
 
 def bmc_dir(rack: str) -> Path:
@@ -293,6 +297,21 @@ def _driver(cfg_path: Path) -> Any:
         def get_versions(self, identity: str) -> dict[str, str]:
             fw = self._cfg().get("firmware") or {}
             return {"BiosVersion": str(fw.get("bios", DEFAULT_FIRMWARE["bios"]))}
+
+        def set_versions(self, identity: str, firmware_versions: dict[str, str]) -> None:
+            """The emulator's SimpleUpdate: the BIOS reports the new version from now on (the image is not read)."""
+            cfg = self._cfg()
+            fw = dict(cfg.get("firmware") or {})
+            if "BiosVersion" in firmware_versions:
+                fw["bios"] = str(firmware_versions["BiosVersion"])
+            self._save(firmware=fw, updates=int(cfg.get("updates", 0)) + 1)
+
+        def get_bios(self, identity: str) -> dict[str, str]:
+            cfg = self._cfg()
+            st = rackmod.load(cfg["rack"])
+            spec = rackmod._load_spec(st, rackmod.get_host(st, cfg["host"]))
+            acs = (spec.get("faults") or {}).get("acs_on") not in (None, False)
+            return {**BIOS_ATTRIBUTES, "PcieAcsControl": "Enabled" if acs else "Disabled"}
 
         def get_nics(self, identity: str) -> list[dict[str, str]]:
             return []

@@ -8,6 +8,7 @@ validate` never reports them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -161,3 +162,38 @@ def compare(report: HostFirmware, wanted: Mapping[str, tuple[str, ...]]) -> list
 def merged(report: HostFirmware, node_items: list[Item], node_error: str | None) -> HostFirmware:
     """`report` (the BMC's) with what the node reported added."""
     return HostFirmware(report.host, (*report.items, *node_items), report.error, node_error)
+
+
+#: components `provision firmware --apply` can update (Redfish SimpleUpdate targets: the system, its manager)
+APPLY_COMPONENTS: tuple[str, ...] = ("bios", "bmc")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+
+
+def sha256_problem(value: str) -> str | None:
+    """Why `value` is not a sha256 hex digest (None when it is one)."""
+    return None if _SHA256.match(value.strip().lower()) else f"{value[:20]!r}... is not a sha256 (64 hex digits)"
+
+
+def acs_attributes(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The BIOS attributes about PCIe ACS (names vary per vendor: an `ACS` word, or Access Control Services)."""
+    out = []
+    for name, value in attrs.items():
+        words = [w.lower() for w in _WORDS.findall(str(name))]
+        if "acs" in words or "accesscontrolservices" in "".join(words):
+            out.append((str(name), str(value)))
+    return out
+
+
+def acs_hint(attrs: Mapping[str, Any]) -> str | None:
+    """What to add to an ACS finding from the BMC's BIOS attributes: the attribute and its value, or None when the
+    BMC exposes none."""
+    found = acs_attributes(attrs)
+    if not found:
+        return None
+    on = [(n, v) for n, v in found if v.lower() in ("enabled", "enable", "on", "true", "1", "auto")]
+    if on:
+        return ("BIOS attribute " + ", ".join(f"{n}={v}" for n, v in on) +
+                " at the BMC: set it Disabled (the BIOS sets ACS at boot), then power cycle")
+    return ("BIOS attribute " + ", ".join(f"{n}={v}" for n, v in found) +
+            " at the BMC: ACS is set on by the OS or another setting (an IOMMU, setpci)")

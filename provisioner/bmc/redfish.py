@@ -1,4 +1,5 @@
-"""Redfish over OpenStack's `sushy`: power state and reset, one-time boot override, firmware inventory.
+"""Redfish over OpenStack's `sushy`: power state and reset, one-time boot override, firmware inventory and update,
+BIOS attributes.
 
 One `Bmc` per host. TLS is verified against `bmc_ca_file` or the system CA bundle unless the host opted out
 (`bmc_tls_verify: false`, which `opt_out_line` makes loud). The password is handed to sushy and nowhere else: errors
@@ -194,3 +195,28 @@ class Bmc:
                                                                        bmc_version)))
         out: HostFirmware = self._call(read)
         return out
+
+    def bios_attributes(self) -> dict[str, Any]:
+        """ComputerSystem/Bios Attributes (vendor-specific names), as the BMC reports them now ({} without a Bios
+        resource)."""
+        import sushy.exceptions as sx
+
+        def read() -> dict[str, Any]:
+            try:
+                return dict(self.system.bios.attributes or {})
+            except (sx.MissingAttributeError, sx.ResourceNotFoundError):
+                return {}  # no Bios resource on this BMC
+        return dict(self._call(read))
+
+    def simple_update(self, image_uri: str, component: str) -> None:
+        """UpdateService.SimpleUpdate from `image_uri` (the BMC fetches it) for `component`: bios (this
+        ComputerSystem) or bmc (its Manager). Returns once the BMC accepted the request."""
+        import sushy
+
+        def do() -> None:
+            svc = self._root.get_update_service()
+            target = self.system.path if component == "bios" else self._root.get_manager().path
+            proto = sushy.UpdateTransferProtocolType.HTTPS if image_uri.startswith("https:") \
+                else sushy.UpdateTransferProtocolType.HTTP
+            svc.simple_update(image_uri, targets=[target], transfer_protocol=proto)
+        self._call(do)

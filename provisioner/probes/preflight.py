@@ -402,7 +402,36 @@ def probe(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_TIMEOU
     targets = [target_for(fleet.hosts[n]) for n in names]
     scripts = {n: probe_script(model_dir(fleet.hosts[n])) for n in names}
     results = run_many(targets, lambda t: scripts[t.name], timeout=timeout, forks=forks, on_result=on_result)
-    return {n: report_from(fleet, fleet.hosts[n], results[n]) for n in names}
+    reports = {n: report_from(fleet, fleet.hosts[n], results[n]) for n in names}
+    bios_acs_hints(fleet, reports)
+    return reports
+
+
+def bios_acs_hints(fleet: Fleet, reports: dict[str, HostReport]) -> None:
+    """For hosts failing `acs` that have a BMC: name the BIOS attribute behind it (Bios.Attributes over Redfish),
+    added to the finding; a BMC that cannot be read says so in the finding and changes nothing else."""
+    hosts = [n for n, r in reports.items() if fleet.hosts[n].vars.get("bmc_address")
+             and any(m.check == "acs" and m.severity == "error" for m in r.mismatches)]
+    if not hosts:
+        return
+    from provisioner.bmc.config import BmcConfigError
+    from provisioner.bmc.firmware import acs_hint
+    from provisioner.bmc.redfish import Bmc, BmcError
+    from provisioner.bmc.session import bmc_target, each, setup_vault
+
+    def one(host: str) -> str:
+        try:
+            setup_vault(fleet, [host], None)
+            hint = acs_hint(Bmc(bmc_target(fleet, host), timeout=10.0).bios_attributes())
+        except (BmcConfigError, BmcError) as exc:
+            return f"the BIOS attributes were not read: {exc}"
+        return hint or "the BMC exposes no ACS BIOS attribute"
+
+    for host, hint in each(hosts, one, 16).items():
+        text = hint if isinstance(hint, str) else f"the BIOS attributes were not read: {type(hint).__name__}"
+        for m in reports[host].mismatches:
+            if m.check == "acs" and m.severity == "error":
+                m.found = f"{m.found}; {text}"
 
 
 def report_from(fleet: Fleet, host: Host, r: ExecResult) -> HostReport:

@@ -10,7 +10,10 @@ actions stop and start that nspawn host.
    host with the wrong BIOS is left out at the firmware gate, never provisioned.
 5. The node's own firmware (nvidia-smi's VBIOS, the HCAs' fw_ver) joins the BMC's: a GPU with another VBIOS is
    FW010 naming the GPU, and onboarding leaves that host out at the firmware gate before any run.
-6. `provision remediate` with `remediation: [power_cycle]`: a node with a fatal XID is quarantined, power cycled
+6. ACS turned on is named by preflight with the BIOS attribute behind it, read from the BMC (Bios.Attributes).
+7. `provision firmware --apply bios`: a checksum that does not match the image applies nothing; the right one updates
+   the hosts one after the other (Redfish SimpleUpdate), each waited for until its new version shows.
+8. `provision remediate` with `remediation: [power_cycle]`: a node with a fatal XID is quarantined, power cycled
    through its BMC (a new boot id), stays quarantined while the fault stays, and is returned once it passes.
 The BMC password is in no output and in no file of the runs' directory (PROVISION_RUNS_DIR, the module's own).
 """
@@ -204,6 +207,76 @@ def test_node_reported_vbios_and_hca_firmware_are_gated(rig: Rig, tmp_path: Path
     finally:
         rack.clear(rig.h.name, "node02")
     assert findings() == []
+
+
+def test_acs_on_is_named_with_the_bios_attribute_the_bmc_reports(rig: Rig) -> None:
+    from provisioner_testbed import rack
+
+    rack.fault(rig.h.name, "node01", ["acs_on=0"])
+    try:
+        p = rig.cli("preflight", str(rig.h.inventory), "--limit", "node01")
+        assert p.returncode == 1, p.stdout + p.stderr
+        line = next(ln for ln in (p.stdout + p.stderr).splitlines() if "ACS redirect on at bridge" in ln)
+        assert "BIOS attribute PcieAcsControl=Enabled at the BMC: set it Disabled" in line, line
+    finally:
+        rack.clear(rig.h.name, "node01")
+
+
+class _ImageServer:
+    """The site's firmware server: HTTPS on 127.0.0.1 with the rack's BMC CA's certificate."""
+
+    def __init__(self, root: Path, tls_dir: Path) -> None:
+        import functools
+        import http.server
+        import ssl
+        import threading
+
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(tls_dir / "server.pem", tls_dir / "server.key")
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_firmware_apply_checks_the_image_then_updates_one_host_at_a_time(rig: Rig, tmp_path: Path) -> None:
+    import hashlib
+
+    from provisioner_testbed import bmc, rack
+
+    rack.bmcs(rig.h.name, firmware={"bios": "2.19.1"})
+    (tmp_path / "img").mkdir()
+    image = tmp_path / "img" / "bios-2.20.1.bin"
+    image.write_bytes(os.urandom(256 * 1024))
+    digest = hashlib.sha256(image.read_bytes()).hexdigest()
+    ca = bmc.bmc_dir(rig.h.name) / "ca.pem"
+    srv = _ImageServer(image.parent, bmc.bmc_dir(rig.h.name))
+    inv = str(rig.h.inventory)
+    base = ["firmware", inv, "--apply", "bios", "--image-uri", f"{srv.url}/{image.name}", "--image-ca", str(ca),
+            "--yes", "--timeout", "120"]
+    try:
+        p = rig.cli(*base, "--sha256", "0" * 64)
+        assert p.returncode == 1 and f"sha256 {digest}, expected {'0' * 64}: nothing applied" in p.stderr, p.stderr
+        assert "APPLYING" not in p.stderr
+        p = rig.cli("firmware", inv, "--format", "json")
+        assert {i["version"] for h in json.loads(p.stdout)["hosts"].values() for i in h["items"]
+                if i["component"] == "bios"} == {"2.19.1"}  # untouched
+        p = rig.cli(*base, "--sha256", digest, "--format", "json")
+        assert p.returncode == 0, p.stdout + p.stderr
+        rows = json.loads(p.stdout)["hosts"]
+        assert [(r["host"], r["before"], r["after"], r["status"]) for r in rows] == [
+            ("node01", "2.19.1", "2.20.1", "updated"), ("node02", "2.19.1", "2.20.1", "updated")]
+        p = rig.cli("firmware", inv, "--format", "json")
+        assert {i["version"] for h in json.loads(p.stdout)["hosts"].values() for i in h["items"]
+                if i["component"] == "bios"} == {"2.20.1"}
+    finally:
+        srv.close()
+        rack.bmcs(rig.h.name, firmware={"bios": "2.19.1"})
 
 
 def _state(rig: Rig, inv: Path, host: str) -> str:
