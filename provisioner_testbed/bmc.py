@@ -176,7 +176,7 @@ def status(rack: str, host: str) -> str:
 
 
 def set_firmware(rack: str, host: str, component: str, version: str) -> None:
-    """What the host's BMC reports for `component` (bios) from now on: a wrong-firmware fault."""
+    """What the host's BMC reports for `component` (bios, bmc) from now on: a wrong-firmware fault."""
     cfg = read_host(rack, host)
     if cfg is None:
         raise KeyError(host)
@@ -329,6 +329,21 @@ def serve(cfg_path: Path) -> None:
     emu.Application.systems = property(lambda self: driver)  # type: ignore[method-assign,assignment]
     emu.app.configure(extra_config={"SUSHY_EMULATOR_AUTH_FILE": str(d / "htpasswd"),
                                     "SUSHY_EMULATOR_STATE_DIR": str(d / f"{cfg['host']}.state")})
+    import flask
+
+    @emu.app.after_request
+    def _bmc_firmware(resp: Any) -> Any:
+        """The Manager's FirmwareVersion (the emulator's is a constant) from this BMC's state: the wrong-BMC-firmware
+        fault (`set_firmware(..., "bmc", V)`)."""
+        version = (json.loads(cfg_path.read_text()).get("firmware") or {}).get("bmc")
+        if version and flask.request.method == "GET" and resp.is_json and \
+                flask.request.path.rstrip("/").startswith("/redfish/v1/Managers/"):
+            data = resp.get_json()
+            if isinstance(data, dict) and "FirmwareVersion" in data:
+                data["FirmwareVersion"] = str(version)
+                resp.set_data(json.dumps(data))
+        return resp
+
     emu.app.run(host=ADDRESS, port=int(cfg["port"]), ssl_context=(str(d / "server.pem"), str(d / "server.key")),
                 threaded=True)
 

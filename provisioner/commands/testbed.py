@@ -227,7 +227,7 @@ def register(app: typer.Typer) -> None:
         name: RackName = "rack",
         stop: Annotated[bool, typer.Option("--stop", help="Stop those BMCs (the BMC-unreachable fault).")] = False,
         firmware: Annotated[list[str] | None, typer.Option(
-            "--firmware", help="COMPONENT=VERSION the BMCs report from now on (bios), e.g. --firmware bios=2.18.0",
+            "--firmware", help="COMPONENT=VERSION the BMCs report from now on (bios, bmc), e.g. --firmware bios=2.18.0",
             show_default=False)] = None,
     ) -> None:
         """Give the rack's hosts Redfish BMCs (sushy-tools' emulator; power actions stop and start the host).
@@ -242,8 +242,9 @@ def register(app: typer.Typer) -> None:
         fw: dict[str, str] = {}
         for item in firmware or []:
             comp, eq, version = item.partition("=")
-            if not eq or comp != "bios" or not version:
-                err.print(f"error: --firmware {item!r}: expected bios=VERSION", highlight=False, markup=False)
+            if not eq or comp not in ("bios", "bmc") or not version:
+                err.print(f"error: --firmware {item!r}: expected bios=VERSION or bmc=VERSION", highlight=False,
+                          markup=False)
                 raise typer.Exit(Exit.USAGE)
             fw[comp] = version
         try:

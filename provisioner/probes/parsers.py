@@ -185,6 +185,7 @@ class NodeFacts:
     pci: list[PciFunction] | None = None  # `lspci -D -vvv`; None when it did not run
     pci_error: str | None = None  # why not (lspci not installed)
     iommu: tuple[str, str] | None = None  # (off|passthrough|translated, what said so)
+    firmware: str | None = None  # the node's firmware report (bmc/firmware.py NODE_COMMAND), when it was asked
 
 
 def _numa_dump(text: str, pattern: str) -> dict[str, int | None]:
@@ -232,6 +233,8 @@ def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
         f.disk = entries[0] if entries else None
     if "net" in s:
         f.net_ifaces = parse_net_ifaces(s["net"].text)
+    if "fw" in s:
+        f.firmware = s["fw"].text
     pci = s.get("lspci")
     if pci is not None:
         if pci.rc == 0:

@@ -65,12 +65,21 @@ wait; b topo; cat "$T/topo"; rc=1; { read -r rc <"$T/rc"; } 2>/dev/null; e topo 
 """
 
 
-def probe_script(disk_path: str = DEFAULT_MODEL_DIR, hwsim_dir: str = HWSIM_DIR) -> str:
+def probe_script(disk_path: str = DEFAULT_MODEL_DIR, hwsim_dir: str = HWSIM_DIR, firmware: bool = False) -> str:
     """The probe for one host; `hwsim_dir` (tests) moves the simulated hardware boundary the PCI/IB/IOMMU parts read
-    first."""
+    first; `firmware` adds the node's own firmware report (VBIOS, HCA fw_ver: the host's map names gpu or hca)."""
+    from provisioner.bmc.firmware import NODE_COMMAND
+
     ib_dirs = [d.replace(HWSIM_DIR, hwsim_dir, 1) for d in IB_SYSFS_DIRS]
-    return (PROBE_SCRIPT.replace("__IB_DIRS__", " ".join(shlex.quote(d) for d in ib_dirs))
-            .replace("__HWSIM__", shlex.quote(hwsim_dir)).replace("__DISK__", shlex.quote(disk_path)))
+    script = (PROBE_SCRIPT.replace("__IB_DIRS__", " ".join(shlex.quote(d) for d in ib_dirs))
+              .replace("__HWSIM__", shlex.quote(hwsim_dir)).replace("__DISK__", shlex.quote(disk_path)))
+    return script + (f"b fw; {NODE_COMMAND}; e fw 0\n" if firmware else "")
+
+
+def _wanted_node_firmware(host: Host) -> dict[str, tuple[str, ...]]:
+    from provisioner.bmc.firmware import NODE_COMPONENTS, wanted_map
+
+    return {c: v for c, v in wanted_map(host.vars.get("firmware")).items() if c in NODE_COMPONENTS}
 
 
 # ------------------------------------------------------------------------------------------ result model
@@ -214,6 +223,27 @@ def _os_ok(os_release: dict[str, str], host: Host) -> tuple[bool, str]:
 
 
 # ------------------------------------------------------------------------------------------ compare (pure)
+def _firmware(host: Host, facts: NodeFacts) -> list[Mismatch]:
+    """`firmware`: the node's own VBIOS / HCA fw_ver against the gpu / hca entries of the host's firmware map."""
+    from provisioner.bmc.firmware import HostFirmware, items_from_node
+    from provisioner.bmc.firmware import compare as fw_compare
+
+    wanted = _wanted_node_firmware(host)
+    if not wanted or facts.firmware is None:
+        return []
+    out = []
+    for f in fw_compare(HostFirmware(host.name, tuple(items_from_node(facts.firmware))), wanted):
+        expected = f"{f.component} {' or '.join(f.wanted)} (firmware map)"
+        if f.code == "FW011" and f.component == "gpu" and facts.smi_missing:
+            out.append(Mismatch("firmware", expected, "VBIOS not readable before the driver is installed (onboarding "
+                                "checks it after the run)", "warning"))
+        elif f.code == "FW011":
+            out.append(Mismatch("firmware", expected, f"the node reports no {f.component} firmware"))
+        else:
+            out.append(Mismatch("firmware", expected, f"{', '.join(f.found)} on {', '.join(f.ids)}"))
+    return out
+
+
 def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
     """Expected (inventory) vs found (the node), one Mismatch per difference. Pure."""
     out: list[Mismatch] = []
@@ -286,6 +316,7 @@ def compare(fleet: Fleet, host: Host, facts: NodeFacts) -> list[Mismatch]:
         sev = "warning" if host.get("testbed_rack") is not None else "error"
         out.append(Mismatch("disk", f">= {need / 1e9:.0f} GB free under {facts.disk_path}",
                             f"{facts.disk.avail / 1e9:.0f} GB free on {facts.disk.mount}", sev))
+    out.extend(_firmware(host, facts))
     return out
 
 
@@ -400,7 +431,8 @@ def probe(fleet: Fleet, hosts: Iterable[str], *, timeout: float = DEFAULT_TIMEOU
     """Probe `hosts` in parallel and compare each with the fleet; one HostReport per host, in the given order."""
     names = list(hosts)
     targets = [target_for(fleet.hosts[n]) for n in names]
-    scripts = {n: probe_script(model_dir(fleet.hosts[n])) for n in names}
+    scripts = {n: probe_script(model_dir(fleet.hosts[n]), firmware=bool(_wanted_node_firmware(fleet.hosts[n])))
+               for n in names}
     results = run_many(targets, lambda t: scripts[t.name], timeout=timeout, forks=forks, on_result=on_result)
     reports = {n: report_from(fleet, fleet.hosts[n], results[n]) for n in names}
     bios_acs_hints(fleet, reports)

@@ -136,6 +136,18 @@ def test_firmware_mismatch_names_component_and_versions(rig: Rig, tmp_path: Path
     finally:
         rack.bmcs(rig.h.name, ["node02"], firmware={"bios": "2.19.1"})
     assert rig.cli("firmware", str(inv)).returncode == 0
+    # the BMC's own firmware (Manager.FirmwareVersion)
+    with (inv.parent / "group_vars" / "gpu_nodes.yml").open("a") as f:
+        f.write('  bmc: ["1.00"]\n')
+    rack.bmcs(rig.h.name, ["node01"], firmware={"bmc": "0.99"})
+    try:
+        p = rig.cli("firmware", str(inv), "--format", "json")
+        assert p.returncode == 1
+        assert [(f["code"], f["host"], f["component"], f["found"]) for f in json.loads(p.stdout)["findings"]] == [
+            ("FW010", "node01", "bmc", ["0.99"])]
+    finally:
+        rack.bmcs(rig.h.name, ["node01"], firmware={"bmc": "1.00"})
+    assert rig.cli("firmware", str(inv)).returncode == 0
 
 
 def test_onboard_starts_a_powered_off_host_at_its_bmc_and_gates_firmware(rig: Rig, tmp_path: Path) -> None:
@@ -204,6 +216,9 @@ def test_node_reported_vbios_and_hca_firmware_are_gated(rig: Rig, tmp_path: Path
         assert any("FW010 node02 (gpu): found 96.00.11.00.01" in x and "GPU3" in x for x in n2["problems"]), n2
         assert rig.ssh("node02", "test -s /etc/nccl.conf && test ! -e /etc/provisioner/in-service").returncode == 0
         assert findings() == [("FW010", "node02", "gpu", ["96.00.11.00.01"], ["GPU3"])]
+        p = rig.cli("preflight", str(inv), "--limit", "node02")  # preflight's own firmware check says the same
+        assert p.returncode == 1 and f"firmware: expected gpu {vbios} (firmware map), found 96.00.11.00.01 on GPU3" \
+            in p.stdout + p.stderr, p.stdout + p.stderr
     finally:
         rack.clear(rig.h.name, "node02")
     assert findings() == []
