@@ -69,10 +69,41 @@ def runs_dir() -> Path:
     return state_dir() / (".runs" if _in_repo() else "runs")
 
 
+class LedgerUrl(type(Path())):  # type: ignore[misc]
+    """A `postgresql://` ledger where a path is expected: str() is the URL itself (a Path would fold its `//`); it
+    always "exists" (the server is asked when it is opened)."""
+
+    def __new__(cls, url: str) -> LedgerUrl:
+        self = super().__new__(cls, "/postgresql-ledger")
+        self._url = url
+        return self
+
+    def __init__(self, url: str) -> None:
+        super().__init__("/postgresql-ledger")
+        self._url = url
+
+    def __str__(self) -> str:
+        return self._url
+
+    def __fspath__(self) -> str:
+        return self._url
+
+    def exists(self, *, follow_symlinks: bool = True) -> bool:
+        return True
+
+    @property
+    def parent(self) -> Path:
+        return Path("/")
+
+
 def ledger_path(runs: Path | None = None) -> Path:
-    """The ledger's SQLite file: `PROVISION_LEDGER`, else `ledger.sqlite3` in `runs` (default `runs_dir()`)."""
-    if os.environ.get("PROVISION_LEDGER"):
-        return Path(os.environ["PROVISION_LEDGER"]).expanduser()
+    """The ledger: `PROVISION_LEDGER` (a file, or a `postgresql://` URL: a `LedgerUrl`), else `ledger.sqlite3` in
+    `runs` (default `runs_dir()`)."""
+    value = os.environ.get("PROVISION_LEDGER")
+    if value and value.startswith(("postgresql://", "postgres://")):
+        return LedgerUrl(value)
+    if value:
+        return Path(value).expanduser()
     return (runs or runs_dir()) / "ledger.sqlite3"
 
 

@@ -96,11 +96,12 @@ class Runner:
 
     def gate(self, host: str) -> None:
         from provisioner.ledger.record import record_health
+        from provisioner.paths import ledger_path
         from provisioner.probes.health import run_health
 
         t0, started = time.monotonic(), time.time()
         res = run_health(self.fleet, [host], timeout=self.timeout)
-        record_health(res, self.inventory, started, time.monotonic() - t0, path=Path(self.ledger.path))
+        record_health(res, self.inventory, started, time.monotonic() - t0, path=ledger_path())
         h = res[host]
         self.say(host, "gate", f"{host}: health gate: {'pass' if h.ok else 'fail'}" +
                  ("" if h.ok else f" ({h.message[:200]})"))

@@ -1,4 +1,5 @@
-"""`Ledger`: the SQLite backend, the one interface the commands use (a PostgreSQL one would have the same methods)."""
+"""`Ledger`: the one interface the commands use, on SQLite (a file) or PostgreSQL (a `postgresql://` URL:
+provisioner/ledger/pg.py adapts the connection)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,21 @@ class Ledger:
     def open(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> Ledger:
         """Open (create) the ledger at `path` (":memory:" for a throwaway one) and bring its schema up to VERSION."""
         where = str(path)
+        from provisioner.ledger import pg
+
+        if pg.is_url(where):
+            try:
+                ledger = cls(pg.Connection(where, timeout), where)  # type: ignore[arg-type]
+                ledger._migrate()
+            except ImportError:
+                raise LedgerError("a postgresql:// ledger needs psycopg: pip install 'provisioner[postgresql]'") \
+                    from None
+            except Exception as exc:  # psycopg.Error and its kin: one line, never the password
+                if isinstance(exc, LedgerError):
+                    raise
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise LedgerError(f"cannot open the ledger {pg.redact(where)}: {text}") from None
+            return ledger
         try:
             if where != ":memory:":
                 Path(where).parent.mkdir(parents=True, exist_ok=True)
@@ -138,11 +154,11 @@ class Ledger:
         """A run begins: its row, status `running`, with this process's pid (so a kill reads `interrupted`), and an
         outcome `running` for each of `hosts` (the targeted ones; run_finished replaces them)."""
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO runs (command, inventory, started, run_dir, pid, node) VALUES (?, ?, ?, ?, ?, ?)",
-                (command, inventory, time.time() if started is None else started, run_dir,
-                 os.getpid() if pid is None else pid, socket.gethostname()))
-            run = int(cur.lastrowid or 0)
+            row = db.execute(
+                "INSERT INTO runs (command, inventory, started, run_dir, pid, node) VALUES (?, ?, ?, ?, ?, ?) "
+                "RETURNING id", (command, inventory, time.time() if started is None else started, run_dir,
+                                 os.getpid() if pid is None else pid, socket.gethostname())).fetchone()
+            run = int(row[0])
             db.executemany("INSERT INTO host_outcomes (run, host, status) VALUES (?, ?, 'running')",
                            [(run, h) for h in hosts])
             return run

@@ -1,0 +1,146 @@
+"""The ledger on a real PostgreSQL server (Debian's `postgresql` package; the test runs its own cluster on
+127.0.0.1 with a password): the schema migrates, every write and read the commands use, upserts, the lifecycle's
+check-and-write under two racing controllers, and the CLI with `PROVISION_LEDGER=postgresql://...` (the password in no
+output, a wrong one a one-line error)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provisioner.ledger import Ledger, LedgerError
+from provisioner.ledger.schema import VERSION
+
+PASSWORD = "pg-secret-4711"
+INI = "[gpu_nodes]\nn1 ansible_host=127.0.0.1 ansible_port=1\nn2 ansible_host=127.0.0.1 ansible_port=1\n"
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    assert bins, "no PostgreSQL server: install Debian's postgresql package (.ci/install-deps.sh)"
+    bindir = Path(bins[-1]).parent
+    d = Path(tempfile.mkdtemp(prefix="provisioner-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(d, "postgres", "postgres")
+    pw = d / "pw"
+    pw.write_text(PASSWORD + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(pw, "postgres", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = d / "data"
+    subprocess.run(_as_postgres([str(bindir / "initdb"), "-D", str(data), "-U", "provisioner", "--pwfile", str(pw),
+                                 "--auth=scram-sha-256", "-E", "UTF8"]), check=True, capture_output=True)
+    subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(d / "log"), "-w", "-o",
+                                 f"-k {d} -p {port} -c listen_addresses=127.0.0.1", "start"]),
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://provisioner:{PASSWORD}@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+                       capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_schema_writes_and_reads(pg_url: str) -> None:
+    with Ledger.open(pg_url) as lg:
+        assert lg.version == VERSION
+        run = lg.run_started("run", "inv.ini", run_dir="/tmp/r", hosts=["n1", "n2"])
+        assert lg.run(run).status == "running"  # type: ignore[union-attr]
+        lg.run_finished(run, "ok", hosts=[{"host": "n1", "status": "changed", "changed": 3},
+                                          {"host": "n2", "status": "failed", "failed": 1}],
+                        drift=[("n1", "file:/etc/nccl.conf")])
+        assert lg.host_outcomes(run)["n1"]["changed"] == 3 and lg.host_outcomes(run)["n2"]["status"] == "failed"
+        assert lg.drift_items(run) == [("n1", "file:/etc/nccl.conf")]
+        h = lg.run_started("health", "inv.ini", hosts=["n1"])
+        lg.run_finished(h, "failed", hosts=[{"host": "n1", "status": "failed"}],
+                        health=[("n1", "xid", "fail", "XID 79"), ("n1", "ecc", "pass", None)])
+        lg.run_finished(h, "failed", health=[("n1", "xid", "fail", "XID 79, twice")])  # the same key: replaced
+        assert [(r["check"], r["detail"]) for r in lg.health("n1")] == [("ecc", None), ("xid", "XID 79, twice")]
+        assert lg.last_run_for("n1", "health")[0].id == h  # type: ignore[index]
+        lg.put_states([("n1", run, "digest-1", {"file:/etc/nccl.conf": "sha256:ab"}, ["nccl_tuning"])])
+        lg.put_states([("n1", run, "digest-2", {"file:/etc/nccl.conf": "sha256:cd"}, ["nccl_tuning"])])
+        rec = lg.records(["n1", "n2"])
+        assert list(rec) == ["n1"] and rec["n1"].inputs == "digest-2" and rec["n1"].roles == ("nccl_tuning",)
+        assert rec["n1"].state == {"file:/etc/nccl.conf": "sha256:cd"}
+        lg.full_drift_done("inv.ini", at=1.0)
+        lg.full_drift_done("inv.ini", at=2.0)
+        assert lg.last_full_drift("inv.ini") == 2.0
+        lg.record_transition("n1", "new", "provisioning", reason="racked", actor="test")
+        with pytest.raises(LedgerError, match="n1 is provisioning now, not new"):
+            lg.record_transition("n1", "new", "provisioning", reason="again", actor="test")
+        lg.record_step("n1", "reboot", "done", actor="test", detail="back")
+        assert lg.state("n1")[0] == "provisioning" and lg.remediations("n1")[0].step == "reboot"
+        # a run whose controller process is gone reads interrupted
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        killed = lg.run(lg.run_started("drift", "inv.ini", pid=dead.pid))
+        assert killed is not None and killed.status == "interrupted"
+    with Ledger.open(pg_url) as lg:  # reopening migrates nothing again
+        assert lg.version == VERSION and lg.state("n1")[0] == "provisioning"
+
+
+def test_two_controllers_racing_for_one_transition_one_wins(pg_url: str) -> None:
+    results: list[str] = []
+    start = threading.Barrier(2)
+
+    def controller(name: str) -> None:
+        with Ledger.open(pg_url) as lg:
+            start.wait()
+            try:
+                lg.record_transition("n2", "new", "provisioning", reason=name, actor=name)
+                results.append("won")
+            except LedgerError as exc:
+                results.append(str(exc))
+
+    threads = [threading.Thread(target=controller, args=(f"c{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["n2 is provisioning now, not new (changed meanwhile): look again", "won"]
+    with Ledger.open(pg_url) as lg:
+        assert [t.to_state for t in lg.transitions("n2")] == ["provisioning"]
+
+
+def _cli(*args: str, ledger: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PROVISION_LEDGER": ledger, "PROVISION_RUNS_DIR": str(cwd / "runs")}
+    return subprocess.run([str(Path(sys.executable).parent / "provision"), *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+def test_the_commands_on_a_postgresql_ledger(pg_url: str, tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.ini"
+    inv.write_text(INI)
+    p = _cli("node", str(inv), "n2", "--state", "burn-in", "--reason", "cabled", ledger=pg_url, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = _cli("status", str(inv), "--format", "json", ledger=pg_url, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    states = {h["host"]: h["state"] for h in json.loads(p.stdout)["hosts"]}
+    assert states["n2"] == "burn-in"
+    p2 = _cli("history", "n2", "--format", "json", ledger=pg_url, cwd=tmp_path)
+    assert p2.returncode == 0 and "cabled" in p2.stdout, p2.stdout + p2.stderr
+    bad = _cli("status", str(inv), ledger=pg_url.replace(PASSWORD, "wrong"), cwd=tmp_path)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "cannot open the ledger postgresql://provisioner:***@127.0.0.1" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    for out in (p.stdout, p.stderr, p2.stdout, p2.stderr, bad.stdout, bad.stderr):
+        assert PASSWORD not in out and "wrong" not in out
+    assert not (tmp_path / "runs" / "ledger.sqlite3").exists()  # nothing went to a file
