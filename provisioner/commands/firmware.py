@@ -176,7 +176,7 @@ def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, fo
         except BmcError as exc:
             return HostFirmware(host, error=str(exc))
 
-    from provisioner.probes.nodefw import read_nodes, wants_node
+    from provisioner.probes.firmware import read_nodes, wants_node
 
     wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
     node_hosts = [h for h in hosts if node or wants_node(wanted[h])]

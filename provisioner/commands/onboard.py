@@ -140,7 +140,7 @@ def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
     from provisioner.bmc.session import bmc_target, each, setup_vault
     from provisioner.commands.power import wait_ssh
-    from provisioner.probes.nodefw import read_nodes, wants_node
+    from provisioner.probes.firmware import read_nodes, wants_node
 
     with_bmc = [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")]
     wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
@@ -197,7 +197,7 @@ def node_firmware_gate(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], 
     """After the run (the driver is installed now): the node's own VBIOS / HCA fw_ver against the gpu / hca entries
     of each host's firmware map; a host that fails is left out at `firmware`. Whether any host was gated."""
     from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, wanted_map
-    from provisioner.probes.nodefw import read_nodes
+    from provisioner.probes.firmware import read_nodes
 
     wanted = {h: {c: v for c, v in wanted_map(fleet.hosts[h].vars.get("firmware")).items() if c in NODE_COMPONENTS}
               for h in hosts}
