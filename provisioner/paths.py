@@ -73,11 +73,6 @@ class LedgerUrl(type(Path())):  # type: ignore[misc]
     """A `postgresql://` ledger where a path is expected: str() is the URL itself (a Path would fold its `//`); it
     always "exists" (the server is asked when it is opened)."""
 
-    def __new__(cls, url: str) -> LedgerUrl:
-        self = super().__new__(cls, "/postgresql-ledger")
-        self._url = url
-        return self
-
     def __init__(self, url: str) -> None:
         super().__init__("/postgresql-ledger")
         self._url = url

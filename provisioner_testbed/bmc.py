@@ -300,11 +300,10 @@ def _driver(cfg_path: Path) -> Any:
 
         def set_versions(self, identity: str, firmware_versions: dict[str, str]) -> None:
             """The emulator's SimpleUpdate: the BIOS reports the new version from now on (the image is not read)."""
-            cfg = self._cfg()
-            fw = dict(cfg.get("firmware") or {})
+            fw = dict(self._cfg().get("firmware") or {})
             if "BiosVersion" in firmware_versions:
                 fw["bios"] = str(firmware_versions["BiosVersion"])
-            self._save(firmware=fw, updates=int(cfg.get("updates", 0)) + 1)
+            self._save(firmware=fw)
 
         def get_bios(self, identity: str) -> dict[str, str]:
             cfg = self._cfg()
@@ -335,9 +334,11 @@ def serve(cfg_path: Path) -> None:
     def _bmc_firmware(resp: Any) -> Any:
         """The Manager's FirmwareVersion (the emulator's is a constant) from this BMC's state: the wrong-BMC-firmware
         fault (`set_firmware(..., "bmc", V)`)."""
+        if flask.request.method != "GET" or not resp.is_json or \
+                not flask.request.path.rstrip("/").startswith("/redfish/v1/Managers/"):
+            return resp
         version = (json.loads(cfg_path.read_text()).get("firmware") or {}).get("bmc")
-        if version and flask.request.method == "GET" and resp.is_json and \
-                flask.request.path.rstrip("/").startswith("/redfish/v1/Managers/"):
+        if version:
             data = resp.get_json()
             if isinstance(data, dict) and "FirmwareVersion" in data:
                 data["FirmwareVersion"] = str(version)

@@ -85,6 +85,11 @@ NODE_COMMAND = (
     "echo \"hca ${d##*/} $(cat \"$f\")\"; done; true")
 
 
+def node_part(wanted: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The entries of a usable firmware map (`wanted_map`) that the node reports itself (gpu, hca)."""
+    return {c: v for c, v in wanted.items() if c in NODE_COMPONENTS}
+
+
 def items_from_node(stdout: str) -> list[Item]:
     """The NODE_COMMAND's output as Items (component gpu / hca, source node); lines it does not know are skipped.
     EFA devices (fw_ver 0.0.0.0, no firmware to judge) are left out."""

@@ -81,4 +81,19 @@ def each[T](hosts: list[str], fn: Callable[[str], T], forks: int) -> dict[str, T
         return dict(zip(hosts, pool.map(safe, hosts), strict=True))
 
 
-__all__ = ["BmcConfigError", "bmc_target", "each", "select", "setup_vault"]
+def before_after_table(title: str, rows: list[dict[str, Any]], last: str,
+                       status: Callable[[dict[str, Any]], str]) -> None:
+    """Print the host / before / after / `last` table of `provision power` and `firmware --apply` (one row per
+    host; `status` gives the last column's cell, rich markup allowed)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in ("host", "before", "after", last):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["host"], r["before"] or "-", r["after"] or "-", status(r))
+    Console(highlight=False, soft_wrap=True).print(table)
+
+
+__all__ = ["BmcConfigError", "before_after_table", "bmc_target", "each", "select", "setup_vault"]

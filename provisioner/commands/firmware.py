@@ -56,7 +56,7 @@ def apply(inventory: Path, component: str, image_uri: str, sha256: str, *, limit
     from provisioner.bmc.config import BmcConfigError
     from provisioner.bmc.firmware import APPLY_COMPONENTS, sha256_problem
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
-    from provisioner.bmc.session import bmc_target, select, setup_vault
+    from provisioner.bmc.session import before_after_table, bmc_target, select, setup_vault
     from provisioner.errors import UsageError
     from provisioner.inventory import load_fleet
 
@@ -99,9 +99,10 @@ def apply(inventory: Path, component: str, image_uri: str, sha256: str, *, limit
             warn = opt_out_line(t)
             if warn:
                 say(warn)
-            before = Bmc(t).firmware().versions().get(component, [])
+            bmc = Bmc(t)
+            before = bmc.firmware().versions().get(component, [])
             row["before"] = ", ".join(before) or None
-            Bmc(t).simple_update(image_uri, component)
+            bmc.simple_update(image_uri, component)
             deadline, after, why = time.monotonic() + timeout, before, "no new version yet"
             while after == before:
                 if time.monotonic() > deadline:
@@ -122,16 +123,8 @@ def apply(inventory: Path, component: str, image_uri: str, sha256: str, *, limit
         sys.stdout.write(json.dumps({"ok": ok, "component": component, "image_uri": image_uri, "sha256": got,
                                      "hosts": rows}, indent=2) + "\n")
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"firmware --apply {component}", title_justify="left")
-        for col in ("host", "before", "after", "status"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(r["host"], r["before"] or "-", r["after"] or "-",
-                          r["status"] if r["status"] != "failed" else "[red]failed[/]")
-        Console(highlight=False, soft_wrap=True).print(table)
+        before_after_table(f"firmware --apply {component}", rows, "status",
+                           lambda r: "[red]failed[/]" if r["status"] == "failed" else r["status"])
     for r in rows:
         if r["error"]:
             sys.stderr.write(f"error: {r['error']} (the rollout stopped here)\n")
@@ -141,11 +134,12 @@ def apply(inventory: Path, component: str, image_uri: str, sha256: str, *, limit
 def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, forks: int = 16,
         vault_password_file: Path | None = None, node: bool = False) -> int:
     from provisioner.bmc.config import BmcConfigError
-    from provisioner.bmc.firmware import FirmwareFinding, HostFirmware, compare, merged, wanted_map
+    from provisioner.bmc.firmware import FirmwareFinding, HostFirmware, compare, merged, node_part, wanted_map
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
     from provisioner.bmc.session import bmc_target, each, select, setup_vault
     from provisioner.errors import UsageError
     from provisioner.inventory import load_fleet
+    from provisioner.probes.firmware import read_nodes
     from provisioner.rules import run_rules
 
     if forks < 1:
@@ -160,6 +154,8 @@ def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, fo
     invalid = [f for f in run_rules(fleet) if f.code.startswith(("BMC", "FW")) and f.severity == "error"
                and (f.host is None or f.host in scope)]
     setup_vault(fleet, hosts, vault_password_file)
+    wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
+    node_hosts = [h for h in hosts if node or node_part(wanted[h])]
 
     def one(host: str) -> HostFirmware:
         if not fleet.hosts[host].vars.get("bmc_address") and host in node_hosts:
@@ -176,10 +172,6 @@ def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, fo
         except BmcError as exc:
             return HostFirmware(host, error=str(exc))
 
-    from provisioner.probes.firmware import read_nodes, wants_node
-
-    wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
-    node_hosts = [h for h in hosts if node or wants_node(wanted[h])]
     results = each(hosts, one, forks)
     nodes = read_nodes(fleet, node_hosts)
     reports: dict[str, HostFirmware] = {}

@@ -136,11 +136,11 @@ def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout
     gate for hosts with a `firmware` map: the BMC's report, plus the node's own (VBIOS, HCA fw_ver) where the map
     names gpu or hca. Fails hosts in `out` (stage power / firmware); returns the stages that ran."""
     from provisioner.bmc.config import BmcConfigError
-    from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, wanted_map
+    from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, node_part, wanted_map
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
     from provisioner.bmc.session import bmc_target, each, setup_vault
     from provisioner.commands.power import wait_ssh
-    from provisioner.probes.firmware import read_nodes, wants_node
+    from provisioner.probes.firmware import read_nodes
 
     with_bmc = [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")]
     wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
@@ -181,7 +181,7 @@ def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout
         if isinstance(r, BaseException):
             out[h].stage, out[h].problems = "power", [f"{type(r).__name__}: {r}"]
     gated = [h for h in gated if out[h].stage is None]
-    nodes = read_nodes(fleet, [h for h in gated if wants_node(wanted[h])], timeout=min(timeout, 60.0))
+    nodes = read_nodes(fleet, [h for h in gated if node_part(wanted[h])], timeout=min(timeout, 60.0))
     for h in gated:
         rep = reports.get(h, HostFirmware(h))
         if h in nodes:
@@ -196,11 +196,10 @@ def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout
 def node_firmware_gate(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float) -> bool:
     """After the run (the driver is installed now): the node's own VBIOS / HCA fw_ver against the gpu / hca entries
     of each host's firmware map; a host that fails is left out at `firmware`. Whether any host was gated."""
-    from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, wanted_map
+    from provisioner.bmc.firmware import HostFirmware, compare, merged, node_part, wanted_map
     from provisioner.probes.firmware import read_nodes
 
-    wanted = {h: {c: v for c, v in wanted_map(fleet.hosts[h].vars.get("firmware")).items() if c in NODE_COMPONENTS}
-              for h in hosts}
+    wanted = {h: node_part(wanted_map(fleet.hosts[h].vars.get("firmware"))) for h in hosts}
     gated = [h for h in hosts if wanted[h]]
     for h, (items, error) in read_nodes(fleet, gated, timeout=timeout).items():
         findings = compare(merged(HostFirmware(h), items, error), wanted[h])

@@ -69,7 +69,7 @@ def run(inventory: Path, args: list[str], *, yes: bool = False, boot: Boot | Non
         ssh_wait: bool = True) -> int:
     from provisioner.bmc.config import BmcConfigError
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
-    from provisioner.bmc.session import bmc_target, each, select, setup_vault
+    from provisioner.bmc.session import before_after_table, bmc_target, each, select, setup_vault
     from provisioner.inventory import load_fleet
 
     if len(args) < 2 or args[-1] not in ACTIONS:
@@ -122,16 +122,7 @@ def run(inventory: Path, args: list[str], *, yes: bool = False, boot: Boot | Non
     if fmt is Format.json:
         sys.stdout.write(json.dumps({"ok": ok, "action": action, "hosts": rows}, indent=2) + "\n")
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"power {action}", title_justify="left")
-        for col in ("host", "before", "after", "result"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(r["host"], r["before"] or "-", r["after"] or "-",
-                          "ok" if r["ok"] else "[red]failed[/]")
-        Console(highlight=False, soft_wrap=True).print(table)
+        before_after_table(f"power {action}", rows, "result", lambda r: "ok" if r["ok"] else "[red]failed[/]")
     for r in rows:  # one line per failed host, whatever the format
         if r["error"]:
             sys.stderr.write(f"error: {r['error']}\n")

@@ -23,10 +23,3 @@ def read_nodes(fleet: Fleet, hosts: list[str], timeout: float = 30.0) -> dict[st
         else:
             out[h] = (items_from_node(r.stdout), None)
     return out
-
-
-def wants_node(wanted: dict[str, tuple[str, ...]]) -> bool:
-    """Whether a host's firmware map names a component the node reports (gpu, hca)."""
-    from provisioner.bmc.firmware import NODE_COMPONENTS
-
-    return any(c in wanted for c in NODE_COMPONENTS)

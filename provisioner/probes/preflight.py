@@ -77,9 +77,9 @@ def probe_script(disk_path: str = DEFAULT_MODEL_DIR, hwsim_dir: str = HWSIM_DIR,
 
 
 def _wanted_node_firmware(host: Host) -> dict[str, tuple[str, ...]]:
-    from provisioner.bmc.firmware import NODE_COMPONENTS, wanted_map
+    from provisioner.bmc.firmware import node_part, wanted_map
 
-    return {c: v for c, v in wanted_map(host.vars.get("firmware")).items() if c in NODE_COMPONENTS}
+    return node_part(wanted_map(host.vars.get("firmware")))
 
 
 # ------------------------------------------------------------------------------------------ result model
@@ -450,10 +450,19 @@ def bios_acs_hints(fleet: Fleet, reports: dict[str, HostReport]) -> None:
     from provisioner.bmc.firmware import acs_hint
     from provisioner.bmc.redfish import Bmc, BmcError
     from provisioner.bmc.session import bmc_target, each, setup_vault
+    from provisioner.errors import UsageError
+
+    try:
+        setup_vault(fleet, hosts, None)  # once per process, before the threads
+    except UsageError as exc:
+        vault_error: str | None = f"the BIOS attributes were not read: {exc}"
+    else:
+        vault_error = None
 
     def one(host: str) -> str:
+        if vault_error is not None:
+            return vault_error
         try:
-            setup_vault(fleet, [host], None)
             hint = acs_hint(Bmc(bmc_target(fleet, host), timeout=10.0).bios_attributes())
         except (BmcConfigError, BmcError) as exc:
             return f"the BIOS attributes were not read: {exc}"
