@@ -36,6 +36,7 @@ COMMANDS = (
     "status",
     "history",
     "node",
+    "drain",
     "remediate",
     "bench",
     "monitoring",

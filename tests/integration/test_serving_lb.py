@@ -462,3 +462,56 @@ def test_failover_when_one_head_stops(lb):
         assert all(" 200 " in ln for ln in log)
     finally:
         lb.stubs["node01"] = Stub("node01", ("127.0.0.2", port))
+
+
+def test_drained_head_is_rendered_down_and_in_flight_requests_finish(lb, tmp_path):
+    # the balancer host's drained list (what `provision drain` writes through playbooks/balancer.yml)
+    port = lb.stubs["node01"].server_address[1]
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "drained").write_text(f"127.0.0.2:{port}\n")
+    drained = role_render(lb.inv, tmp_path)
+    text = drained.read_text()
+    down = [ln for ln in text.splitlines() if " down;" in ln]
+    assert len(down) == 1 and f"server 127.0.0.2:{port} " in down[0] and "(drained: provision drain)" in down[0]
+    # the CLI renders the same bytes when given the same list
+    cli = render_lb_config(load_fleet(lb.inv), overrides={
+        "serving_lb_conf_dir": str(tmp_path / "etc"), "serving_lb_log_dir": str(tmp_path / "logs"),
+        "serving_lb_drained_heads": [f"127.0.0.2:{port}"]})
+    assert cli == text
+    # long requests in flight on both heads (least_conn spreads them; a head the test before stopped may still be
+    # skipped for fail_timeout), then nginx reloads onto the drained config
+    reset(lb)
+    results: list = []
+    holds: list[threading.Thread] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(lb.stubs[n].active for n in ("node01", "node03")):
+        t = threading.Thread(target=lambda: results.append(
+            lb.post("/v1/completions", {"model": "llama", "prompt": "long", "hold": 4})))
+        t.start()
+        holds.append(t)
+        time.sleep(0.5)
+    assert all(lb.stubs[n].active for n in ("node01", "node03"))
+    try:
+        main_conf(lb.work, drained)
+        lb.reload()
+        # new requests avoid the drained head; the one it was answering finishes (no dropped connection)
+        assert set(lb.served_by(6)) == {"node03"}
+        for t in holds:
+            t.join()
+        assert len(results) == len(holds) and all(c == 200 for c, _ in results), results
+        assert "node01" in {b["served_by"] for _, b in results}
+        # the active check keeps a drained head down and never counts it as live: with node03 failing /health it
+        # is not marked down (it is the model's only live server: fail open)
+        lb.stubs["node03"].healthy = False
+        live = tmp_path / "live.conf"
+        r = subprocess.run([sys.executable, str(ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"),
+                            "--source", str(drained), "--dest", str(live), "--timeout", "2",
+                            "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        downs = [ln for ln in live.read_text().splitlines() if " down" in ln]
+        assert len(downs) == 1 and f"127.0.0.2:{port}" in downs[0] and "down down" not in downs[0], downs
+    finally:
+        lb.stubs["node03"].healthy = True
+        main_conf(lb.work, lb.snippet)
+        lb.reload()

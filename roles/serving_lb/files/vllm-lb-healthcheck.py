@@ -3,8 +3,8 @@
 
 Reads the configuration the role rendered (SOURCE, every head up), probes each upstream server's
 `http://ADDR/health` (vLLM answers 200 when ready, 503 once its engine died, nothing while loading), and writes
-DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its servers marked
-down (fail open: nginx's passive checks still apply). When DEST changes: `nginx -t`, then reload.
+DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its live servers marked
+down (fail open: nginx's passive checks still apply); servers the source has `down` (drained) stay down. When DEST changes: `nginx -t`, then reload.
 Prints one JSON line: {"changed": bool, "down": ["addr:port", ...], "up": [...]}.
 Managed by provisioner (roles/serving_lb). Standard library only.
 """
@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 
 SERVER = re.compile(r"^(?P<indent>\s*)server\s+(?P<addr>\S+)(?P<rest>[^;]*);(?P<tail>.*)$")
+DOWN = re.compile(r"(^|\s)down(\s|$)")
 UPSTREAM = re.compile(r"^\s*upstream\s+(?P<name>\S+)\s*\{")
 
 
@@ -49,10 +50,12 @@ def rewrite(source: str, healthy: dict[str, bool]) -> str:
             groups[current].append(i)
     out = list(lines)
     for members in groups.values():
-        addrs = [SERVER.match(lines[i]).group("addr") for i in members]  # type: ignore[union-attr]
+        # servers rendered `down` (drained by `provision drain`) stay so and never count as live
+        live = [i for i in members if not DOWN.search(SERVER.match(lines[i])["rest"])]  # type: ignore[index]
+        addrs = [SERVER.match(lines[i]).group("addr") for i in live]  # type: ignore[union-attr]
         if not any(healthy.get(a, True) for a in addrs):
             continue  # all down: fail open
-        for i, addr in zip(members, addrs):
+        for i, addr in zip(live, addrs):
             if not healthy.get(addr, True):
                 m = SERVER.match(lines[i])
                 assert m

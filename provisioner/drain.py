@@ -1,0 +1,92 @@
+"""Drain and return as pure data: which clusters a set of targets takes out (a TP/PP cluster goes as a whole), the
+heads the balancer must stop sending to, the balancer's drained list after a change, and vLLM's in-flight count.
+No I/O: provisioner/commands/drain.py acts on these."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from provisioner.errors import UsageError
+from provisioner.model import Fleet
+
+#: vLLM's gauges of requests on the engine (running) and queued for it (waiting)
+_INFLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? (\S+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Head:
+    """A cluster's head as the balancer knows it: `address:port` is the nginx server line's address."""
+
+    cluster: str
+    host: str
+    address: str
+    port: int
+
+    @property
+    def server(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What draining (or returning) `targets` touches: whole clusters, their members in node_rank order, their
+    heads, the hosts outside any cluster, and the notes to print (a cluster going as a whole)."""
+
+    clusters: tuple[str, ...]
+    members: Mapping[str, tuple[str, ...]]
+    heads: tuple[Head, ...]
+    loose: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(h for c in self.clusters for h in self.members[c]) + self.loose
+
+
+def plan(fleet: Fleet, targets: Iterable[str]) -> Plan:
+    """Resolve host and cluster names (UsageError for anything else) to whole clusters, in the order given."""
+    from provisioner.monitoring import fleet_targets
+
+    clusters: list[str] = []
+    loose: list[str] = []
+    notes: list[str] = []
+    for t in targets:
+        if t in fleet.clusters:
+            if t not in clusters:
+                clusters.append(t)
+            continue
+        if t not in fleet.hosts:
+            known = ", ".join(sorted(fleet.clusters)) or "none"
+            raise UsageError(f"{t} is neither a host nor a vLLM cluster of the inventory (clusters: {known})",
+                             path=str(fleet.source))
+        of = sorted(fleet.cluster_of(t))
+        if not of:
+            if t not in loose:
+                loose.append(t)
+            continue
+        for c in of:
+            if c not in clusters:
+                clusters.append(c)
+                others = [m for m in fleet.clusters[c].members if m != t]
+                if others and t in fleet.clusters[c].members:
+                    notes.append(f"{t}: cluster {c} drains as a whole (with {', '.join(others)})")
+    heads_by = {h["cluster"]: h for h in fleet_targets(fleet)["heads"]}
+    heads = tuple(Head(c, heads_by[c]["host"], heads_by[c]["address"], heads_by[c]["port"])
+                  for c in clusters if c in heads_by)
+    return Plan(clusters=tuple(clusters), members={c: fleet.clusters[c].members for c in clusters}, heads=heads,
+                loose=tuple(h for h in loose if not any(h in fleet.clusters[c].members for c in clusters)),
+                notes=tuple(notes))
+
+
+def drained_list(current: Iterable[str], *, add: Iterable[str] = (), remove: Iterable[str] = ()) -> list[str]:
+    """The balancer's drained servers after adding and removing some (sorted, unique, blank lines dropped)."""
+    out = {s.strip() for s in current if s.strip()} | {s for s in add}
+    return sorted(out - set(remove))
+
+
+def inflight(metrics: str) -> int | None:
+    """Requests running + waiting on a vLLM engine, from its /metrics text (None: no such gauge in it)."""
+    values = [float(m.group(1)) for m in _INFLIGHT.finditer(metrics)]
+    return int(sum(values)) if values else None
