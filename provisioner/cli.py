@@ -37,6 +37,7 @@ COMMANDS = (
     "history",
     "node",
     "drain",
+    "upgrade",
     "remediate",
     "bench",
     "monitoring",

@@ -1,20 +1,13 @@
-"""The fleet ledger: runs, per-host outcomes, health results, drift items and lifecycle transitions in a database,
-not in files to grep (issue 25). The run directories stay as artifacts; the ledger indexes them (`runs.run_dir`).
+"""The fleet ledger: runs, per-host outcomes, health results, drift items, lifecycle transitions, remediation steps,
+recorded host states and rolling upgrades in a database: SQLite by default, PostgreSQL for a `postgresql://` URL in
+PROVISION_LEDGER (provisioner/ledger/pg.py). The run directories stay as artifacts; the ledger indexes them.
 
-- Backend: SQLite (stdlib `sqlite3`), one file, WAL mode, every write in a transaction. A PostgreSQL backend (for
-  several controllers or execution-node shards writing at once) is NOT done: it would be a second class with the
-  same methods as `Ledger` (the SQL is plain; placeholders and the id column differ), chosen by a URL in
-  PROVISION_LEDGER.
-- Where: `paths.ledger_path()` (PROVISION_LEDGER, else `ledger.sqlite3` in the runs directory it indexes).
-- Schema: versioned migrations (`schema.MIGRATIONS`, ordered SQL steps), applied in one transaction at open.
-- A run opened (`run_started`) and never closed reads as `interrupted` once its process is gone (the CLI was killed
-  mid-run): nothing has to clean up after a crash for the ledger to tell the truth.
-
-Only the standard library here.
+Schema: versioned migrations (`schema.MIGRATIONS`), applied in one transaction at open. A run or rollout opened and
+never closed reads as `interrupted` once its process is gone: nothing has to clean up after a crash.
 """
 
 from __future__ import annotations
 
-from provisioner.ledger.store import Ledger, LedgerError, Remediation, Run, Transition
+from provisioner.ledger.store import Ledger, LedgerError, Remediation, Rollout, RolloutCluster, Run, Transition
 
-__all__ = ["Ledger", "LedgerError", "Remediation", "Run", "Transition"]
+__all__ = ["Ledger", "LedgerError", "Remediation", "Rollout", "RolloutCluster", "Run", "Transition"]

@@ -92,6 +92,33 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE host_state ADD COLUMN roles TEXT NOT NULL DEFAULT '[]';  -- JSON list
     """,
+    # 5: rolling upgrades (provision upgrade): one row per rollout, one per cluster in rollout order
+    """
+    CREATE TABLE rollouts (
+        id        INTEGER PRIMARY KEY,
+        inventory TEXT NOT NULL,
+        spec      TEXT NOT NULL,             -- JSON: the extra vars, --max-unavailable, the cluster order
+        digest    TEXT NOT NULL,             -- of the members' inputs: a rerun with the same digest resumes
+        started   REAL NOT NULL,
+        ended     REAL,
+        status    TEXT NOT NULL DEFAULT 'running',  -- running, stopped, done, aborted (killed: read interrupted)
+        detail    TEXT,                      -- why it stopped
+        pid       INTEGER,
+        node      TEXT
+    );
+    CREATE INDEX rollouts_inventory ON rollouts (inventory, id);
+    CREATE TABLE rollout_clusters (
+        rollout  INTEGER NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        cluster  TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        status   TEXT NOT NULL DEFAULT 'pending',  -- pending, draining, upgrading, returning, done, failed
+        step     TEXT,                       -- the step a failed cluster stopped in
+        detail   TEXT,
+        at       REAL,
+        seconds  REAL,                       -- drain to return, for a done cluster
+        PRIMARY KEY (rollout, cluster)
+    );
+    """,
 )
 
 #: The version a database opened by this code ends at.

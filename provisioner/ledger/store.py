@@ -55,6 +55,37 @@ class Remediation:
     actor: str
 
 
+@dataclass(frozen=True)
+class RolloutCluster:
+    cluster: str
+    position: int
+    status: str  # pending, draining, upgrading, returning, done, failed
+    step: str | None  # where a failed cluster stopped
+    detail: str | None
+    at: float | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    id: int
+    inventory: str
+    spec: dict[str, Any]
+    digest: str
+    started: float
+    ended: float | None
+    status: str  # running, stopped, done, aborted; a running one whose process is gone reads `interrupted`
+    detail: str | None
+    pid: int | None
+    node: str | None
+    clusters: tuple[RolloutCluster, ...]
+
+    @property
+    def open(self) -> bool:
+        """Not finished: resumable (stopped, interrupted) or still running."""
+        return self.status in ("running", "stopped", "interrupted")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -327,6 +358,71 @@ class Ledger:
             out[h] = Record(host=h, run=r["run"], recorded=r["recorded"], inputs=r["inputs"], state=state,
                             digest=r["digest"], roles=_roles(r["roles"]))
         return out
+
+    # -- rolling upgrades ---------------------------------------------------------------------------------------
+    def rollout_started(self, inventory: str, spec: dict[str, Any], digest: str, clusters: Iterable[str], *,
+                        pid: int | None = None) -> int:
+        """A rollout begins (status running, this process's pid) with every cluster pending, in rollout order."""
+        with self._tx() as db:
+            row = db.execute("INSERT INTO rollouts (inventory, spec, digest, started, pid, node) "
+                             "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                             (inventory, json.dumps(spec, sort_keys=True), digest, time.time(),
+                              os.getpid() if pid is None else pid, socket.gethostname())).fetchone()
+            rid = int(row[0])
+            db.executemany("INSERT INTO rollout_clusters (rollout, cluster, position) VALUES (?, ?, ?)",
+                           [(rid, c, i) for i, c in enumerate(clusters)])
+            return rid
+
+    def rollout_claimed(self, rollout: int) -> None:
+        """A resumed rollout: running again, under this process."""
+        with self._tx() as db:
+            db.execute("UPDATE rollouts SET status = 'running', detail = NULL, ended = NULL, pid = ?, node = ? "
+                       "WHERE id = ?", (os.getpid(), socket.gethostname(), rollout))
+
+    def rollout_step(self, rollout: int, clusters: Iterable[str], status: str, *, step: str | None = None,
+                     detail: str | None = None, seconds: float | None = None) -> None:
+        with self._tx() as db:
+            db.executemany("UPDATE rollout_clusters SET status = ?, step = ?, detail = ?, at = ?, seconds = ? "
+                           "WHERE rollout = ? AND cluster = ?",
+                           [(status, step, detail, time.time(), seconds, rollout, c) for c in clusters])
+
+    def rollout_ended(self, rollout: int, status: str, detail: str | None = None) -> None:
+        """stopped (a step failed: resumable), done or aborted."""
+        with self._tx() as db:
+            db.execute("UPDATE rollouts SET status = ?, detail = ?, ended = ? WHERE id = ?",
+                       (status, detail, time.time(), rollout))
+
+    def _rollout(self, row: sqlite3.Row) -> Rollout:
+        status = row["status"]
+        if status == "running" and row["node"] == socket.gethostname() and row["pid"] is not None \
+                and not _pid_alive(int(row["pid"])):
+            status = "interrupted"
+        clusters = tuple(RolloutCluster(r["cluster"], r["position"], r["status"], r["step"], r["detail"], r["at"],
+                                        r["seconds"]) for r in self._db.execute(
+            "SELECT * FROM rollout_clusters WHERE rollout = ? ORDER BY position", (row["id"],)))
+        try:
+            spec = json.loads(row["spec"])
+        except ValueError:
+            spec = {}
+        return Rollout(id=row["id"], inventory=row["inventory"], spec=spec if isinstance(spec, dict) else {},
+                       digest=row["digest"], started=row["started"], ended=row["ended"], status=status,
+                       detail=row["detail"], pid=row["pid"], node=row["node"], clusters=clusters)
+
+    def rollouts(self, inventory: str | None = None, limit: int = 20) -> list[Rollout]:
+        """Newest first."""
+        q = "SELECT * FROM rollouts" + (" WHERE inventory = ?" if inventory else "") + " ORDER BY id DESC LIMIT ?"
+        return [self._rollout(r) for r in self._db.execute(q, ((inventory,) if inventory else ()) + (limit,))]
+
+    def rollout(self, rollout: int) -> Rollout:
+        row = self._db.execute("SELECT * FROM rollouts WHERE id = ?", (rollout,)).fetchone()
+        if row is None:
+            raise LedgerError(f"no rollout {rollout} in the ledger")
+        return self._rollout(row)
+
+    def open_rollout(self, inventory: str) -> Rollout | None:
+        """The inventory's newest rollout when it is not finished (running, stopped or interrupted)."""
+        last = self.rollouts(inventory, limit=1)
+        return last[0] if last and last[0].open else None
 
     def full_drift_done(self, inventory: str, at: float | None = None) -> None:
         with self._tx() as db:

@@ -65,6 +65,18 @@ def health_passed(ledger: Ledger, host: str, since: float | None) -> bool:
     return last is not None and last[1] == "ok" and (since is None or last[0].started >= since)
 
 
+def cluster_model(cluster: Any, name: str) -> str:
+    """The model a vLLM cluster serves, as the lifecycle rules compare clusters (its architecture, else its model)."""
+    return str(cluster.get("model_arch") or cluster.get("model") or name)
+
+
+def serving_clusters(fleet: Fleet, ledger: Ledger) -> set[str]:
+    """The clusters whose members are all in service."""
+    states = ledger.states()
+    return {n for n, c in fleet.clusters.items()
+            if c.members and all(states.get(m, ("new", None))[0] == "in-service" for m in c.members)}
+
+
 def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
     """The lifecycle rules' context for `host`: its health gate, its cluster, every cluster's model and members,
     every host's state."""
@@ -72,7 +84,7 @@ def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
 
     states = ledger.states()
     since = states.get(host, ("new", None))[1]
-    clusters = {name: ClusterInfo(model=str(c.get("model_arch") or c.get("model") or name), members=c.members)
+    clusters = {name: ClusterInfo(model=cluster_model(c, name), members=c.members)
                 for name, c in fleet.clusters.items()}
     return Context(health_passed=health_passed(ledger, host, since), cluster=cluster_name(fleet, host),
                    clusters=clusters, states={h: s for h, (s, _) in states.items()})

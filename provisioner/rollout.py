@@ -1,0 +1,62 @@
+"""The rolling upgrade as pure data: the spec's digest (a rerun with the same one resumes), the clusters that may go
+out next (at most --max-unavailable, never the last one serving a model) and the progress line. No I/O:
+provisioner/commands/upgrade.py acts on these."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+#: a cluster's statuses in a rollout, in the order it goes through them
+STEPS = ("pending", "draining", "upgrading", "returning", "done")
+
+
+def spec_digest(inputs: Mapping[str, str], extravars: Mapping[str, Any]) -> str:
+    """One digest of what the rollout applies: every member's input digest (inventory, roles, suite version) and the
+    extra vars."""
+    doc = {"inputs": dict(sorted(inputs.items())), "extra": extravars}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def single_model_clusters(models: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(cluster, model) for every model served by one cluster only: upgrading it stops the model."""
+    by: dict[str, list[str]] = {}
+    for c, m in models.items():
+        by.setdefault(m, []).append(c)
+    return sorted((cs[0], m) for m, cs in by.items() if len(cs) == 1)
+
+
+def next_batch(pending: Sequence[str], models: Mapping[str, str], serving: Iterable[str], max_unavailable: int, *,
+               force: bool = False) -> tuple[list[str], str | None]:
+    """The clusters to take out next, in rollout order: at most `max_unavailable`, and (unless `force`) never one
+    whose model would be left with no serving cluster. A cluster not serving now costs no capacity. When nothing can
+    go: ([], why)."""
+    up = set(serving)
+    batch: list[str] = []
+    blocked: str | None = None
+    for c in pending:
+        if len(batch) >= max_unavailable:
+            break
+        if c in up and not force:
+            left = [o for o in up if o != c and o not in batch and models.get(o) == models.get(c)]
+            if not left:
+                blocked = blocked or (f"cluster {c} is the last one serving {models.get(c)} now: the rollout does "
+                                      f"not take it out (bring another cluster of the model back, or --force)")
+                continue
+        batch.append(c)
+    return batch, (None if batch else blocked or "no cluster left to upgrade")
+
+
+def progress(statuses: Mapping[str, str], models: Mapping[str, str], serving: Iterable[str]) -> str:
+    """`N/M clusters done, K left; serving now: MODEL x of y clusters, ...`."""
+    up = set(serving)
+    done = sum(1 for s in statuses.values() if s == "done")
+    per: dict[str, list[int]] = {}
+    for c, m in sorted(models.items()):
+        n = per.setdefault(m, [0, 0])
+        n[0] += c in up
+        n[1] += 1
+    cap = ", ".join(f"{m} {a} of {b} cluster{'s' if b != 1 else ''}" for m, (a, b) in sorted(per.items()))
+    return f"{done}/{len(statuses)} clusters done, {len(statuses) - done} left; serving now: {cap or 'nothing'}"

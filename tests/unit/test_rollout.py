@@ -1,0 +1,152 @@
+"""The rolling upgrade's pure parts (provisioner/rollout.py) and its ledger records: batches never take out the
+last cluster serving a model, the progress line, the spec digest, and a rollout whose process died reading
+`interrupted` (resumable) in the ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provisioner.ledger import Ledger
+from provisioner.rollout import next_batch, progress, single_model_clusters, spec_digest
+
+DEAD_PID = 2**31 - 2
+MODELS = {"a1": "llama", "a2": "llama", "a3": "llama", "b1": "qwen", "b2": "qwen"}
+
+
+def test_one_at_a_time_in_order() -> None:
+    assert next_batch(["a1", "a2", "a3"], MODELS, {"a1", "a2", "a3"}, 1) == (["a1"], None)
+
+
+def test_max_unavailable_keeps_one_cluster_of_each_model() -> None:
+    # three llama clusters serving: two may go; qwen b1 goes too only while b2 serves
+    batch, why = next_batch(["a1", "a2", "a3", "b1", "b2"], MODELS, set(MODELS), 4)
+    assert batch == ["a1", "a2", "b1"] and why is None
+    assert next_batch(["a3", "b2"], MODELS, {"a3", "b2"}, 2)[0] == []
+
+
+def test_the_last_serving_cluster_is_not_taken_out() -> None:
+    batch, why = next_batch(["b1"], MODELS, {"b1", "a1"}, 1)  # b2 is not serving now
+    assert batch == [] and why is not None and "b1 is the last one serving qwen" in why and "--force" in why
+    assert next_batch(["b1"], MODELS, {"b1"}, 1, force=True) == (["b1"], None)
+
+
+def test_a_cluster_out_of_service_costs_no_capacity() -> None:
+    # b2 (drained by a stopped rollout) goes first: it is not serving, so b1 may not go with it
+    assert next_batch(["b2", "b1"], MODELS, {"b1"}, 2) == (["b2"], None)
+    assert next_batch(["b2", "a1"], MODELS, {"a1", "a2", "b1"}, 2) == (["b2", "a1"], None)
+
+
+def test_single_model_clusters() -> None:
+    assert single_model_clusters({"x": "m1", "y": "m1", "z": "m2"}) == [("z", "m2")]
+    assert single_model_clusters(MODELS) == []
+
+
+def test_progress_line() -> None:
+    line = progress({"a1": "done", "a2": "returning", "b1": "pending"}, {"a1": "llama", "a2": "llama", "b1": "qwen"},
+                    {"a1", "b1"})
+    assert line == "1/3 clusters done, 2 left; serving now: llama 1 of 2 clusters, qwen 1 of 1 cluster"
+
+
+def test_spec_digest_follows_inputs_and_extra_vars() -> None:
+    base = spec_digest({"n1": "d1", "n2": "d2"}, {"vllm_version": "0.11.0"})
+    assert base == spec_digest({"n2": "d2", "n1": "d1"}, {"vllm_version": "0.11.0"})
+    assert base != spec_digest({"n1": "d1", "n2": "dX"}, {"vllm_version": "0.11.0"})
+    assert base != spec_digest({"n1": "d1", "n2": "d2"}, {"vllm_version": "0.11.1"})
+
+
+def test_rollout_records_steps_and_reads_interrupted_when_killed(tmp_path: Path) -> None:
+    with Ledger.open(tmp_path / "l.sqlite3") as lg:
+        assert lg.open_rollout("/inv") is None
+        rid = lg.rollout_started("/inv", {"order": ["a1", "a2"]}, "dig", ["a1", "a2"], pid=DEAD_PID)
+        lg.rollout_step(rid, ["a1"], "upgrading")
+        ro = lg.open_rollout("/inv")
+        assert ro is not None and ro.id == rid and ro.status == "interrupted" and ro.open
+        assert [(c.cluster, c.status) for c in ro.clusters] == [("a1", "upgrading"), ("a2", "pending")]
+        lg.rollout_claimed(rid)  # resumed by this process
+        assert lg.rollout(rid).status == "running"
+        lg.rollout_step(rid, ["a1"], "failed", step="holders", detail="n1: /dev/nvidia* held by pid 7 (python3)")
+        lg.rollout_ended(rid, "stopped", "held")
+        ro = lg.open_rollout("/inv")
+        assert ro is not None and ro.status == "stopped" and ro.clusters[0].step == "holders"
+        lg.rollout_claimed(rid)
+        lg.rollout_step(rid, ["a1", "a2"], "done", seconds=12.5)
+        lg.rollout_ended(rid, "done")
+        assert lg.open_rollout("/inv") is None and lg.open_rollout("/other") is None
+        assert [c.seconds for c in lg.rollout(rid).clusters] == [12.5, 12.5]
+
+
+# --- `provision upgrade` refusals, before anything touches a node (in-process, the ledger in tmp_path) ----------
+INI = """\
+[gpu_nodes]
+n1 ansible_host=198.18.0.11
+n2 ansible_host=198.18.0.12
+n3 ansible_host=198.18.0.13
+n4 ansible_host=198.18.0.14
+
+[pp]
+n1 node_rank=0
+n2 node_rank=1
+
+[pp2]
+n3 node_rank=0
+n4 node_rank=1
+"""
+C = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8, "pipeline_parallel_size": 2,
+     "max_model_len": 4096, "max_num_seqs": 64}
+
+
+def _inv(tmp_path: Path, other_model: bool = False) -> Path:
+    from inventory_factory import write_inventory
+
+    other = {"model": "/models/Llama-3.1-70B", "model_arch": "Llama-3.1-70B"} if other_model else {}
+    return write_inventory(tmp_path / "inv", ini=INI, group_vars={
+        "pp": {"vllm_cluster": {**C, "port": 8001}}, "pp2": {"vllm_cluster": {**C, "port": 8000, **other}}})
+
+
+def test_upgrade_refuses_a_model_served_by_one_cluster(tmp_path: Path) -> None:
+    from cli_inproc import provision
+
+    db = tmp_path / "ledger.sqlite3"
+    r = provision("upgrade", str(_inv(tmp_path, other_model=True)), env={"PROVISION_LEDGER": str(db)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "is the only one serving" in r.stderr and "--force" in r.stderr, r.stderr
+    with Ledger.open(db) as lg:
+        assert lg.rollouts() == []
+
+
+def test_upgrade_refuses_another_change_while_one_is_open_and_a_running_one(tmp_path: Path) -> None:
+    import os
+
+    from cli_inproc import provision
+
+    inv, db = _inv(tmp_path), tmp_path / "ledger.sqlite3"
+    env = {"PROVISION_LEDGER": str(db)}
+    with Ledger.open(db) as lg:
+        rid = lg.rollout_started(str(inv.resolve()), {}, "another-digest", ["pp", "pp2"], pid=DEAD_PID)
+        lg.rollout_step(rid, ["pp"], "upgrading")
+    r = provision("upgrade", str(inv), "-e", "{\"nccl_ib_timeout\": 23}", env=env)
+    assert r.returncode == 1 and r.stderr.startswith(
+        f"refused: rollout {rid} of another change is interrupted at cluster pp (upgrading)"), r.stderr
+    assert "--abort" in r.stderr
+    with Ledger.open(db) as lg:
+        lg.rollout_ended(rid, "aborted")
+        live = lg.rollout_started(str(inv.resolve()), {}, "x", ["pp", "pp2"], pid=os.getpid())
+    r = provision("upgrade", str(inv), env=env)
+    assert r.returncode == 1 and f"rollout {live} of" in r.stderr and "is running" in r.stderr, r.stderr
+
+
+def test_abort_closes_a_rollout_with_nothing_out_and_usage_errors(tmp_path: Path) -> None:
+    from cli_inproc import provision
+
+    inv, db = _inv(tmp_path), tmp_path / "ledger.sqlite3"
+    env = {"PROVISION_LEDGER": str(db)}
+    r = provision("upgrade", str(inv), "--abort", env=env)
+    assert r.returncode == 0 and "no rollout of" in r.stdout, r.stdout + r.stderr
+    with Ledger.open(db) as lg:
+        rid = lg.rollout_started(str(inv.resolve()), {}, "d", ["pp", "pp2"], pid=DEAD_PID)
+    r = provision("upgrade", str(inv), "--abort", env=env)
+    assert r.returncode == 0 and f"rollout {rid} aborted: 0 cluster(s) had been upgraded" in r.stdout, r.stdout
+    with Ledger.open(db) as lg:
+        assert lg.rollout(rid).status == "aborted" and lg.open_rollout(str(inv.resolve())) is None
+    r = provision("upgrade", str(inv), "--max-unavailable", "0", env=env)
+    assert r.returncode == 2 and "--max-unavailable" in r.stderr
