@@ -17,6 +17,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ import pytest
 
 from provisioner import PROJECT_ROOT
 
-from vllm_e2e import VllmRack, http  # noqa: E402  (tests/vllm's shared helpers)
+from vllm_e2e import PROVISION, VllmRack, http  # noqa: E402  (tests/vllm's shared helpers)
 
 
 pytestmark = pytest.mark.vllm
@@ -44,6 +46,7 @@ class Edge:
     rack: VllmRack
     url: str
     play_output: str
+    inventory: Path  # the rack's inventory with node03 in group lb
 
 
 def e2e_count(rack: VllmRack, cluster: str) -> float:
@@ -101,7 +104,7 @@ def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
         from provisioner.inventory import load_fleet
 
         address = load_fleet(hosts).hosts[LB_HOST].address
-        yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", p.stdout)
+        yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", p.stdout, hosts)
     finally:
         # the rack's own firewall back (the tests after this one expect a second `provision run` to change nothing)
         r = playbook(Path(vllm_rack.inventory), firewall)
@@ -177,3 +180,104 @@ def test_keeps_serving_when_one_cluster_is_stopped(edge: Edge) -> None:
         rack.ssh(LB_HOST, "systemctl start vllm.service")
         healthy = rack.wait_healthy(STOP_CLUSTER, HEALTH_BOUND_S)
     assert healthy is not None, f"{STOP_CLUSTER} did not come back within {HEALTH_BOUND_S} s"
+
+
+class ClientLoop:
+    """Completions to the balancer, one after another from `threads` threads, until stopped: every status kept."""
+
+    def __init__(self, url: str, key: str, threads: int = 2) -> None:
+        self.url, self.key, self.codes = url, key, []  # type: ignore[var-annotated]
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            code, text = http(self.url + "/v1/completions", data=BODY, key=self.key, timeout=300)
+            self.codes.append(code)
+            if code != 200:
+                self.failures.append(f"{code}: {text[:200]}")
+
+    def __enter__(self) -> ClientLoop:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=320)
+
+
+def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT)
+
+
+def lb_conf(rack: VllmRack) -> str:
+    r = rack.ssh(LB_HOST, "cat /etc/nginx/conf.d/vllm-lb.conf")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def lifecycle_state(host: str) -> str:
+    from provisioner.ledger import Ledger
+    from provisioner.paths import ledger_path
+
+    with Ledger.open(ledger_path()) as ledger:
+        return str(ledger.state(host)[0])
+
+
+def test_drain_and_return_a_cluster_with_no_failed_request(edge: Edge) -> None:
+    """`provision drain` takes vllm_single out (balancer first, in flight, stop, mark) while a client loop runs
+    against the balancer; draining vllm_pp then is refused (the last cluster serving tiny-llama); `provision return`
+    gates, marks, launches and puts it back. Not one client request fails."""
+    from provisioner.probes.health import IN_SERVICE
+
+    rack, inv = edge.rack, str(edge.inventory)
+    server = f"{rack.heads[STOP_CLUSTER]}:{rack.ports[STOP_CLUSTER]}"
+    pp_hosts = ("node01", "node02")
+    with ClientLoop(edge.url, rack.api_key) as loop:
+        time.sleep(5)
+        t0 = time.monotonic()
+        d = provision("drain", inv, STOP_CLUSTER, "--reason", "rack test: drain")
+        drain_s = time.monotonic() - t0
+        assert d.returncode == 0, d.stdout + d.stderr
+        assert "balancer (node03)" in d.stdout and "in flight:" in d.stdout, d.stdout
+        conf = lb_conf(rack)
+        assert re.search(rf"server {re.escape(server)}\b[^;]* down;", conf), conf
+        assert rack.ssh(LB_HOST, "systemctl is-active vllm.service").stdout.strip() != "active"
+        assert rack.ssh(LB_HOST, f"test -e {IN_SERVICE}").returncode == 1
+        assert lifecycle_state(LB_HOST) == "maintenance"
+        sent_drained = len(loop.codes)
+        time.sleep(10)  # the loop keeps going through the other cluster alone
+        assert len(loop.codes) > sent_drained, "the client loop stalled with one cluster drained"
+
+        # the other cluster is now the last one serving the model: refused, nothing changed
+        r = provision("drain", inv, "node02", "--reason", "rack test: must be refused")
+        assert r.returncode == 1 and "refused" in r.stderr and "last" in r.stderr, r.stdout + r.stderr
+        assert all(lifecycle_state(h) == "in-service" for h in pp_hosts)
+        assert all(rack.ssh(h, f"test -e {IN_SERVICE}").returncode == 0 for h in pp_hosts)
+
+        t1 = time.monotonic()
+        b = provision("return", inv, STOP_CLUSTER, "--reason", "rack test: return")
+        return_s = time.monotonic() - t1
+        assert b.returncode == 0, b.stdout + b.stderr
+        assert "health gate: pass" in b.stdout and "back into the balancer" in b.stdout, b.stdout
+        time.sleep(10)  # requests reach the returned cluster again
+    assert not re.search(rf"server {re.escape(server)}\b[^;]* down;", lb_conf(rack))
+    assert rack.ssh(LB_HOST, f"test -e {IN_SERVICE}").returncode == 0
+    assert lifecycle_state(LB_HOST) == "in-service"
+    from provisioner.ledger import Ledger
+    from provisioner.paths import ledger_path
+
+    with Ledger.open(ledger_path()) as ledger:
+        path = [(t.from_state, t.to_state) for t in ledger.transitions(LB_HOST)][-4:]
+    assert path == [("in-service", "draining"), ("draining", "maintenance"), ("maintenance", "burn-in"),
+                    ("burn-in", "in-service")], path
+    figures = {"drain_s": round(drain_s, 1), "return_s": round(return_s, 1), "requests_sent": len(loop.codes),
+               "requests_failed": len(loop.failures)}
+    (PROJECT_ROOT / ".runs").mkdir(exist_ok=True)
+    (PROJECT_ROOT / ".runs" / "lifecycle-drain-figures.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"drain/return figures: {json.dumps(figures)}")
+    assert loop.failures == [], loop.failures[:5]
+    assert e2e_count(rack, STOP_CLUSTER) > 0
