@@ -19,8 +19,8 @@ HELP = unwrap("""Move HOST of INVENTORY to another lifecycle state, with a reaso
 
 The allowed transitions and the refusals are docs/lifecycle.md's: into in-service only after a passed `provision
 health` since the host entered its present state; draining the last cluster serving a model only with --force.
-This records the state only: it does not drain the balancer, stop vLLM or touch the node's in-service mark (not
-done yet).
+This records the state only: it does not drain the balancer, stop vLLM or touch the node's in-service mark
+(provision drain and provision return do).
 
 Exit codes: 0 recorded, 1 refused (one line saying why), 2 usage.""")
 
