@@ -19,10 +19,15 @@ docs/lifecycle.md); a host the ledger has never seen is `new`. A run whose proce
 --html FILE also writes one self-contained page: the same table and each node's timeline of transitions, health
 passes and remediation steps.
 
+The mark, driver and vllm columns say what was seen of the in-service mark, the NVIDIA driver and vLLM: without
+--nodes, what the ledger holds (the driver from the last health pass or the last complete run's recorded state;
+the mark `recorded` when that state holds /etc/provisioner/in-service; `-` unknown). --nodes reads all three on
+every node, one SSH exec each, in parallel; a node that does not answer reads `unreachable`.
+
 Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
 
 
-def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None) -> int:
+def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, nodes: bool = False) -> int:
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import history, read_ledger, status_rows, when
@@ -35,6 +40,12 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None) ->
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
+    if nodes:
+        from provisioner.probes.seen import look
+
+        seen = look(fleet, [r["host"] for r in rows])
+        for r in rows:
+            r.update(seen[r["host"]])
     if html is not None:
         import time
 
@@ -51,8 +62,10 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None) ->
     from rich.console import Console
     from rich.table import Table
 
+    from provisioner.probes.seen import cell
+
     table = Table(title=f"fleet status: {inventory}", title_justify="left")
-    for col in ("host", "state", "since", "cluster", "last run", "health", "drift"):
+    for col in ("host", "state", "since", "cluster", "last run", "health", "drift", "mark", "driver", "vllm"):
         table.add_column(col)
     for r in rows:
         last, health, drift = r["last_run"], r["health"], r["drift"]
@@ -63,7 +76,8 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None) ->
             f" ({', '.join(health['failed'])})" if health["failed"] else "")
         dr = "-" if drift is None else f"{when(drift['started'])}: {drift['items']} item(s)" + (
             "" if drift["outcome"] in ("ok", "changed") else f" ({drift['outcome']})")
-        table.add_row(r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr, hl, dr)
+        table.add_row(r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr, hl, dr,
+                      cell(r.get("mark"), "mark"), cell(r.get("driver")), cell(r.get("vllm")))
     Console(highlight=False, soft_wrap=True).print(table)
     return int(Exit.OK)
 
@@ -76,5 +90,8 @@ def register(app: typer.Typer) -> None:
         html: Annotated[Path | None, typer.Option(
             "--html", help="Also write a self-contained HTML page (table + each node's timeline) here.",
             show_default=False)] = None,
+        nodes: Annotated[bool, typer.Option(
+            "--nodes", help="Read the in-service mark, driver and vLLM versions on every node (one SSH exec each).",
+        )] = False,
     ) -> None:
-        raise typer.Exit(run(inventory, fmt, html))
+        raise typer.Exit(run(inventory, fmt, html, nodes))

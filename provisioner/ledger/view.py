@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,10 +34,13 @@ def cluster_name(fleet: Fleet, host: str) -> str | None:
     return c.name if c is not None else None
 
 
-def status_rows(fleet: Fleet, ledger: Ledger) -> list[dict[str, Any]]:
+def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]:
     """One row per inventory host (inventory order): state and since, cluster, the last run's outcome for it, its
-    last health pass (when, result, failed checks) and last drift check (when, outcome, items)."""
+    last health pass (when, result, failed checks) and last drift check (when, outcome, items), and what the ledger
+    knows of its in-service mark, driver and vLLM (`mark`, `driver`, `vllm`: see recorded_seen)."""
     states = ledger.states()
+    records = ledger.records(fleet.hosts)
+    now = time.time() if now is None else now
     rows = []
     for host in fleet.hosts:
         state, since = states.get(host, ("new", None))
@@ -54,8 +58,70 @@ def status_rows(fleet: Fleet, ledger: Ledger) -> list[dict[str, Any]]:
             "drift": None if drift is None else {
                 "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
                 "items": len(ledger.drift_items(drift[0].id, host))},
+            **recorded_seen(ledger, host, records.get(host), now),
         })
     return rows
+
+
+#: The driver packages whose installed version stands for the driver, most telling first (roles/nvidia_driver).
+DRIVER_PACKAGES = ("nvidia-kernel-open-", "nvidia-open-", "nvidia-driver-", "nvidia-utils-")
+_HEALTH_DRIVER = re.compile(r"^driver (\d+\.\d+(?:\.\d+)?(?:,\d+\.\d+(?:\.\d+)?)*)\b")
+_HEALTH_LOADED = re.compile(r"loaded kernel module (\d+\.\d+(?:\.\d+)?)\b")
+
+
+def health_driver(rows: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(driver version, the check it came from) from one health pass's results: the `driver` check's message
+    (nvidia-smi's driver version on the node), else the `reboot` check's loaded kernel module."""
+    for check, rx in (("driver", _HEALTH_DRIVER), ("reboot", _HEALTH_LOADED)):
+        for r in rows:
+            m = rx.search(str(r.get("detail") or "")) if r.get("check") == check else None
+            if m:
+                return m.group(1), check
+    return None
+
+
+def record_driver(state: Any) -> tuple[str, str] | None:
+    """(driver version, what it is) from a recorded host state: the loaded module's version (a node fact), else
+    the installed driver package's version."""
+    from provisioner.hoststate import FACTS
+    from provisioner.probes.nodeparse import parse_nvrm_version, upstream_version
+
+    for f in FACTS:
+        v = parse_nvrm_version(state.get(f"other:fact {f}"))
+        if v:
+            return v, f"loaded module ({f})"
+    for prefix in DRIVER_PACKAGES:
+        for key in sorted(k for k in state if k.startswith(f"package:{prefix}")):
+            version, _, status = str(state[key]).partition(" ")
+            if version and status.endswith(" installed"):
+                return upstream_version(version), f"package {key.removeprefix('package:')}"
+    return None
+
+
+def recorded_seen(ledger: Ledger, host: str, record: Any, now: float) -> dict[str, dict[str, Any]]:
+    """`mark`, `driver`, `vllm` as the ledger knows them, without asking the node (`provision status --nodes` does):
+    the driver from the newest of its last health pass that reported one and its recorded state (the last complete
+    `provision run`); the mark `recorded` when that recorded state holds the in-service file (else unknown); vLLM
+    unknown (a recorded state keeps only a digest of the venv)."""
+    from provisioner.hoststate import Record
+    from provisioner.probes.seen import IN_SERVICE, UNKNOWN, field
+
+    driver, mark = dict(UNKNOWN), dict(UNKNOWN)
+    for r in ledger.runs(host=host, limit=20):
+        found = health_driver(ledger.health(host, r.id)) if r.command == "health" else None
+        if found:
+            driver = field(found[0], "health", detail=f"{found[1]} check of health #{r.id}", run=r.id,
+                           at=r.started, now=now)
+            break
+    if isinstance(record, Record):
+        rec = record_driver(record.state)
+        if rec and (driver["at"] is None or record.recorded > driver["at"]):
+            driver = field(rec[0], "recorded", detail=f"{rec[1]}, recorded state of run #{record.run}",
+                           run=record.run, at=record.recorded, now=now)
+        if f"file:{IN_SERVICE}" in record.state:
+            mark = field("recorded", "recorded", detail=f"{IN_SERVICE} in the recorded state of run #{record.run}",
+                         run=record.run, at=record.recorded, now=now)
+    return {"mark": mark, "driver": driver, "vllm": dict(UNKNOWN)}
 
 
 def health_passed(ledger: Ledger, host: str, since: float | None) -> bool:

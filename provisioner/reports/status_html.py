@@ -13,6 +13,7 @@ table{border-collapse:collapse;margin-bottom:2em}th,td{border:1px solid #ccc;pad
 th{background:#f3f3f3}.state{font-weight:600}.quarantined,.fail,.failed{color:#b00}.in-service,.pass,.ok{color:#070}
 ol.timeline{list-style:none;padding-left:1em;border-left:3px solid #ddd}ol.timeline li{margin:.3em 0}
 .when{color:#666;font-family:monospace;margin-right:.6em}
+.seen.unreachable,.seen.error{color:#b00}.seen.yes{color:#070}
 """
 
 
@@ -44,7 +45,9 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
            when: Any, generated: float) -> str:
     """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter."""
     rows = list(rows)
-    head = ("host", "state", "since", "cluster", "last run", "health", "drift")
+    from provisioner.probes.seen import cell
+
+    head = ("host", "state", "since", "cluster", "last run", "health", "drift", "mark", "driver", "vllm")
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>fleet status: {_e(inventory)}</title><style>{CSS}</style></head><body>",
            f"<h1>fleet status: {_e(inventory)}</h1>", f"<p>generated {_e(when(generated))}</p>",
@@ -59,6 +62,12 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
                  f'<td class="state {_cls(r["state"])}">{_e(r["state"])}</td>', f"<td>{_e(when(r['since']))}</td>",
                  f"<td>{_e(r['cluster'])}</td>", f"<td>{_e(lr)}</td>",
                  f'<td class="{_cls(health["result"]) if health else ""}">{_e(hl)}</td>', f"<td>{_e(dr)}</td>"]
+        for key in ("mark", "driver", "vllm"):  # the seen columns; the title says where the value came from
+            f, text = r.get(key) or {}, cell(r.get(key), key)
+            word = text.split(" ")[0] if text.split(" ")[0] in ("yes", "unreachable", "error") else ""
+            why = f.get("error") or f.get("detail")
+            tip = f' title="{_e(why)}"' if why else ""
+            cells.append(f'<td class="seen {word}"{tip}>{_e(text)}</td>')
         out.append(f'<tr data-host="{_e(r["host"])}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     for r in rows:
