@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -86,8 +87,10 @@ def drain_clusters(ops: Any, p: Any, *, reason: str, force: bool, wait: float) -
     return True
 
 
-def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_timeout: float = 900.0) -> bool:
-    """The return of plan `p`: burn-in, health gate, in-service + mark, launch, /health, balancer."""
+def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_timeout: float = 900.0,
+                    passed: Collection[str] = ()) -> bool:
+    """The return of plan `p`: burn-in, health gate, in-service + mark, launch, /health, balancer. Hosts in `passed`
+    passed a health gate since they left service (remediation's): they are not gated again."""
     from provisioner.lifecycle import Refused, path_to
 
     t0 = time.monotonic()
@@ -101,12 +104,13 @@ def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_
                           f"(onboard a new one with provision onboard)")
         moves += [(h, t) for t in path_to(s, "burn-in")]
     ops.record(ops.check(moves, reason))
-    gated = [h for h in p.hosts if ops.state(h) != "in-service"]
+    back = [h for h in p.hosts if ops.state(h) != "in-service"]
+    gated = [h for h in back if h not in passed]
     if gated and not ops.gate(gated, timeout=gate_timeout):
         ops.say("stopped", f"return stopped: the health gate failed; {', '.join(gated)} stay in burn-in, out of the "
                 "balancer", ok=False)
         return False
-    ops.record(ops.check([(h, "in-service") for h in gated], reason, health_passed=True))
+    ops.record(ops.check([(h, "in-service") for h in back], reason, health_passed=True))
     if not ops.mark(p.hosts, True, f"returned: {reason}"):
         return False
     for c in p.clusters:

@@ -61,6 +61,19 @@ class Runner:
         self.lines: list[dict[str, Any]] = []
         self.failed = False
         self.restarted: set[str] = set()
+        self._ops: Any = None
+
+    def ops(self) -> Any:
+        """The drain/return steps (provisioner/serving_ops.py), quiet: their lines are relayed into ours."""
+        from provisioner.serving_ops import Ops
+
+        if self._ops is None:
+            self._ops = Ops(self.inventory, self.fleet, self.ledger, actor=ACTOR, quiet=True, command="remediate")
+        return self._ops
+
+    def relay(self, host: str, start: int) -> None:
+        for ln in self.ops().lines[start:]:
+            self.say(host, ln["action"], ln["line"], ok=ln["ok"])
 
     def say(self, host: str, kind: str, text: str, ok: bool = True) -> None:
         self.lines.append({"host": host, "action": kind, "ok": ok, "line": text})
@@ -107,12 +120,66 @@ class Runner:
                  ("" if h.ok else f" ({h.message[:200]})"))
 
     def quarantine(self, a: Any) -> None:
+        from provisioner.ledger.view import cluster_name, serving_clusters
+
         state = self.ledger.state(a.host)[0]
+        if state == "in-service" and cluster_name(self.fleet, a.host) in serving_clusters(self.fleet, self.ledger):
+            self.drain_cluster(a)
+            return
         if state == "in-service":
             self.move(a.host, "draining", f"quarantine: {a.reason}")
         if self.ledger.state(a.host)[0] != "quarantined":
             self.move(a.host, "quarantined", a.reason)
         self.mark(a.host, False, a.reason)
+
+    def drain_cluster(self, a: Any) -> None:
+        """The node's whole vLLM cluster out as `provision drain` takes it (balancer, in flight, stop, marks): the
+        node quarantined, the other members to maintenance. Every step is tried; a failed one is reported."""
+        from provisioner.drain import plan
+
+        ops, start = self.ops(), len(self.ops().lines)
+        p = plan(self.fleet, [a.host])
+        why = f"quarantine: {a.reason}"
+        ops.record(ops.check([(h, "draining") for h in p.hosts if ops.state(h) == "in-service"], why, force=True))
+        for n in p.notes:
+            ops.say("note", f"  note: {n}")
+        if p.heads and ops.balancer(add=[h.server for h in p.heads]):
+            ops.wait_inflight(p.heads, 60.0)
+        for c in p.clusters:
+            ops.stop(c, p.members[c])
+        ops.mark(p.hosts, False, why)
+        ops.record(ops.check([(a.host, "quarantined")], a.reason, force=True))
+        ops.record(ops.check([(h, "maintenance") for h in p.hosts if h != a.host and ops.state(h) == "draining"],
+                             f"cluster out: {a.host} quarantined ({a.reason})", force=True))
+        self.relay(a.host, start)
+
+    def cluster_out(self, host: str) -> bool:
+        """`host`'s cluster went out with it (its other members drained or back already): return it as a whole.
+        A cluster with a member never brought into service (new, provisioning) was not serving: the node alone."""
+        from provisioner.ledger.view import cluster_name
+
+        c = cluster_name(self.fleet, host)
+        ok = ("draining", "maintenance", "quarantined", "burn-in", "in-service")
+        return c is not None and all(self.ledger.state(m)[0] in ok for m in self.fleet.clusters[c].members
+                                     if m != host)
+
+    def return_cluster(self, a: Any) -> None:
+        """The node's cluster back as `provision return` brings it (the members not gated since they left service
+        are gated now), launched and put back into the balancer."""
+        from provisioner.commands.drain import return_clusters
+        from provisioner.drain import plan
+        from provisioner.ledger.view import health_passed
+        from provisioner.lifecycle import Refused
+
+        ops, start = self.ops(), len(self.ops().lines)
+        p = plan(self.fleet, [a.host])
+        passed = [h for h in p.hosts if health_passed(self.ledger, h, self.ledger.state(h)[1])]
+        try:
+            return_clusters(ops, p, reason=a.reason, wait_healthy=self.timeout, gate_timeout=self.timeout,
+                            passed=passed)
+        except Refused as exc:
+            ops.say("refused", f"{a.host}: return refused: {exc}", ok=False)
+        self.relay(a.host, start)
 
     def run(self, a: Any) -> None:
         from provisioner.probes.remedy import STEP_FUNCS
@@ -132,6 +199,9 @@ class Runner:
             self.gate(a.host)
         elif a.kind == "gate":
             self.gate(a.host)
+        elif a.kind == "return" and self.cluster_out(a.host):
+            self.say(a.host, a.kind, a.line())
+            self.return_cluster(a)
         elif a.kind == "return":
             self.say(a.host, a.kind, a.line())
             self.move(a.host, "burn-in", a.reason)

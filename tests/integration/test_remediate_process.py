@@ -105,12 +105,15 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     out = p.stdout
     assert f"n1: quarantine (ecc: {REMAP})" in out
     assert f"n1: in-service -> draining (quarantine: ecc: {REMAP})" in out
-    assert "note: cluster c1 drains as a whole (with n2)" in out
-    assert "n1: /etc/provisioner/in-service not removed: cannot connect to 127.0.0.1:1" in out
+    assert "note: n1: cluster c1 drains as a whole (with n2)" in out
+    # the whole cluster goes out as `provision drain` takes it (no balancer in this inventory)
+    assert "c1: vLLM not stopped: n1: unreachable: cannot connect to 127.0.0.1:1" in out
+    assert "/etc/provisioner/in-service not removed: n1: unreachable: cannot connect to 127.0.0.1:1" in out
+    assert f"n2: draining -> maintenance (cluster out: n1 quarantined (ecc: {REMAP}))" in out
     assert "n1: gpu_reset: failed (unreachable: cannot connect" in out
     assert "n1: reboot: failed (unreachable before the reboot" in out
     assert "n1: no action (remediation exhausted (gpu_reset, reboot): stays quarantined" in out
-    assert "n2:" not in out and "Traceback" not in p.stderr
+    assert "n2: remediate" not in out and "Traceback" not in p.stderr
     assert transitions(site["db"], "n1") == [
         ("in-service", "draining", f"quarantine: ecc: {REMAP}", "policy:remediate"),
         ("draining", "quarantined", f"ecc: {REMAP}", "policy:remediate")]
@@ -119,8 +122,8 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
         assert [(r.step, r.outcome) for r in lg.remediations("n4")] == [("replace", "marked")]
         assert lg.state("n4")[0] == "quarantined" and lg.remediations("n2") == []
     st = json.loads(provision(site, "status", str(site["inv"]), "-f", "json").stdout)["hosts"]
-    assert [(r["host"], r["state"]) for r in st] == [("n1", "quarantined"), ("n2", "in-service"),
-                                                    ("n3", "in-service"), ("n4", "quarantined")]
+    assert [(r["host"], r["state"]) for r in st] == [("n1", "quarantined"), ("n2", "maintenance"),
+                                                    ("n3", "maintenance"), ("n4", "quarantined")]
     # a second night: nothing new to try, n4 waits for its replacement
     again = provision(site, "remediate", str(site["inv"]), "--limit", "n1,n4", "--dry-run")
     assert "n4: no action (marked for hardware replacement: stays quarantined)" in again.stdout
@@ -129,7 +132,8 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     back = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
     assert "n1: return to service (health gate passed after reboot (health run #" in back.stdout
     assert "n1: quarantined -> burn-in" in back.stdout and "n1: burn-in -> in-service" in back.stdout
-    assert "n1: /etc/provisioner/in-service not written" in back.stdout and back.returncode == 1
+    assert "n2: maintenance -> burn-in" in back.stdout and "n2: burn-in -> in-service" in back.stdout
+    assert "/etc/provisioner/in-service not written: n1: unreachable" in back.stdout and back.returncode == 1
     assert [t[1] for t in transitions(site["db"], "n1")] == ["draining", "quarantined", "burn-in", "in-service"]
 
 
