@@ -435,6 +435,18 @@ def test_pm_1_enables_legacy_persistence(node: Node) -> None:
     assert node.smi("-pm", "1", "-i", "0").stdout.startswith("Persistence mode is already Enabled")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="nvidia-smi -r needs root, like the real one")
+def test_gpu_reset_answers_as_r580_and_a_fault_stays(node: Node) -> None:
+    # the R580 tool without -i resets every GPU ("GPU 00000000:00:06.0 was successfully reset." / "All done.",
+    # checked on an H200 with 580.159.04); the simulated fault is the rack's to clear, not the reset's
+    node.spec({"gpu_count": 2, "faults": {"row_remap_pending": 1}})
+    res = node.smi("--gpu-reset")
+    assert res.returncode == 0 and res.stdout == (
+        "GPU 00000000:1B:00.0 was successfully reset.\nGPU 00000000:43:00.0 was successfully reset.\nAll done.\n"), res
+    assert node.smi("-r", "-i", "1").stdout.splitlines() == ["GPU 00000000:43:00.0 was successfully reset.", "All done."]
+    assert node.query("remapped_rows.pending") == [["No"], ["Yes"]]
+
+
 def fm_cfg(node: Node) -> Path:
     cfg = node.run_dir.parent / "fabricmanager.cfg"
     src = node.tools["fm-580.95.05"] / "usr/share/nvidia/nvswitch/fabricmanager.cfg"
