@@ -86,6 +86,17 @@ def drained_list(current: Iterable[str], *, add: Iterable[str] = (), remove: Ite
     return sorted(out - set(remove))
 
 
+def settled(drained: str, conf: str, *, add: Iterable[str] = (), remove: Iterable[str] = ()) -> bool:
+    """The balancer already is as asked: every `add` server in its drained list and rendered `down` in its nginx
+    config, no `remove` server in either (then the playbook has nothing to change)."""
+    listed = {s.strip() for s in drained.split() if s.strip()}
+
+    def down(server: str) -> bool:
+        return re.search(rf"^\s*server\s+{re.escape(server)}\b[^;]*\bdown\s*;", conf, re.M) is not None
+
+    return all(s in listed and down(s) for s in add) and not any(s in listed or down(s) for s in remove)
+
+
 def inflight(metrics: str) -> int | None:
     """Requests running + waiting on a vLLM engine, from its /metrics text (None: no such gauge in it)."""
     values = [float(m.group(1)) for m in _INFLIGHT.finditer(metrics)]

@@ -19,6 +19,7 @@ from provisioner.model import Fleet
 
 BALANCER_PLAYBOOK = PROJECT_ROOT / "playbooks" / "balancer.yml"
 VLLM_UNITS = ("vllm.service", "vllm-ray.service")
+SPLIT = "--- provisioner: drained list above, nginx config below ---"
 
 
 def _root(cmd: str, user: str | None) -> str:
@@ -105,17 +106,48 @@ class Ops:
             self.say("balancer", f"balancer: no host in group lb: nothing to take {what.split()[0]}")
             return True
         t0 = time.monotonic()
+        servers = ", ".join(add or remove)
+        if self._settled(lbs, add, remove):
+            self.say("balancer", f"balancer ({', '.join(lbs)}): {servers} {what} already: nginx reloaded "
+                     f"({time.monotonic() - t0:.1f} s)", seconds=round(time.monotonic() - t0, 1))
+            return True
         r = run_playbook(self.inventory, command=f"{self.command}-balancer", playbook=BALANCER_PLAYBOOK,
                          limit=",".join(lbs), extravars={"lb_drain_add": add, "lb_drain_remove": remove},
                          progress=make_progress("none"), fleet=self.fleet)
         bad = r.failed_hosts + r.unreachable_hosts
         ok = not r.error and not bad and r.rc in (0, None)
-        servers = ", ".join(add or remove)
         self.say("balancer", f"balancer ({', '.join(lbs)}): {servers} {what}: " +
                  (f"nginx reloaded ({time.monotonic() - t0:.1f} s)" if ok else
                   f"FAILED ({r.error or ', '.join(bad)}; run dir {r.run_dir})"), ok=ok,
                  seconds=round(time.monotonic() - t0, 1))
         return ok
+
+    def _settled(self, lbs: list[str], add: list[str], remove: list[str]) -> bool:
+        """Every balancer already has the drained list asked for (a drain or return run again): then only a
+        graceful `systemctl reload nginx` (so the loaded config is the file's), not the playbook."""
+        from provisioner.drain import settled
+
+        def cmd(h: str) -> Callable[[str | None], str]:
+            v = self.fleet.hosts[h].vars
+            state = str(v.get("serving_lb_state_dir") or "/var/lib/vllm-lb")
+            drained = str(v.get("serving_lb_drained_file") or f"{state}/drained")
+            conf = str(v.get("serving_lb_conf_file") or "/etc/nginx/conf.d/vllm-lb.conf")
+            if "{{" in drained + conf:
+                return lambda user: "exit 9"  # templated paths: only the playbook knows them
+            return lambda user: _root(f"cat {shlex.quote(drained)}; echo '{SPLIT}'; cat {shlex.quote(conf)}", user)
+
+        from provisioner.probes.ssh import run_one, target_for
+
+        for h in lbs:
+            t = target_for(self.fleet.hosts[h])
+            r = run_one(t, cmd(h)(t.user), timeout=30.0)
+            if not (r.ok and r.rc == 0 and SPLIT in r.stdout):
+                return False
+            drained, _, conf = r.stdout.partition(SPLIT)
+            if not settled(drained, conf, add=add, remove=remove):
+                return False
+        res = self._each(lbs, lambda user: _root("systemctl reload nginx", user), "nginx reload", timeout=60.0)
+        return not any(res.values())
 
     # --- vLLM on the heads ---------------------------------------------------------------------------------
     def _get(self, head: Head, path: str) -> tuple[int, str]:
