@@ -97,6 +97,24 @@ def settled(drained: str, conf: str, *, add: Iterable[str] = (), remove: Iterabl
     return all(s in listed and down(s) for s in add) and not any(s in listed or down(s) for s in remove)
 
 
+_SERVER = (r"^(?P<head>\s*server\s+{addr}\b[^;#]*?)(?P<down>\s+down)?;(?P<tail>\s*#\s*\S+)"
+           r"(?: \(drained: provision drain\))?$")
+
+
+def rewrite_conf(conf: str, *, add: Iterable[str] = (), remove: Iterable[str] = ()) -> str | None:
+    """The balancer's nginx config with the `add` servers rendered `down` and the `remove` ones not, byte for byte
+    as templates/nginx-vllm.conf.j2 renders a drained head; None when a server's line is not found (then only the
+    playbook may change it)."""
+    out = conf
+    for server, drained in [(s, True) for s in add] + [(s, False) for s in remove]:
+        rx = re.compile(_SERVER.format(addr=re.escape(server)), re.M)
+        if not rx.search(out):
+            return None
+        down, note = (" down", " (drained: provision drain)") if drained else ("", "")
+        out = rx.sub(rf"\g<head>{down};\g<tail>{note}", out)
+    return out
+
+
 def inflight(metrics: str) -> int | None:
     """Requests running + waiting on a vLLM engine, from its /metrics text (None: no such gauge in it)."""
     values = [float(m.group(1)) for m in _INFLIGHT.finditer(metrics)]

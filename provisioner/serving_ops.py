@@ -107,8 +107,8 @@ class Ops:
             return True
         t0 = time.monotonic()
         servers = ", ".join(add or remove)
-        if self._settled(lbs, add, remove):
-            self.say("balancer", f"balancer ({', '.join(lbs)}): {servers} {what} already: nginx reloaded "
+        if self._direct(lbs, add, remove):
+            self.say("balancer", f"balancer ({', '.join(lbs)}): {servers} {what}: nginx reloaded "
                      f"({time.monotonic() - t0:.1f} s)", seconds=round(time.monotonic() - t0, 1))
             return True
         r = run_playbook(self.inventory, command=f"{self.command}-balancer", playbook=BALANCER_PLAYBOOK,
@@ -122,32 +122,42 @@ class Ops:
                  seconds=round(time.monotonic() - t0, 1))
         return ok
 
-    def _settled(self, lbs: list[str], add: list[str], remove: list[str]) -> bool:
-        """Every balancer already has the drained list asked for (a drain or return run again): then only a
-        graceful `systemctl reload nginx` (so the loaded config is the file's), not the playbook."""
-        from provisioner.drain import settled
+    def _direct(self, lbs: list[str], add: list[str], remove: list[str]) -> bool:
+        """The drained list changed on every balancer over SSH, without the playbook: the list file and the servers'
+        `down` in the nginx config written as serving_lb renders them (drain.rewrite_conf), `nginx -t` (the old
+        config put back if it fails), a graceful `systemctl reload nginx`. False (the caller runs the playbook) when
+        a balancer has the active health check, templated paths, or a server line this cannot find."""
+        import base64
 
-        def cmd(h: str) -> Callable[[str | None], str]:
+        from provisioner.drain import drained_list, rewrite_conf
+        from provisioner.probes.ssh import run_one, target_for
+
+        for h in lbs:
             v = self.fleet.hosts[h].vars
             state = str(v.get("serving_lb_state_dir") or "/var/lib/vllm-lb")
             drained = str(v.get("serving_lb_drained_file") or f"{state}/drained")
             conf = str(v.get("serving_lb_conf_file") or "/etc/nginx/conf.d/vllm-lb.conf")
-            if "{{" in drained + conf:
-                return lambda user: "exit 9"  # templated paths: only the playbook knows them
-            return lambda user: _root(f"cat {shlex.quote(drained)}; echo '{SPLIT}'; cat {shlex.quote(conf)}", user)
-
-        from provisioner.probes.ssh import run_one, target_for
-
-        for h in lbs:
+            if "{{" in drained + conf or str(v.get("serving_lb_active_health", False)).lower() in ("true", "yes", "1"):
+                return False
             t = target_for(self.fleet.hosts[h])
-            r = run_one(t, cmd(h)(t.user), timeout=30.0)
+            d, c = shlex.quote(drained), shlex.quote(conf)
+            r = run_one(t, _root(f"cat {d} 2>/dev/null; echo '{SPLIT}'; cat {c}", t.user), timeout=30.0)
             if not (r.ok and r.rc == 0 and SPLIT in r.stdout):
                 return False
-            drained, _, conf = r.stdout.partition(SPLIT)
-            if not settled(drained, conf, add=add, remove=remove):
+            now, _, text = r.stdout.partition(SPLIT + "\n")
+            new = rewrite_conf(text, add=add, remove=remove)
+            if new is None:
                 return False
-        res = self._each(lbs, lambda user: _root("systemctl reload nginx", user), "nginx reload", timeout=60.0)
-        return not any(res.values())
+            lst = "".join(x + "\n" for x in drained_list(now.split(), add=add, remove=remove))
+            b64 = {k: base64.b64encode(x.encode()).decode() for k, x in (("conf", new), ("list", lst))}
+            script = (f"set -e; echo {b64['list']} | base64 -d > {d}.tmp; chmod 0644 {d}.tmp; cp -p {c} {c}.bak; "
+                      f"echo {b64['conf']} | base64 -d > {c}.tmp; chmod 0644 {c}.tmp; mv {c}.tmp {c}; "
+                      f"if nginx -t >/dev/null 2>&1; then mv {d}.tmp {d}; rm -f {c}.bak; systemctl reload nginx; "
+                      f"else mv {c}.bak {c}; rm -f {d}.tmp; exit 7; fi")
+            w = run_one(t, _root(script, t.user), timeout=60.0)
+            if not (w.ok and w.rc == 0):
+                return False
+        return True
 
     # --- vLLM on the heads ---------------------------------------------------------------------------------
     def _get(self, head: Head, path: str) -> tuple[int, str]:

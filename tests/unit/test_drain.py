@@ -111,3 +111,16 @@ def test_settled_balancer_needs_the_list_and_the_rendered_config() -> None:
     assert settled("198.18.1.11:8000\n", conf, remove=["198.18.1.13:8000"])
     assert not settled("198.18.1.11:8000\n", conf, remove=["198.18.1.11:8000"])
     assert not settled("", conf.replace("198.18.1.11:8000", "198.18.1.111:8000"), add=["198.18.1.11:8000"])
+
+
+def test_rewrite_conf_renders_a_drained_head_as_the_template_does() -> None:
+    from provisioner.drain import rewrite_conf
+
+    conf = ("upstream vllm_model_0 {\n    server 198.18.1.11:8000 max_fails=3 fail_timeout=10s;  # node01\n"
+            "    server 198.18.1.13:8000 max_fails=3 fail_timeout=10s;  # node03\n}\n")
+    out = rewrite_conf(conf, add=["198.18.1.11:8000"])
+    # the line templates/nginx-vllm.conf.j2 renders for a head in the drained list
+    assert out == conf.replace("fail_timeout=10s;  # node01", "fail_timeout=10s down;  # node01 (drained: provision drain)")
+    assert rewrite_conf(out or "", add=["198.18.1.11:8000"]) == out  # idempotent
+    assert rewrite_conf(out or "", remove=["198.18.1.11:8000"]) == conf
+    assert rewrite_conf(conf, add=["198.18.1.1:8000"]) is None  # not a server of this balancer: the playbook's job
