@@ -1,7 +1,9 @@
 """The serving edge on the simulated rack: roles/serving_lb, run by real ansible-playbook over SSH, puts nginx on a
 rack host in front of the two CPU vLLM clusters (`vllm_pp` head node01, `vllm_single` node03, both serving
 `tiny-llama`, so one upstream with two heads). Completions and streams go through it with the API key, both clusters
-take requests, the key is not logged, and with one cluster stopped every request still succeeds.
+take requests, the key is not logged, and with one cluster stopped every request still succeeds. Then the node
+lifecycle behind it, a client loop running throughout: `provision drain`, a rolling upgrade (a GPU holder, a
+killed CLI, the resume) and the nightly quarantine of a row remap with its return; not one request may fail.
 
 The balancer runs on node03 on port 8080 (vLLM owns 8000 there). As `site.yml` would, the heads' cluster firewall is
 applied with node03 in group `lb` first (the API port admits only clients, members and balancers). Afterwards the
@@ -21,6 +23,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,57 +230,227 @@ def lifecycle_state(host: str) -> str:
         return str(ledger.state(host)[0])
 
 
-def test_drain_and_return_a_cluster_with_no_failed_request(edge: Edge) -> None:
-    """`provision drain` takes vllm_single out (balancer first, in flight, stop, mark) while a client loop runs
-    against the balancer; draining vllm_pp then is refused (the last cluster serving tiny-llama); `provision return`
-    gates, marks, launches and puts it back. Not one client request fails."""
-    from provisioner.probes.health import IN_SERVICE
+HOLDER = "import time; f = open('/dev/nvidia0'); time.sleep(1200)"  # the stand-in of a process holding the GPU
 
-    rack, inv = edge.rack, str(edge.inventory)
-    server = f"{rack.heads[STOP_CLUSTER]}:{rack.ports[STOP_CLUSTER]}"
-    pp_hosts = ("node01", "node02")
-    with ClientLoop(edge.url, rack.api_key) as loop:
-        time.sleep(5)
-        t0 = time.monotonic()
-        d = provision("drain", inv, STOP_CLUSTER, "--reason", "rack test: drain")
-        drain_s = time.monotonic() - t0
-        assert d.returncode == 0, d.stdout + d.stderr
-        assert "balancer (node03)" in d.stdout and "in flight:" in d.stdout, d.stdout
-        conf = lb_conf(rack)
-        assert re.search(rf"server {re.escape(server)}\b[^;]* down;", conf), conf
-        assert rack.ssh(LB_HOST, "systemctl is-active vllm.service").stdout.strip() != "active"
-        assert rack.ssh(LB_HOST, f"test -e {IN_SERVICE}").returncode == 1
-        assert lifecycle_state(LB_HOST) == "maintenance"
-        sent_drained = len(loop.codes)
-        time.sleep(10)  # the loop keeps going through the other cluster alone
-        assert len(loop.codes) > sent_drained, "the client loop stalled with one cluster drained"
 
-        # the other cluster is now the last one serving the model: refused, nothing changed
-        r = provision("drain", inv, "node02", "--reason", "rack test: must be refused")
-        assert r.returncode == 1 and "refused" in r.stderr and "last" in r.stderr, r.stdout + r.stderr
-        assert all(lifecycle_state(h) == "in-service" for h in pp_hosts)
-        assert all(rack.ssh(h, f"test -e {IN_SERVICE}").returncode == 0 for h in pp_hosts)
-
-        t1 = time.monotonic()
-        b = provision("return", inv, STOP_CLUSTER, "--reason", "rack test: return")
-        return_s = time.monotonic() - t1
-        assert b.returncode == 0, b.stdout + b.stderr
-        assert "health gate: pass" in b.stdout and "back into the balancer" in b.stdout, b.stdout
-        time.sleep(10)  # requests reach the returned cluster again
-    assert not re.search(rf"server {re.escape(server)}\b[^;]* down;", lb_conf(rack))
-    assert rack.ssh(LB_HOST, f"test -e {IN_SERVICE}").returncode == 0
-    assert lifecycle_state(LB_HOST) == "in-service"
+def _rollout(inventory: Path) -> Any:
     from provisioner.ledger import Ledger
     from provisioner.paths import ledger_path
 
     with Ledger.open(ledger_path()) as ledger:
-        path = [(t.from_state, t.to_state) for t in ledger.transitions(LB_HOST)][-4:]
-    assert path == [("in-service", "draining"), ("draining", "maintenance"), ("maintenance", "burn-in"),
-                    ("burn-in", "in-service")], path
-    figures = {"drain_s": round(drain_s, 1), "return_s": round(return_s, 1), "requests_sent": len(loop.codes),
-               "requests_failed": len(loop.failures)}
-    (PROJECT_ROOT / ".runs").mkdir(exist_ok=True)
-    (PROJECT_ROOT / ".runs" / "lifecycle-drain-figures.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"drain/return figures: {json.dumps(figures)}")
-    assert loop.failures == [], loop.failures[:5]
-    assert e2e_count(rack, STOP_CLUSTER) > 0
+        last = ledger.rollouts(str(inventory.resolve()), limit=1)
+        return last[0] if last else None
+
+
+def _nccl_conf(rack: VllmRack) -> Iterator[str]:
+    for h in ("node01", "node02", LB_HOST):
+        yield rack.ssh(h, "cat /etc/nccl.conf").stdout
+
+
+NCCL_PLAY = """\
+- name: NCCL tuning back to the rack's inventory
+  hosts: gpu_nodes
+  gather_facts: false
+  become: true
+  roles:
+    - role: nccl_tuning
+"""
+
+
+def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(edge: Edge, tmp_path: Path) -> None:
+    """While a client loop sends completions to the balancer: `provision drain` takes the first cluster out
+    (nginx `down`, in flight, stop, mark) and draining the other is then refused (the last one serving tiny-llama);
+    `provision upgrade -e '{"nccl_ib_timeout": 23}'` takes over the drained cluster, finds a process holding
+    /dev/nvidia0 on its member and stops, naming it; without the holder the rerun is killed (the CLI and its
+    ansible-playbook) while the cluster's roles run; the next rerun resumes and finishes both clusters, one at a time
+    (return: health gate, mark, launch, balancer). Not one client request fails; the two clusters are never out
+    together.
+
+    The rack's apt repository has one driver version, so the change rolled is a setting the roles apply
+    (/etc/nccl.conf) and the vLLM relaunch, not a driver package swap."""
+    from provisioner.inventory import load_fleet
+    from provisioner.probes.health import IN_SERVICE
+
+    rack, inv = edge.rack, edge.inventory
+    spec = ["-e", json.dumps({"nccl_ib_timeout": 23}), "--reason", "rack test: rolling upgrade"]
+    fleet = load_fleet(inv)
+    order = list(fleet.clusters)
+    first, second = order
+    holder_host = fleet.clusters[first].members[0]
+    server = f"{rack.heads[first]}:{rack.ports[first]}"
+    t_start = time.time()
+    try:
+        with ClientLoop(edge.url, rack.api_key) as loop:
+            time.sleep(5)
+            # 1. provision drain: the first cluster out through the balancer
+            t0 = time.monotonic()
+            d = provision("drain", str(inv), first, "--reason", "rack test: drain before the upgrade")
+            drain_s = time.monotonic() - t0
+            assert d.returncode == 0, d.stdout + d.stderr
+            assert "balancer (node03)" in d.stdout and "in flight:" in d.stdout, d.stdout
+            assert re.search(rf"server {re.escape(server)}\b[^;]* down;", lb_conf(rack)), lb_conf(rack)
+            for h in fleet.clusters[first].members:
+                assert rack.ssh(h, "systemctl is-active vllm.service").stdout.strip() != "active"
+                assert rack.ssh(h, f"test -e {IN_SERVICE}").returncode == 1
+                assert lifecycle_state(h) == "maintenance"
+            sent = len(loop.codes)
+            time.sleep(10)  # the loop keeps going through the other cluster alone
+            assert len(loop.codes) > sent, "the client loop stalled with one cluster drained"
+            r = provision("drain", str(inv), fleet.clusters[second].members[0], "--reason", "must be refused")
+            assert r.returncode == 1 and "refused" in r.stderr and "last" in r.stderr, r.stdout + r.stderr
+            assert all(lifecycle_state(h) == "in-service" for h in fleet.clusters[second].members)
+
+            # 2. a process holds the GPU: the rollout takes the drained cluster first and stops, naming it
+            r = rack.ssh(holder_host, f"touch /dev/nvidia0 && (setsid python3 -c \"{HOLDER}\" >/dev/null 2>&1 &)")
+            assert r.returncode == 0, r.stderr
+            time.sleep(1)
+            held = provision("upgrade", str(inv), *spec, timeout=1800)
+            assert held.returncode == 1, held.stdout + held.stderr
+            assert re.search(rf"{holder_host}: /dev/nvidia\* held by pid \d+ \(python3\)", held.stdout), held.stdout
+            assert f"stopped at {first}" in held.stdout, held.stdout
+            ro = _rollout(inv)
+            assert ro.status == "stopped" and [(c.cluster, c.status, c.step) for c in ro.clusters] == [
+                (first, "failed", "holders"), (second, "pending", None)], ro
+            assert all(lifecycle_state(h) == "in-service" for h in fleet.clusters[second].members)
+
+            # 3. the holder gone, the rerun is killed (CLI and playbook) while the first cluster's roles run
+            rack.ssh(holder_host, "pkill -f 'time.sleep.1200' ; rm -f /dev/nvidia0")
+            log = (tmp_path / "killed.log").open("w")
+            proc = subprocess.Popen([PROVISION, "upgrade", str(inv), *spec], stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=PROJECT_ROOT, start_new_session=True)
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline and proc.poll() is None:
+                if _rollout(inv).clusters[0].status == "upgrading":
+                    break
+                time.sleep(1)
+            assert proc.poll() is None, (tmp_path / "killed.log").read_text()
+            time.sleep(8)  # inside ansible-playbook
+            os.killpg(proc.pid, 9)
+            proc.wait(timeout=60)
+            log.close()
+            ro = _rollout(inv)
+            assert ro.status == "interrupted" and ro.clusters[0].status == "upgrading", ro
+
+            # 4. the same command again resumes and finishes
+            t_resume = time.monotonic()
+            done = provision("upgrade", str(inv), *spec, timeout=2400)
+            resume_s = time.monotonic() - t_resume
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "resumed (interrupted)" in done.stdout and f"rollout {ro.id} done" in done.stdout, done.stdout
+            assert "1/2 clusters done, 1 left; serving now: " in done.stdout, done.stdout
+            time.sleep(5)
+        ro = _rollout(inv)
+        assert ro.status == "done" and all(c.status == "done" for c in ro.clusters), ro
+        assert all("NCCL_IB_TIMEOUT=23" in text for text in _nccl_conf(rack))
+        assert "down;" not in lb_conf(rack)
+        # never both clusters out: each cluster's out-of-service window (draining .. in-service) is disjoint
+        from provisioner.ledger import Ledger
+        from provisioner.paths import ledger_path
+
+        windows = {}
+        with Ledger.open(ledger_path()) as ledger:
+            for c in order:
+                h = fleet.clusters[c].members[0]
+                ts = [t for t in ledger.transitions(h) if t.at >= t_start]
+                out = [t.at for t in ts if t.to_state == "draining"]
+                back = [t.at for t in ts if t.to_state == "in-service"]
+                assert len(out) == 1 and len(back) == 1 and out[0] < back[0], ts
+                windows[c] = (out[0], back[0])
+        assert windows[first][1] < windows[second][0], windows
+        figures = {"drain_s": round(drain_s, 1), "clusters": {c.cluster: c.seconds for c in ro.clusters},
+                   "resume_to_done_s": round(resume_s, 1), "requests_sent": len(loop.codes),
+                   "requests_failed": len(loop.failures)}
+        (PROJECT_ROOT / ".runs").mkdir(exist_ok=True)
+        (PROJECT_ROOT / ".runs" / "lifecycle-upgrade-figures.json").write_text(json.dumps(figures, indent=2) + "\n")
+        (PROJECT_ROOT / ".runs" / "lifecycle-upgrade-output.txt").write_text(
+            "\n".join(f"$ provision {what}\n{out}" for what, out in (
+                (f"drain INV {first}", d.stdout), ("upgrade INV -e ... (holder)", held.stdout),
+                ("upgrade INV -e ... (resumed)", done.stdout))))
+        print(f"rolling upgrade figures: {json.dumps(figures)}")
+        assert loop.failures == [], loop.failures[:5]
+    finally:
+        rack.ssh(holder_host, "pkill -f 'time.sleep.1200' ; rm -f /dev/nvidia0")
+        last = _rollout(inv)
+        if last is not None and last.open:
+            provision("upgrade", str(inv), "--abort", *spec[:2], timeout=2400)
+        nccl = tmp_path / "nccl.yml"
+        nccl.write_text(NCCL_PLAY)
+        p = playbook(Path(rack.inventory), nccl)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+
+
+POLICY = ("lifecycle_policy:\n  quarantine_on: [ecc, xid]\n  remediation: [gpu_reset]\n"
+          "  replace_after: {quarantines: 9, window_days: 30}\n")
+
+
+def test_a_row_remap_quarantines_its_cluster_the_other_serves_and_it_returns(edge: Edge, tmp_path: Path) -> None:
+    """The nightly pair (`provision health`, then `provision remediate` with an opt-in lifecycle_policy) on a row
+    remap pending on node02 (a member of vllm_pp): node02 quarantined, vllm_pp out of the balancer and stopped,
+    node01 to maintenance, the GPU reset tried and the gate failing while the fault stays; vllm_single serves alone.
+    The fault cleared, the next pair returns the cluster: launched, healthy, back into the balancer. Not one client
+    request fails."""
+    from provisioner_testbed import rack as testbed
+
+    rack = edge.rack
+    name = rack.handle.name  # type: ignore[attr-defined]
+    inv_dir = tmp_path / "inventory"
+    shutil.copytree(edge.inventory.parent, inv_dir)
+    with (inv_dir / "group_vars" / "gpu_nodes.yml").open("a") as f:
+        f.write(POLICY)
+    inv = str(inv_dir / edge.inventory.name)
+    head = f"{rack.heads['vllm_pp']}:{rack.ports['vllm_pp']}"
+    served_before = e2e_count(rack, STOP_CLUSTER)
+    try:
+        with ClientLoop(edge.url, rack.api_key) as loop:
+            time.sleep(5)
+            testbed.fault(name, "node02", ["row_remap_pending=0"])
+            t0 = time.monotonic()
+            h = provision("health", inv)
+            assert h.returncode == 1 and "node02" in h.stdout and "ecc" in h.stdout, h.stdout + h.stderr
+            r = provision("remediate", inv, "--format", "json", timeout=2400)
+            quarantine_s = time.monotonic() - t0
+            assert r.returncode == 0, r.stdout + r.stderr
+            text = "\n".join(a["line"] for a in json.loads(r.stdout)["actions"])
+            for needle in ("node02: quarantine (ecc:", "node02: in-service -> draining", f"{head} out of the balancer",
+                           "vllm_pp: vLLM stopped on node01, node02", "node02: draining -> quarantined (ecc:",
+                           "node01: draining -> maintenance (cluster out: node02 quarantined", "node02: gpu_reset:",
+                           "node02: health gate: fail", "stays quarantined"):
+                assert needle in text, (needle, text)
+            assert "node03: " not in text, text  # node03 serves on (it is also the balancer)
+            assert re.search(rf"server {re.escape(head)}\b[^;]* down;", lb_conf(rack))
+            st = json.loads(provision("status", inv, "--format", "json").stdout)["hosts"]
+            assert {s["host"]: s["state"] for s in st} == {"node01": "maintenance", "node02": "quarantined",
+                                                           "node03": "in-service"}, st
+            sent = len(loop.codes)
+            time.sleep(10)
+            assert len(loop.codes) > sent, "the client loop stalled with vllm_pp out"
+
+            testbed.clear(name, "node02")
+            t1 = time.monotonic()
+            assert provision("health", inv).returncode == 0
+            b = provision("remediate", inv, timeout=2400)
+            return_s = time.monotonic() - t1
+            assert b.returncode == 0, b.stdout + b.stderr
+            for needle in ("node02: return to service", "node02: quarantined -> burn-in", "node01: maintenance -> burn-in",
+                           "vllm_pp: vLLM launched on node01, node02", "vllm_pp: /health 200",
+                           f"{head} back into the balancer"):
+                assert needle in b.stdout, (needle, b.stdout)
+            total_s = time.monotonic() - t0
+            time.sleep(10)
+        assert not re.search(rf"server {re.escape(head)}\b[^;]* down;", lb_conf(rack))
+        assert all(lifecycle_state(x) == "in-service" for x in ("node01", "node02", "node03"))
+        assert e2e_count(rack, STOP_CLUSTER) > served_before
+        figures = {"quarantine_s": round(quarantine_s, 1), "fault_cleared_to_return_s": round(return_s, 1),
+                   "quarantine_to_return_s": round(total_s, 1), "requests_sent": len(loop.codes),
+                   "requests_failed": len(loop.failures)}
+        (PROJECT_ROOT / ".runs").mkdir(exist_ok=True)
+        (PROJECT_ROOT / ".runs" / "lifecycle-quarantine-figures.json").write_text(json.dumps(figures, indent=2) + "\n")
+        (PROJECT_ROOT / ".runs" / "lifecycle-quarantine-output.txt").write_text(
+            f"$ provision remediate INV  # the fault on\n{text}\n$ provision remediate INV  # cleared\n{b.stdout}")
+        print(f"quarantine figures: {json.dumps(figures)}")
+        assert loop.failures == [], loop.failures[:5]
+    finally:
+        testbed.clear(name, "node02")
+        if lifecycle_state("node02") != "in-service":  # the tests after this one find vllm_pp serving
+            provision("health", inv)
+            provision("remediate", inv, timeout=2400)
