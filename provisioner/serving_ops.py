@@ -150,7 +150,8 @@ class Ops:
                 return False
             lst = "".join(x + "\n" for x in drained_list(now.split(), add=add, remove=remove))
             b64 = {k: base64.b64encode(x.encode()).decode() for k, x in (("conf", new), ("list", lst))}
-            script = (f"set -e; echo {b64['list']} | base64 -d > {d}.tmp; chmod 0644 {d}.tmp; cp -p {c} {c}.bak; "
+            script = (f"set -e; install -d -m 0755 -o root -g root {shlex.quote(str(Path(drained).parent))}; "
+                      f"echo {b64['list']} | base64 -d > {d}.tmp; chmod 0644 {d}.tmp; cp -p {c} {c}.bak; "
                       f"echo {b64['conf']} | base64 -d > {c}.tmp; chmod 0644 {c}.tmp; mv {c}.tmp {c}; "
                       f"if nginx -t >/dev/null 2>&1; then mv {d}.tmp {d}; rm -f {c}.bak; systemctl reload nginx; "
                       f"else mv {c}.bak {c}; rm -f {d}.tmp; exit 7; fi")

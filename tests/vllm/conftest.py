@@ -11,6 +11,10 @@ mark), while polling each cluster head's /health from the controller. It records
 to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
 A broken demo therefore fails the suite (test_demo_vllm.py names it).
 PROVISIONER_TESTBED_TEARDOWN=1 removes the rack at the end when this session created it.
+
+The lane keeps its own ledger (PROVISION_LEDGER, unless set): the rack lanes run beside it with hosts of the same
+names, and lifecycle states are per host name, so one shared ledger mixed their transitions (a rack-b onboarding
+moved this rack's node02 in the middle of the quarantine test).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import pytest
 from provisioner import PROJECT_ROOT
 
 from vllm_e2e import MAKEFILE, RUN_TIMEOUT, VllmRack, demo_commands, http  # noqa: E402
+
+os.environ.setdefault("PROVISION_LEDGER", str(PROJECT_ROOT / ".runs" / "ledger-vllm-lane.sqlite3"))
 
 
 @pytest.fixture(scope="session")

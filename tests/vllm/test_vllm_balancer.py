@@ -454,3 +454,5 @@ def test_a_row_remap_quarantines_its_cluster_the_other_serves_and_it_returns(edg
         if lifecycle_state("node02") != "in-service":  # the tests after this one find vllm_pp serving
             provision("health", inv)
             provision("remediate", inv, timeout=2400)
+        if any(lifecycle_state(h) != "in-service" for h in ("node01", "node02")):
+            provision("return", inv, "vllm_pp", "--reason", "rack test cleanup", timeout=2400)
