@@ -247,6 +247,8 @@ def _nccl_conf(rack: VllmRack) -> Iterator[str]:
         yield rack.ssh(h, "cat /etc/nccl.conf").stdout
 
 
+ENV_BACK = ("v=$(sed -n 's/^NCCL_IB_TIMEOUT=//p' /etc/nccl.conf) && [ -n \"$v\" ] && "
+            "sed -i \"s/^NCCL_IB_TIMEOUT=.*/NCCL_IB_TIMEOUT=$v/\" /etc/vllm/vllm.env")
 NCCL_PLAY = """\
 - name: NCCL tuning back to the rack's inventory
   hosts: gpu_nodes
@@ -377,6 +379,11 @@ def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(e
         nccl.write_text(NCCL_PLAY)
         p = playbook(Path(rack.inventory), nccl)
         assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+        # the vLLM env file carries the NCCL settings too: back to the value the inventory renders (the running
+        # engines keep theirs until their next restart; the tests after this one compare files with `render`)
+        for h in ("node01", "node02", LB_HOST):
+            r = rack.ssh(h, ENV_BACK)
+            assert r.returncode == 0, r.stdout + r.stderr
 
 
 POLICY = ("lifecycle_policy:\n  quarantine_on: [ecc, xid]\n  remediation: [gpu_reset]\n"
