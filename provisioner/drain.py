@@ -86,17 +86,6 @@ def drained_list(current: Iterable[str], *, add: Iterable[str] = (), remove: Ite
     return sorted(out - set(remove))
 
 
-def settled(drained: str, conf: str, *, add: Iterable[str] = (), remove: Iterable[str] = ()) -> bool:
-    """The balancer already is as asked: every `add` server in its drained list and rendered `down` in its nginx
-    config, no `remove` server in either (then the playbook has nothing to change)."""
-    listed = {s.strip() for s in drained.split() if s.strip()}
-
-    def down(server: str) -> bool:
-        return re.search(rf"^\s*server\s+{re.escape(server)}\b[^;]*\bdown\s*;", conf, re.M) is not None
-
-    return all(s in listed and down(s) for s in add) and not any(s in listed or down(s) for s in remove)
-
-
 _SERVER = (r"^(?P<head>\s*server\s+{addr}\b[^;#]*?)(?P<down>\s+down)?;(?P<tail>\s*#\s*\S+)"
            r"(?: \(drained: provision drain\))?$")
 

@@ -100,19 +100,6 @@ def test_return_refuses_a_node_that_never_served_and_usage_errors(inv: Path, tmp
     assert r.returncode == 2 and "ghost is neither a host nor a vLLM cluster" in r.stderr
 
 
-def test_settled_balancer_needs_the_list_and_the_rendered_config() -> None:
-    from provisioner.drain import settled
-
-    conf = ("upstream vllm_tiny {\n    server 198.18.1.11:8000 max_fails=3 fail_timeout=10s down;\n"
-            "    server 198.18.1.13:8000 max_fails=3 fail_timeout=10s;\n}\n")
-    assert settled("198.18.1.11:8000\n", conf, add=["198.18.1.11:8000"])
-    assert not settled("", conf, add=["198.18.1.11:8000"])  # listed nowhere: the playbook writes the list
-    assert not settled("198.18.1.13:8000\n", conf, add=["198.18.1.13:8000"])  # listed, not rendered down yet
-    assert settled("198.18.1.11:8000\n", conf, remove=["198.18.1.13:8000"])
-    assert not settled("198.18.1.11:8000\n", conf, remove=["198.18.1.11:8000"])
-    assert not settled("", conf.replace("198.18.1.11:8000", "198.18.1.111:8000"), add=["198.18.1.11:8000"])
-
-
 def test_rewrite_conf_renders_a_drained_head_as_the_template_does() -> None:
     from provisioner.drain import rewrite_conf
 
