@@ -275,17 +275,16 @@ class Ops:
 
     def holders(self, hosts: Iterable[str]) -> bool:
         """No process holds /dev/nvidia* on any of `hosts` (else each one is named: pid and command)."""
-        from provisioner.probes.remedy import HELD, HOLDERS
+        from provisioner.probes.remedy import HELD, HOLDERS, holder_names
 
         hosts = list(hosts)
         res = self._each(hosts, lambda user: _root(f'h=$({HOLDERS}); [ -z "$h" ] || {{ echo "$h"; exit {HELD}; }}',
                                                    user), "holders", timeout=60.0)
         for h, e in res.items():
             if e and f"exited {HELD}:" in e:
-                procs = e.split(":", 1)[1].strip().splitlines()
-                self.say("holders", f"{h}: /dev/nvidia* held by " + ", ".join(
-                    f"pid {p.split(' ', 1)[0]} ({p.split(' ', 1)[-1]})" for p in procs) +
-                    ": not unloading the driver under it", ok=False, host=h, processes=procs)
+                procs = holder_names(e.split(":", 1)[1])
+                self.say("holders", f"{h}: /dev/nvidia* held by " + ", ".join(procs) +
+                         ": not unloading the driver under it", ok=False, host=h, processes=procs)
             elif e:
                 self.say("holders", f"{h}: /dev/nvidia* holders not readable: {e}", ok=False, host=h)
         if not any(res.values()):

@@ -11,9 +11,33 @@ from provisioner.model import Fleet
 from provisioner.probes.ssh import run_one, target_for
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
-#: processes with /dev/nvidia<N> open, as `pid name` lines (reads every /proc/*/fd: needs root)
-HOLDERS = ('for p in /proc/[0-9]*; do for f in "$p"/fd/*; do case $(readlink "$f" 2>/dev/null) in '
-           '/dev/nvidia[0-9]*) echo "${p#/proc/} $(cat "$p/comm" 2>/dev/null)"; break;; esac; done; done')
+#: the suite's own NVIDIA daemons (their /proc comm, 15 characters at most): they keep the device files open by
+#: design and come back with the host, so they never count as a workload holding the GPU
+MANAGED_DAEMONS = ("nvidia-persiste", "nv-fabricmanage", "nvidia-imex", "nv-hostengine")
+
+
+def holders_script(dev: str = "/dev") -> str:
+    """Shell that prints `pid device comm` for every process with an NVIDIA device file open (a GPU, nvidiactl,
+    nvidia-uvm*, nvidia-modeset, nvidia-caps/*) other than MANAGED_DAEMONS. Reads every /proc/*/fd: needs root."""
+    skip = "|".join(MANAGED_DAEMONS)
+    return ('for p in /proc/[0-9]*; do c=$(cat "$p/comm" 2>/dev/null); case $c in ' + skip + ') continue;; esac; '
+            'for f in "$p"/fd/*; do d=$(readlink "$f" 2>/dev/null); case $d in '
+            f'{dev}/nvidia[0-9]*|{dev}/nvidiactl|{dev}/nvidia-uvm*|{dev}/nvidia-modeset|{dev}/nvidia-caps/*) '
+            'echo "${p#/proc/} $d $c"; break;; esac; done; done')
+
+
+HOLDERS = holders_script()
+
+
+def holder_names(lines: str) -> list[str]:
+    """`pid N (comm) on DEVICE` for each line of holders_script's output."""
+    out = []
+    for ln in lines.strip().splitlines():
+        pid, dev, comm = (ln.split(" ", 2) + ["", ""])[:3]
+        out.append(f"pid {pid} ({comm or '?'}) on {dev}")
+    return out
+
+
 HELD = 3  # gpu_reset's exit status when a process holds a GPU
 
 
@@ -39,7 +63,8 @@ def gpu_reset(fleet: Fleet, host: str, timeout: float = 300.0) -> StepResult:
     if not r.ok:
         return StepResult(False, f"unreachable: {r.error}")
     if r.rc == HELD:
-        held = [ln.removeprefix("held: ") for ln in r.stdout.splitlines() if ln.startswith("held: ")]
+        held = holder_names("\n".join(ln.removeprefix("held: ") for ln in r.stdout.splitlines()
+                                      if ln.startswith("held: ")))
         return StepResult(False, f"GPU held by {', '.join(held)}: not reset (stop it, or reboot)")
     if r.rc != 0:
         tail = (r.stderr.strip() or r.stdout.strip() or "no output").splitlines()[-1][:200]
