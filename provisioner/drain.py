@@ -108,3 +108,17 @@ def inflight(metrics: str) -> int | None:
     """Requests running + waiting on a vLLM engine, from its /metrics text (None: no such gauge in it)."""
     values = [float(m.group(1)) for m in _INFLIGHT.finditer(metrics)]
     return int(sum(values)) if values else None
+
+
+def direct_paths(fleet: Fleet, host: str) -> tuple[str, str] | None:
+    """(drained list file, nginx config file) of balancer `host` as serving_lb resolves them (its defaults < the
+    host's variables), for the drain's step over SSH; None when the playbook must run instead: the active health
+    check is on, or a path is not a plain absolute one."""
+    from provisioner.monitoring import ansible_bool, template_context
+
+    v = template_context(fleet, roles=("serving_lb",), host=host)
+    drained, conf = str(v.get("serving_lb_drained_file")), str(v.get("serving_lb_conf_file"))
+    if ansible_bool(v.get("serving_lb_active_health", False)) or any(
+            "{{" in x or not x.startswith("/") for x in (drained, conf)):
+        return None
+    return drained, conf

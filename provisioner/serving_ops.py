@@ -108,7 +108,7 @@ class Ops:
         t0 = time.monotonic()
         servers = ", ".join(add or remove)
         if self._direct(lbs, add, remove):
-            self.say("balancer", f"balancer ({', '.join(lbs)}): {servers} {what}: nginx reloaded "
+            self.say("balancer", f"balancer ({', '.join(lbs)}): {servers} {what}: nginx reloaded over SSH "
                      f"({time.monotonic() - t0:.1f} s)", seconds=round(time.monotonic() - t0, 1))
             return True
         r = run_playbook(self.inventory, command=f"{self.command}-balancer", playbook=BALANCER_PLAYBOOK,
@@ -129,16 +129,14 @@ class Ops:
         a balancer has the active health check, templated paths, or a server line this cannot find."""
         import base64
 
-        from provisioner.drain import drained_list, rewrite_conf
+        from provisioner.drain import direct_paths, drained_list, rewrite_conf
         from provisioner.probes.ssh import run_one, target_for
 
         for h in lbs:
-            v = self.fleet.hosts[h].vars
-            state = str(v.get("serving_lb_state_dir") or "/var/lib/vllm-lb")
-            drained = str(v.get("serving_lb_drained_file") or f"{state}/drained")
-            conf = str(v.get("serving_lb_conf_file") or "/etc/nginx/conf.d/vllm-lb.conf")
-            if "{{" in drained + conf or str(v.get("serving_lb_active_health", False)).lower() in ("true", "yes", "1"):
+            paths = direct_paths(self.fleet, h)
+            if paths is None:
                 return False
+            drained, conf = paths
             t = target_for(self.fleet.hosts[h])
             d, c = shlex.quote(drained), shlex.quote(conf)
             r = run_one(t, _root(f"cat {d} 2>/dev/null; echo '{SPLIT}'; cat {c}", t.user), timeout=30.0)

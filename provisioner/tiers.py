@@ -17,26 +17,30 @@ PROBE_FORKS = 64
 PROBE_TIMEOUT = 60.0
 
 
-def _content() -> str:
+def _content(code: bool = True) -> str:
     from provisioner import paths
 
-    return hoststate.content_hash(paths.DATA_ROOT, paths.PACKAGE_DIR)
+    return hoststate.content_hash(paths.DATA_ROOT, *([paths.PACKAGE_DIR] if code else []))
 
 
 def host_inputs(fleet: Any, hosts: Iterable[str], *, playbook: Any = None, tags: str | None = None,
-                skip_tags: str | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """{host: input digest} for `hosts` of a fleet that passed the rules (the plan is computed once for all)."""
+                skip_tags: str | None = None, extra: Mapping[str, Any] | None = None,
+                code: bool = True) -> dict[str, str]:
+    """{host: input digest} for `hosts` of a fleet that passed the rules (the plan is computed once for all).
+
+    code=False: only what the roles apply (variables, plan, playbooks/roles/templates), without the run's options,
+    the suite's Python or its version: a rollout's spec, which a CLI fix between a stop and its rerun keeps."""
     from provisioner import __version__, plan
 
     computed = plan.compute(fleet)
-    content = _content()
+    content = _content(code)
     options = {"playbook": str(Path(playbook).resolve()) if playbook else "site.yml", "tags": tags or "",
                "skip_tags": ",".join(sorted(t for t in (skip_tags or "").split(",") if t.strip())),
-               "extra": dict(extra or {})}
+               "extra": dict(extra or {})} if code else {}
     fleet_part = {"clusters": computed.get("clusters"), "targets": computed.get("targets")}
     return {h: hoststate.inputs_digest(host_vars=fleet.hosts[h].vars, host_plan=computed["hosts"].get(h),
                                        fleet_plan=fleet_part, run_options=options, content=content,
-                                       version=__version__)
+                                       version=__version__ if code else "")
             for h in hosts}
 
 

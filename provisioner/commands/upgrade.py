@@ -41,19 +41,6 @@ def _models(fleet: Any) -> dict[str, str]:
     return {n: cluster_model(c, n) for n, c in fleet.clusters.items()}
 
 
-def _inputs(fleet: Any, hosts: list[str]) -> dict[str, str]:
-    """{host: digest of what the roles apply to it}: its resolved variables and plan, and the playbooks, roles and
-    templates. Not the CLI's own code: a fix of the CLI between a stop and its rerun still resumes."""
-    from provisioner import hoststate, paths, plan
-
-    computed = plan.compute(fleet)
-    content = hoststate.content_hash(paths.DATA_ROOT)
-    part = {"clusters": computed.get("clusters"), "targets": computed.get("targets")}
-    return {h: hoststate.inputs_digest(host_vars=fleet.hosts[h].vars, host_plan=computed["hosts"].get(h),
-                                       fleet_plan=part, run_options={}, content=content, version="")
-            for h in hosts}
-
-
 def _last_failure(ops: Any, default: str) -> str:
     bad = [ln["line"] for ln in ops.lines if not ln["ok"]]
     return bad[-1] if bad else default
@@ -149,6 +136,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     from provisioner.paths import ledger_path
     from provisioner.rollout import single_model_clusters, spec_digest
     from provisioner.serving_ops import Ops, dumps
+    from provisioner.tiers import host_inputs
 
     if max_unavailable < 1:
         raise UsageError("--max-unavailable must be >= 1")
@@ -169,7 +157,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         return int(Exit.FAIL)
     models = _models(fleet)
     members = sorted({m for c in fleet.clusters.values() for m in c.members})
-    digest = spec_digest(_inputs(fleet, members), xv)
+    digest = spec_digest(host_inputs(fleet, members, code=False), xv)
     ok = True
     try:
         with Ledger.open(ledger_path()) as ledger:

@@ -111,3 +111,21 @@ def test_rewrite_conf_renders_a_drained_head_as_the_template_does() -> None:
     assert rewrite_conf(out or "", add=["198.18.1.11:8000"]) == out  # idempotent
     assert rewrite_conf(out or "", remove=["198.18.1.11:8000"]) == conf
     assert rewrite_conf(conf, add=["198.18.1.1:8000"]) is None  # not a server of this balancer: the playbook's job
+
+
+def test_the_balancer_step_over_ssh_uses_the_roles_paths(tmp_path: Path) -> None:
+    """direct_paths resolves serving_lb's defaults with the balancer's own variables, as the role does, and sends
+    the active health check and non-absolute paths to the playbook."""
+    from provisioner.drain import direct_paths
+
+    base = load_fleet(write_inventory(tmp_path / "a", ini=INI, group_vars={"all": {"vllm_cluster": C}}))
+    assert direct_paths(base, "lb1") == ("/var/lib/vllm-lb/drained", "/etc/nginx/conf.d/vllm-lb.conf")
+    moved = load_fleet(write_inventory(tmp_path / "b", ini=INI, group_vars={
+        "all": {"vllm_cluster": C}, "lb": {"serving_lb_conf_dir": "/opt/nginx", "serving_lb_state_dir": "/srv/lb"}}))
+    assert direct_paths(moved, "lb1") == ("/srv/lb/drained", "/opt/nginx/conf.d/vllm-lb.conf")
+    active = load_fleet(write_inventory(tmp_path / "c", ini=INI, group_vars={
+        "all": {"vllm_cluster": C}, "lb": {"serving_lb_active_health": "yes"}}))
+    assert direct_paths(active, "lb1") is None
+    relative = load_fleet(write_inventory(tmp_path / "d", ini=INI, group_vars={
+        "all": {"vllm_cluster": C}, "lb": {"serving_lb_drained_file": "drained"}}))
+    assert direct_paths(relative, "lb1") is None
