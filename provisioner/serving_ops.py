@@ -16,14 +16,11 @@ from typing import Any
 from provisioner import PROJECT_ROOT
 from provisioner.drain import Head, Plan, inflight
 from provisioner.model import Fleet
+from provisioner.probes.ssh import as_root
 
 BALANCER_PLAYBOOK = PROJECT_ROOT / "playbooks" / "balancer.yml"
 VLLM_UNITS = ("vllm.service", "vllm-ray.service")
 SPLIT = "--- provisioner: drained list above, nginx config below ---"
-
-
-def _root(cmd: str, user: str | None) -> str:
-    return cmd if (user or "root") == "root" else f"sudo -n sh -c {shlex.quote(cmd)}"
 
 
 def http_get_command(url: str) -> str:
@@ -39,7 +36,7 @@ def stop_command(user: str | None) -> str:
     """Stop vLLM's units (those that exist) on a member."""
     parts = [f'if [ "$(systemctl show -p LoadState --value {u})" = loaded ]; then systemctl stop {u}; fi'
              for u in VLLM_UNITS]
-    return _root("; ".join(parts), user)
+    return as_root("; ".join(parts), user)
 
 
 class Ops:
@@ -139,7 +136,7 @@ class Ops:
             drained, conf = paths
             t = target_for(self.fleet.hosts[h])
             d, c = shlex.quote(drained), shlex.quote(conf)
-            r = run_one(t, _root(f"cat {d} 2>/dev/null; echo '{SPLIT}'; cat {c}", t.user), timeout=30.0)
+            r = run_one(t, as_root(f"cat {d} 2>/dev/null; echo '{SPLIT}'; cat {c}", t.user), timeout=30.0)
             if not (r.ok and r.rc == 0 and SPLIT in r.stdout):
                 return False
             now, _, text = r.stdout.partition(SPLIT + "\n")
@@ -153,7 +150,7 @@ class Ops:
                       f"echo {b64['conf']} | base64 -d > {c}.tmp; chmod 0644 {c}.tmp; mv {c}.tmp {c}; "
                       f"if nginx -t >/dev/null 2>&1; then mv {d}.tmp {d}; rm -f {c}.bak; systemctl reload nginx; "
                       f"else mv {c}.bak {c}; rm -f {d}.tmp; exit 7; fi")
-            w = run_one(t, _root(script, t.user), timeout=60.0)
+            w = run_one(t, as_root(script, t.user), timeout=60.0)
             if not (w.ok and w.rc == 0):
                 return False
         return True
@@ -276,7 +273,7 @@ class Ops:
         from provisioner.probes.remedy import HELD, HOLDERS, holder_names
 
         hosts = list(hosts)
-        res = self._each(hosts, lambda user: _root(f'h=$({HOLDERS}); [ -z "$h" ] || {{ echo "$h"; exit {HELD}; }}',
+        res = self._each(hosts, lambda user: as_root(f'h=$({HOLDERS}); [ -z "$h" ] || {{ echo "$h"; exit {HELD}; }}',
                                                    user), "holders", timeout=60.0)
         for h, e in res.items():
             if e and f"exited {HELD}:" in e:

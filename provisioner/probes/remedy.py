@@ -3,12 +3,11 @@ over SSH, power cycle through the BMC, each waiting for the node to answer again
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass
 
 from provisioner.model import Fleet
-from provisioner.probes.ssh import run_one, target_for
+from provisioner.probes.ssh import as_root, run_one, target_for
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 #: the suite's own NVIDIA daemons (their /proc comm, 15 characters at most): they keep the device files open by
@@ -47,14 +46,10 @@ class StepResult:
     detail: str
 
 
-def _as_root(script: str, user: str | None) -> str:
-    return script if (user or "root") == "root" else f"sudo -n sh -c {shlex.quote(script)}"
-
-
 def gpu_reset_command(user: str | None) -> str:
     script = (f'h=$({HOLDERS}); if [ -n "$h" ]; then echo "$h" | sed "s/^/held: /"; exit {HELD}; fi; '
               "nvidia-smi --gpu-reset")
-    return _as_root(script, user)
+    return as_root(script, user)
 
 
 def gpu_reset(fleet: Fleet, host: str, timeout: float = 300.0) -> StepResult:
@@ -93,7 +88,7 @@ def reboot(fleet: Fleet, host: str, timeout: float = 900.0) -> StepResult:
     if before is None:
         return StepResult(False, "unreachable before the reboot: not rebooted (power_cycle is the next step)")
     t = target_for(fleet.hosts[host])
-    run_one(t, _as_root("systemctl reboot", t.user), timeout=30.0)  # the connection may drop: judged by the boot id
+    run_one(t, as_root("systemctl reboot", t.user), timeout=30.0)  # the connection may drop: judged by the boot id
     return wait_back(fleet, host, before, timeout)
 
 

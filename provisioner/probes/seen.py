@@ -48,8 +48,9 @@ def snippet(venv: str = VLLM_VENV) -> str:
 
 def command(user: str | None, venv: str = VLLM_VENV) -> str:
     """The snippet as the SSH user runs it: through `sudo -n sh -c` unless that user is root (as serving_ops)."""
-    s = snippet(venv)
-    return s if (user or "root") == "root" else f"sudo -n sh -c {shlex.quote(s)}"
+    from provisioner.probes.ssh import as_root
+
+    return as_root(snippet(venv), user)
 
 
 def venv_of(host: Any) -> str:

@@ -65,6 +65,11 @@ class _SshOpts:
     connect_timeout: float | None = None
 
 
+def as_root(script: str, user: str | None) -> str:
+    """`script` as login `user` runs it as root: as it is for root, else through `sudo -n sh -c` (never a prompt)."""
+    return script if (user or "root") == "root" else f"sudo -n sh -c {shlex.quote(script)}"
+
+
 def parse_ssh_args(args: str | None) -> _SshOpts:
     """The parts of `ansible_ssh_common_args` (ssh command-line options) that matter for a paramiko connection:
     `-o UserKnownHostsFile=`, `-o IdentityFile=` / `-i`, `-o StrictHostKeyChecking=`, `-o ConnectTimeout=`,
