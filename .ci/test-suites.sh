@@ -4,7 +4,7 @@
 #   integration   tests/integration: real ansible-playbook/ansible-runner, lint, wheel, galaxy, nginx, promtool
 #   rack-a/rack-b tests/testbed, split by module into two lanes of about the same length (each module brings up its
 #                 own racks, so modules in different lanes never share one)
-#   vllm          tests/vllm (+ the sharding module): vLLM CPU clusters on the rack
+#   vllm          tests/vllm: vLLM CPU clusters on the rack
 # Every tests/testbed module must be in exactly one rack lane (checked below: a new module is never left out).
 # Each lane's `--durations` table ends its log, so the next slow test is visible. Exit: the first failing lane's
 # code (5 = a lane collected no tests, which fails CI).
@@ -21,15 +21,14 @@ RACK_A="$T/test_fabrics.py $T/test_drift_matrix.py $T/test_dataflow.py $T/test_p
 # test_demo converges the session rack `rack`; test_installed_rack, test_preflight_iface_rack, test_rack and
 # test_unit_restarts reuse it (in this order: test_rack stops and restarts a host)
 RACK_B="$T/test_run_drift.py $T/test_site.py $T/test_bmc_rack.py $T/test_demo.py $T/test_installed_rack.py
-        $T/test_preflight_iface_rack.py $T/test_rack.py $T/test_unit_restarts.py"
-VLLM_EXTRA="$T/test_shards.py"
+        $T/test_preflight_iface_rack.py $T/test_rack.py $T/test_unit_restarts.py $T/test_shards.py"
 declare -A args=([unit]='tests/unit' [integration]='tests/integration' [rack-a]="$RACK_A" [rack-b]="$RACK_B"
-                 [vllm]="tests/vllm $VLLM_EXTRA")
+                 [vllm]=tests/vllm)
 # CPU priority: the rack and vLLM lanes are the long poles (~25 min); integration (~14 min) yields the CPU to them
 # (docs/development.md, "Test suites and their durations"). PROVISIONER_LANE_NICE=0 turns it off.
 declare -A nice=([integration]=${PROVISIONER_LANE_NICE:-10})
 for f in $T/test_*.py; do
-  n=$(printf '%s\n' $RACK_A $RACK_B $VLLM_EXTRA | grep -cxF "$f")
+  n=$(printf '%s\n' $RACK_A $RACK_B | grep -cxF "$f")
   [ "$n" -eq 1 ] || { echo "$f is in $n rack lanes (.ci/test-suites.sh): put it in exactly one" >&2; exit 2; }
 done
 declare -A pid
