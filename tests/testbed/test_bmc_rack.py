@@ -13,8 +13,9 @@ actions stop and start that nspawn host.
 6. ACS turned on is named by preflight with the BIOS attribute behind it, read from the BMC (Bios.Attributes).
 7. `provision firmware --apply bios`: a checksum that does not match the image applies nothing; the right one updates
    the hosts one after the other (Redfish SimpleUpdate), each waited for until its new version shows.
-8. `provision remediate` with `remediation: [power_cycle]`: a node with a fatal XID is quarantined, power cycled
-   through its BMC (a new boot id), stays quarantined while the fault stays, and is returned once it passes.
+8. `provision remediate` with `remediation: [reboot, power_cycle]`: a node with a fatal XID is quarantined,
+   rebooted over SSH, then power cycled through its BMC (a new boot id each time, the gate after each), stays
+   quarantined while the fault stays, and is returned once it passes.
 The BMC password is in no output and in no file of the runs' directory (PROVISION_RUNS_DIR, the module's own).
 """
 
@@ -300,12 +301,12 @@ def _state(rig: Rig, inv: Path, host: str) -> str:
     return next(h["state"] for h in json.loads(p.stdout)["hosts"] if h["host"] == host)
 
 
-def test_remediation_power_cycles_through_the_bmc_and_returns_the_node(rig: Rig, tmp_path: Path) -> None:
+def test_remediation_reboots_then_power_cycles_through_the_bmc_and_returns_the_node(rig: Rig, tmp_path: Path) -> None:
     from provisioner_testbed import rack
 
     inv = _with_firmware_map(rig, tmp_path)
     with (inv.parent / "group_vars" / "gpu_nodes.yml").open("a") as f:
-        f.write("lifecycle_policy:\n  quarantine_on: [xid]\n  remediation: [power_cycle]\n"
+        f.write("lifecycle_policy:\n  quarantine_on: [xid]\n  remediation: [reboot, power_cycle]\n"
                 "  replace_after: {quarantines: 9, window_days: 30}\n")
     if _state(rig, inv, "node01") != "in-service":  # run alone: bring node01 in first
         p = rig.cli("onboard", str(inv), "node01", "--skip-launch", timeout=1500)
@@ -320,8 +321,12 @@ def test_remediation_power_cycles_through_the_bmc_and_returns_the_node(rig: Rig,
         lines = [a["line"] for a in json.loads(p.stdout)["actions"]]
         text = "\n".join(lines)
         assert "node01: in-service -> draining" in text and "-> quarantined (xid" in text, text
+        # the reboot over SSH first, its gate failing (the XID stays until the rack clears it), then the BMC
+        assert "node01: reboot: done (back after a reboot)" in text, text
         assert "node01: power_cycle: done (back after a reboot)" in text, text
-        assert "node01: health gate: fail" in text and "remediation exhausted (power_cycle)" in text, text
+        assert text.index("node01: reboot: done") < text.index("node01: power_cycle: done"), text
+        assert text.count("node01: health gate: fail") == 2, text
+        assert "remediation exhausted (reboot, power_cycle)" in text, text
         after = rig.ssh("node01", BOOT_ID).stdout.strip()
         assert after and after != before  # the BMC really restarted it
         assert _state(rig, inv, "node01") == "quarantined"
