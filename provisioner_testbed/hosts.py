@@ -198,11 +198,13 @@ def write_identity(rack: RackState, host: HostState, authorized_key: str, *, pro
 
 #: Supervises one host's nspawn like systemd-nspawn@.service does: a reboot inside the host makes nspawn exit
 #: with 133, and the host boots again (same disk); SIGTERM powers it off cleanly; any other exit ends the loop.
-#: First it moves itself into the host's own cgroups ($PV_CGROUPS, see `host_cgroups`).
+#: First it moves itself into the host's own cgroups ($PV_CGROUPS, see `host_cgroups`); before each boot it runs
+#: $PV_ONBOOT (`onboot`: the kernel module the boot loads is the one installed).
 SUPERVISOR = """\
 for cg in $PV_CGROUPS; do echo $$ > "$cg/cgroup.procs" || exit 97; done
 trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM INT
 while :; do
+  [ -z "$PV_ONBOOT" ] || timeout 60 $PV_ONBOOT || echo "provisioner-testbed: on-boot hook failed" >&2
   "$@" &
   child=$!
   wait "$child"
@@ -289,7 +291,8 @@ def boot(rack: RackState, host: HostState) -> Proc:
         "--console=read-only",
     ]
     cmd = ["/bin/sh", "-c", SUPERVISOR, f"pvhost-{host.machine}", *nspawn]
-    env = {**os.environ, "PV_CGROUPS": " ".join(str(c) for c in host_cgroups(host))}
+    env = {**os.environ, "PV_CGROUPS": " ".join(str(c) for c in host_cgroups(host)),
+           "PV_ONBOOT": f"{sys.executable} -m provisioner_testbed.onboot {hp.root}"}
     with open(hp.log, "ab") as log:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env)
     proc = Proc.of(p.pid)

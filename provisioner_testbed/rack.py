@@ -124,10 +124,12 @@ def host_input_specs(spec_file: Path | None, names: list[str], *, with_vllm: boo
 
 
 def materialize(hp: hostmod.HostPaths, spec: dict[str, Any]) -> dict[str, Any]:
-    """Resolve + write the host's hardware dir (in place, so a running host sees it live)."""
+    """Resolve + write the host's hardware dir (in place, so a running host sees it live). The loaded NVIDIA module
+    is the one the host last booted with (`onboot`), unless the spec sets one."""
     from provisioner_testbed import hwspec
+    from provisioner_testbed.onboot import effective_spec, loaded_module
 
-    resolved = hwspec.resolve(spec)
+    resolved = hwspec.resolve(effective_spec(spec, loaded_module(hp.root)))
     hp.hwsim.mkdir(parents=True, exist_ok=True)
     try:
         from provisioner_testbed.hwsim import materialize as hw_materialize  # type: ignore[attr-defined]

@@ -18,12 +18,12 @@ import pytest
 from provisioner_testbed import hwsim, repo
 
 PINNED = {  # docs/development.md "Pinned NVIDIA stack"
-    "nvidia-open-580": ["580.95.05-1"],
-    "nvidia-kernel-open-580": ["580.95.05-1"],
-    "nvidia-utils-580": ["580.95.05-1"],
-    "nvidia-persistenced": ["580.95.05-1"],
-    "nvidia-fabricmanager-580": ["580.82.07-1", "580.95.05-1"],
-    "libnvidia-nscq-580": ["580.82.07-1", "580.95.05-1"],
+    "nvidia-open-580": ["580.105.08-1", "580.95.05-1"],  # 580.105.08: a rolling driver upgrade (sorted as strings)
+    "nvidia-kernel-open-580": ["580.105.08-1", "580.95.05-1"],
+    "nvidia-utils-580": ["580.105.08-1", "580.95.05-1"],
+    "nvidia-persistenced": ["580.105.08-1", "580.95.05-1"],
+    "nvidia-fabricmanager-580": ["580.105.08-1", "580.82.07-1", "580.95.05-1"],
+    "libnvidia-nscq-580": ["580.105.08-1", "580.82.07-1", "580.95.05-1"],
     "cuda-cudart-12-8": ["12.8.90-1"],
     "libnccl2": ["2.27.7-1+cuda12.8"],
     "libnccl-dev": ["2.27.7-1+cuda12.8"],
@@ -144,8 +144,12 @@ def test_apt_verifies_the_repo_and_resolves_the_driver_like_nvidias_repo(served:
     o = _apt(tmp_path, served)
     upd = subprocess.run(["apt-get", *o, "update"], capture_output=True, text=True)
     assert upd.returncode == 0 and "NO_PUBKEY" not in upd.stderr and "not signed" not in upd.stderr, upd.stderr
-    sim = subprocess.run(["apt-get", *o, "install", "-s", "nvidia-open-580", "nvidia-fabricmanager-580=580.95.05-1",
-                          "nvidia-persistenced", "libnccl-dev", "datacenter-gpu-manager-4-core", "cuda-cudart-12-8"],
+    # The role names every driver package at its exact version (unpinned, apt takes the newest: 580.105.08).
+    pin = "=580.95.05-1"
+    sim = subprocess.run(["apt-get", *o, "install", "-s", f"nvidia-kernel-open-580{pin}", f"nvidia-open-580{pin}",
+                          f"nvidia-utils-580{pin}", f"nvidia-fabricmanager-580{pin}", f"libnvidia-nscq-580{pin}",
+                          f"nvidia-persistenced{pin}",
+                          "libnccl-dev", "datacenter-gpu-manager-4-core", "cuda-cudart-12-8"],
                          capture_output=True, text=True)
     assert sim.returncode == 0, sim.stdout + sim.stderr
     inst = dict(re.findall(r"^Inst (\S+) \((\S+) ", sim.stdout, re.M))
@@ -163,6 +167,11 @@ def test_apt_verifies_the_repo_and_resolves_the_driver_like_nvidias_repo(served:
                           "libnvidia-nscq-580=580.82.07-1"], capture_output=True, text=True)
     assert "Inst libnvidia-nscq-580 (580.82.07-1" in old.stdout, old.stdout + old.stderr
     assert "W: " not in sim.stderr + old.stderr
+    # Unpinned, apt takes the newest driver, with its own exact-version kernel module and tools (the upgrade).
+    new = subprocess.run(["apt-get", *o, "install", "-s", "nvidia-open-580"], capture_output=True, text=True)
+    assert dict(re.findall(r"^Inst (\S+) \((\S+) ", new.stdout, re.M)) == {
+        "nvidia-open-580": "580.105.08-1", "nvidia-kernel-open-580": "580.105.08-1",
+        "nvidia-utils-580": "580.105.08-1"}, new.stdout + new.stderr
 
 
 def test_dpkg_installs_the_driver_into_a_root_and_nvidia_smi_answers_from_the_spec(served: Path,
