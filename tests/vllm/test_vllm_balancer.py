@@ -2,13 +2,16 @@
 rack host in front of the two CPU vLLM clusters (`vllm_pp` head node01, `vllm_single` node03, both serving
 `tiny-llama`, so one upstream with two heads). Completions and streams go through it with the API key, both clusters
 take requests, the key is not logged, and with one cluster stopped every request still succeeds. Then the node
-lifecycle behind it, a client loop running throughout: `provision drain`, a rolling upgrade (a GPU holder, a
-killed CLI, the resume) and the nightly quarantine of a row remap with its return; not one request may fail.
+lifecycle behind it, a client loop running throughout: `provision drain`, a rolling driver upgrade (a GPU holder, a
+killed CLI, the resume, a reboot per node) and the nightly quarantine of a row remap with its return; not one request
+may fail.
 
 The balancer runs on node03 on port 8080 (vLLM owns 8000 there). As `site.yml` would, the heads' cluster firewall is
 applied with node03 in group `lb` first (the API port admits only clients, members and balancers). Afterwards the
 rack's own firewall is put back, and the stopped cluster is started again and waited for, so the tests after these
-find the rack as it was (nginx stays installed on node03, on a port nothing else uses).
+find the rack as it was (nginx stays installed on node03, on a port nothing else uses). The driver upgrade is not
+undone: its inventory (this module's copy) says the new version, and the lane runs this module last
+(tests/vllm/conftest.py), so every test after the upgrade reads an inventory that matches the nodes.
 """
 
 from __future__ import annotations
@@ -251,40 +254,31 @@ def _rollout(inventory: Path) -> Any:
         return last[0] if last else None
 
 
-def _nccl_conf(rack: VllmRack) -> Iterator[str]:
-    for h in ("node01", "node02", LB_HOST):
-        yield rack.ssh(h, "cat /etc/nccl.conf").stdout
-
-
-ENV_BACK = ("v=$(sed -n 's/^NCCL_IB_TIMEOUT=//p' /etc/nccl.conf) && [ -n \"$v\" ] && "
-            "sed -i \"s/^NCCL_IB_TIMEOUT=.*/NCCL_IB_TIMEOUT=$v/\" /etc/vllm/vllm.env")
-NCCL_PLAY = """\
-- name: NCCL tuning back to the rack's inventory
-  hosts: gpu_nodes
-  gather_facts: false
-  become: true
-  roles:
-    - role: nccl_tuning
-"""
+#: the newer driver of the stand-in repository (provisioner_testbed/packages/packages.toml)
+NEW_DRIVER = "580.105.08"
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+DRIVER_SEEN = ("dpkg-query -W -f='${Version} ' nvidia-kernel-open-580 nvidia-fabricmanager-580; "
+               "cat /sys/module/nvidia/version")
 
 
 def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(edge: Edge, tmp_path: Path) -> None:
     """While a client loop sends completions to the balancer: `provision drain` takes the first cluster out
     (nginx `down`, in flight, stop, mark) and draining the other is then refused (the last one serving tiny-llama);
-    `provision upgrade -e '{"nccl_ib_timeout": 23}'` takes over the drained cluster, finds a process holding
-    /dev/nvidia0 on its member and stops, naming it; without the holder the rerun is killed (the CLI and its
+    the inventory's driver goes to 580.105.08 and `provision upgrade` takes over the drained cluster, finds a process
+    holding /dev/nvidia0 on its member and stops, naming it; without the holder the rerun is killed (the CLI and its
     ansible-playbook) while the cluster's roles run; the next rerun resumes and finishes both clusters, one at a time
-    (return: health gate, mark, launch, balancer). Not one client request fails; the two clusters are never out
-    together.
-
-    The rack's apt repository has one driver version, so the change rolled is a setting the roles apply
-    (/etc/nccl.conf) and the vLLM relaunch, not a driver package swap."""
+    (the driver packages swapped, a reboot where the kernel module changed, then the return: health gate, mark,
+    launch, balancer). Not one client request fails; the two clusters are never out together; every member ends
+    with the new packages, the new module loaded and a new boot id."""
     from provisioner.inventory import load_fleet
     from provisioner.probes.health import IN_SERVICE
 
     rack, inv = edge.rack, edge.inventory
-    spec = ["-e", json.dumps({"nccl_ib_timeout": 23}), "--reason", "rack test: rolling upgrade"]
+    spec = ["--reason", "rack test: rolling driver upgrade"]
     fleet = load_fleet(inv)
+    members = sorted({m for c in fleet.clusters.values() for m in c.members})
+    boot_before = {h: rack.ssh(h, BOOT_ID).stdout.strip() for h in members}
+    assert all(NEW_DRIVER not in rack.ssh(h, DRIVER_SEEN).stdout for h in members)
     order = list(fleet.clusters)
     first, second = order
     holder_host = fleet.clusters[first].members[0]
@@ -310,6 +304,11 @@ def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(e
             r = provision("drain", str(inv), fleet.clusters[second].members[0], "--reason", "must be refused")
             assert r.returncode == 1 and "refused" in r.stderr and "last" in r.stderr, r.stdout + r.stderr
             assert all(lifecycle_state(h) == "in-service" for h in fleet.clusters[second].members)
+
+            # the change, in the inventory as an operator makes it: the driver (and with it Fabric Manager and
+            # nvidia-persistenced, which follow the driver's version) to the newer release
+            with (inv.parent / "group_vars" / "gpu_nodes.yml").open("a") as f:
+                f.write(f'\n# rack test: the rolling driver upgrade\nnvidia_driver_version: "{NEW_DRIVER}-1"\n')
 
             # 2. a process holds the GPU: the rollout takes the drained cluster first and stops, naming it
             r = rack.ssh(holder_host, f"touch /dev/nvidia0 && (setsid python3 -c \"{HOLDER}\" >/dev/null 2>&1 &)")
@@ -352,7 +351,9 @@ def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(e
             time.sleep(5)
         ro = _rollout(inv)
         assert ro.status == "done" and all(c.status == "done" for c in ro.clusters), ro
-        assert all("NCCL_IB_TIMEOUT=23" in text for text in _nccl_conf(rack))
+        for h in members:  # the new packages, the new module loaded: each member rebooted into it
+            assert rack.ssh(h, DRIVER_SEEN).stdout.split() == [f"{NEW_DRIVER}-1", f"{NEW_DRIVER}-1", NEW_DRIVER], h
+            assert rack.ssh(h, BOOT_ID).stdout.strip() not in ("", boot_before[h]), h
         assert "down;" not in lb_conf(rack)
         # never both clusters out: each cluster's out-of-service window (draining .. in-service) is disjoint
         from provisioner.ledger import Ledger
@@ -375,24 +376,15 @@ def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(e
         (PROJECT_ROOT / ".runs" / "lifecycle-upgrade-figures.json").write_text(json.dumps(figures, indent=2) + "\n")
         (PROJECT_ROOT / ".runs" / "lifecycle-upgrade-output.txt").write_text(
             "\n".join(f"$ provision {what}\n{out}" for what, out in (
-                (f"drain INV {first}", d.stdout), ("upgrade INV -e ... (holder)", held.stdout),
-                ("upgrade INV -e ... (resumed)", done.stdout))))
+                (f"drain INV {first}", d.stdout), ("upgrade INV (holder)", held.stdout),
+                ("upgrade INV (resumed)", done.stdout))))
         print(f"rolling upgrade figures: {json.dumps(figures)}")
         assert loop.failures == [], loop.failures[:5]
     finally:
         rack.ssh(holder_host, "pkill -f 'time.sleep.1200' ; rm -f /dev/nvidia0")
         last = _rollout(inv)
         if last is not None and last.open:
-            provision("upgrade", str(inv), "--abort", *spec[:2], timeout=2400)
-        nccl = tmp_path / "nccl.yml"
-        nccl.write_text(NCCL_PLAY)
-        p = playbook(Path(rack.inventory), nccl)
-        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-        # the vLLM env file carries the NCCL settings too: back to the value the inventory renders (the running
-        # engines keep theirs until their next restart; the tests after this one compare files with `render`)
-        for h in ("node01", "node02", LB_HOST):
-            r = rack.ssh(h, ENV_BACK)
-            assert r.returncode == 0, r.stdout + r.stderr
+            provision("upgrade", str(inv), "--abort", timeout=2400)
 
 
 POLICY = ("lifecycle_policy:\n  quarantine_on: [ecc, xid]\n  remediation: [gpu_reset]\n"
