@@ -45,7 +45,7 @@ COMMANDS = (
 )
 
 #: Commands with a fast path (no typer/rich import): their module has FAST_OPTIONS {option: (param, type)}, run().
-FAST_COMMANDS = ("preflight",)
+FAST_COMMANDS = ("preflight", "drift")
 
 _app: Any = None
 
@@ -72,7 +72,8 @@ def __getattr__(name: str) -> Any:  # `provisioner.cli.app` stays available (bui
 
 def parse_plain(argv: list[str], options: dict[str, tuple[str, type]]) -> tuple[str, dict[str, Any]] | None:
     """(positional, {param: value}) when `argv` is one positional plus known options (`--opt VALUE`, `--opt=VALUE`,
-    `-o VALUE`) with values of the right type; None for anything else (typer then parses and reports it)."""
+    `-o VALUE`, and flags: type `bool`) with values of the right type; None for anything else (typer then parses and
+    reports it)."""
     positional: list[str] = []
     values: dict[str, Any] = {}
     i = 0
@@ -85,13 +86,19 @@ def parse_plain(argv: list[str], options: dict[str, tuple[str, type]]) -> tuple[
         opt, eq, val = a.partition("=") if a.startswith("--") else (a, "", "")
         if opt not in options:
             return None
+        param, kind = options[opt]
+        if kind is bool:  # a flag: no value
+            if eq:
+                return None
+            values[param] = True
+            i += 1
+            continue
         if not eq:
             if i + 1 >= len(argv):
                 return None
             val = argv[i + 1]
             i += 1
         i += 1
-        param, kind = options[opt]
         try:
             values[param] = kind(val)
         except ValueError:
