@@ -257,8 +257,10 @@ def _rollout(inventory: Path) -> Any:
 #: the newer driver of the stand-in repository (provisioner_testbed/packages/packages.toml)
 NEW_DRIVER = "580.105.08"
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
-DRIVER_SEEN = ("dpkg-query -W -f='${Version} ' nvidia-kernel-open-580 nvidia-fabricmanager-580; "
-               "cat /sys/module/nvidia/version")
+#: the installed kernel module and nvidia-persistenced (it follows the driver; these one-GPU nodes have no NVSwitch,
+#: so no Fabric Manager), then the loaded module's version as nvidia-smi reports it
+DRIVER_SEEN = ("dpkg-query -W -f='${Version} ' nvidia-kernel-open-580 nvidia-persistenced; "
+               "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
 
 
 def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(edge: Edge, tmp_path: Path) -> None:
