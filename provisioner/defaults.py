@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from provisioner.catalog import SAFE_LOADER
 from provisioner.errors import UsageError
 from provisioner.paths import ROLES, data_file
 
@@ -19,7 +20,7 @@ def _load(role: str) -> dict[str, Any]:
         return {}  # a role without defaults
     path = data_file(ROLES / role / "defaults" / "main.yml")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER) or {}  # noqa: S506
     except yaml.YAMLError as exc:
         raise UsageError(f"role defaults are not valid YAML: {str(exc).splitlines()[0]}", path=str(path)) from None
     if not isinstance(data, dict):

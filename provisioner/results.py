@@ -74,6 +74,7 @@ class HostResult:
     # reboot was allowed); the host's state is unchanged (a run's exit code too), the reports say it per host
     reboot_required: bool = False
     reboot_reason: str | None = None  # the matching `<name>_reboot_reason` fact, else who set the flag
+    rebooted: bool = False  # ansible.builtin.reboot rebooted the host in this run (not in check mode)
     # two-tier drift: 1 = the probe matched the recorded state (clean, Ansible did not run), 2 = Ansible checked it
     # (tier_reason says why); probe_changes = what the probe found against the record
     tier: int | None = None

@@ -22,13 +22,13 @@ from typing import Any
 
 import yaml
 
-from provisioner.catalog import CATALOG_DIR
+from provisioner.catalog import CATALOG_DIR, SAFE_LOADER
 from provisioner.model import Cluster, Fleet, Host
 
 # Flags vLLM no longer accepts (vLLM 0.32/0.33) -> what to do instead: provisioner/catalog/vllm_flags.yaml (shared
 # with the vLLM flag rules, which playbooks/validate.yml runs too).
 REMOVED_FLAGS: Mapping[str, str] = MappingProxyType(
-    yaml.safe_load((CATALOG_DIR / "vllm_flags.yaml").read_text(encoding="utf-8"))["removed"])
+    yaml.load((CATALOG_DIR / "vllm_flags.yaml").read_text(encoding="utf-8"), Loader=SAFE_LOADER)["removed"])  # noqa: S506
 
 # Flags serve_args renders from vllm_cluster settings; extra_args must not repeat them (FLAG002).
 MANAGED_FLAGS: Mapping[str, str] = {

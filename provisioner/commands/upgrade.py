@@ -81,8 +81,10 @@ def _upgrade_batch(ops: Any, ledger: Any, rid: int, fleet: Any, batch: list[str]
             bad = r.failed_hosts + r.unreachable_hosts
             ok = not r.error and not bad and r.rc in (0, None)
             changed = sorted(n for n, h in r.hosts.items() if h.state == "changed")
+            rebooted = sorted(n for n, h in r.hosts.items() if h.rebooted)
             ops.say("upgrade", f"{', '.join(full)}: roles applied on {', '.join(members)} in "
-                    f"{time.monotonic() - t1:.1f} s (changed: {', '.join(changed) or 'none'})" if ok else
+                    f"{time.monotonic() - t1:.1f} s (changed: {', '.join(changed) or 'none'}; rebooted: "
+                    f"{', '.join(rebooted) or 'none'})" if ok else
                     f"{', '.join(full)}: the roles FAILED on {', '.join(bad) or 'the play'} "
                     f"({r.error or 'see the run'}; run dir {r.run_dir})", ok=ok,
                     seconds=round(time.monotonic() - t1, 1))

@@ -315,6 +315,9 @@ class EventFolder:
             reboot = reboot_request(res.get("ansible_facts"), ed.get("role"))
             if reboot is not None:
                 h.reboot_required, h.reboot_reason = True, reboot
+            if res.get("rebooted") is True and not self.r.check and _short_action(
+                    ed.get("resolved_action") or ed.get("task_action")) == "reboot":
+                h.rebooted = True
             if res.get("changed"):
                 h.changed += 1
                 if self.r.check and str(ed.get("task_uuid")) not in self.handler_tasks:

@@ -152,3 +152,22 @@ def test_reboot_verdict() -> None:
     assert n.reboot_verdict(None, loaded=sysfs, installed=None) == n.RebootVerdict((), False)
     both = n.reboot_verdict(mark, loaded=("580.82.07", "x"), installed=pkg)
     assert len(both.reasons) == 2
+
+
+def test_a_reboot_the_handler_made_is_folded_per_host_not_in_check_mode() -> None:
+    """provision_allow_reboot=true: the driver role's handler (ansible.builtin.reboot) rebooted node01 only; the
+    upgrade's output names it. The reboot module's answer in check mode does not count."""
+    for check in (False, True):
+        r = RunResult(command="drift" if check else "upgrade", inventory="hosts.ini", playbook="site.yml",
+                      run_dir="/r", artifact_dir="/r/a", started=0.0, duration=3.0, check=check,
+                      status="successful", rc=0, targeted=["node01", "node02"])
+        folder = EventFolder(r, NullProgress())
+        reboot = _ok("node01", "Reboot to load the new NVIDIA kernel module", {"changed": True, "rebooted": True,
+                                                                              "elapsed": 21})
+        reboot["event_data"]["resolved_action"] = "ansible.builtin.reboot"
+        other = _ok("node02", "A module that says rebooted", {"changed": True, "rebooted": True})
+        other["event_data"]["resolved_action"] = "ansible.builtin.command"
+        for ev in (reboot, other):
+            folder(ev)
+        folder.finish(r.targeted)
+        assert (r.hosts["node01"].rebooted, r.hosts["node02"].rebooted) == (not check, False)
