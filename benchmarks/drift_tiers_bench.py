@@ -64,6 +64,13 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(0.0, my - slope * mx), max(slope, 0.0)
 
 
+def _commit() -> str | None:
+    import subprocess
+
+    p = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT)
+    return p.stdout.strip() or None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rack")
@@ -78,6 +85,7 @@ def main() -> int:
         import tempfile
 
         res = [bench(a.rack, a.reps, Path(tempfile.mkdtemp(prefix="pv-tiers-")))]
+        res[0]["commit"] = _commit()
         if a.out:
             a.out.write_text(json.dumps(res[0], indent=1) + "\n")
     for r in res:
@@ -86,6 +94,21 @@ def main() -> int:
               f"full {f['controller_cpu_s']:.2f}s CPU {f['wall_s']:.2f}s wall; "
               f"CPU ratio {f['controller_cpu_s'] / t['controller_cpu_s']:.1f}x, "
               f"wall ratio {f['wall_s'] / t['wall_s']:.1f}x (load {r['load']['start']:.1f}-{r['load']['end']:.1f})")
+    if a.summary and (len(res) == 1 or len({r.get("commit") for r in res}) > 1):
+        # one rack size, or saved runs of different code: no fit; each size's ratio is its own record
+        for r in res:
+            ratio = round(r["median"]["full"]["controller_cpu_s"] / r["median"]["tiers"]["controller_cpu_s"], 1)
+            rec = record(
+                f"drift_tier1_controller_cpu_ratio_{r['hosts']}_hosts",
+                anchor=f"`provision drift --full` on the same {r['hosts']} converged hosts, alternating; ratio "
+                       "full/tiers controller CPU (medians); goal >= 30x at 4 and at 16 hosts",
+                ours={"tiers_cpu_s": r["median"]["tiers"]["controller_cpu_s"],
+                      "full_cpu_s": r["median"]["full"]["controller_cpu_s"],
+                      "tiers_wall_s": r["median"]["tiers"]["wall_s"]},
+                ratio=ratio, met=ratio >= 30, load=r["load"], rev=r.get("commit"),
+                source=f"benchmarks/drift_tiers_bench.py --model FILE ({r.get('commit')})", detail={"run": r})
+            print(rec["goal"], "ratio", ratio, "met", rec["met"])
+        return 0
     if a.summary:
         pts = [(r["hosts"], x["controller_cpu_s"]) for r in res for x in r["runs"]["tiers"]]
         fixed, per_host = fit(pts)
@@ -93,6 +116,9 @@ def main() -> int:
         ffixed, fper = fit(full_pts)
         big = max(res, key=lambda r: r["hosts"])
         ratio = round(big["median"]["full"]["controller_cpu_s"] / big["median"]["tiers"]["controller_cpu_s"], 1)
+        # the goal holds at every rack size measured (issue 27: 4 and 16 hosts), not at the largest alone
+        by_hosts = {r["hosts"]: round(r["median"]["full"]["controller_cpu_s"]
+                                      / r["median"]["tiers"]["controller_cpu_s"], 1) for r in res}
         # 10,000 nodes in 5 minutes: the probe's threads share one GIL, so the per-host CPU is on ONE core (the
         # other 15 of a 16-core controller are not needed); wall also bounded by the pool (64 hosts at a time)
         fleet = 10000
@@ -105,8 +131,9 @@ def main() -> int:
             ours={"tiers_cpu_s_per_host": round(per_host, 4), "tiers_fixed_cpu_s": round(fixed, 3),
                   "full_cpu_s_per_host": round(fper, 4), "full_fixed_cpu_s": round(ffixed, 3),
                   "projected_10000_nodes_one_core_cpu_s": round(projected, 1),
-                  "wall_s": {r["hosts"]: r["median"]["tiers"]["wall_s"] for r in res}},
-            ratio=ratio, met=ratio >= 30 and projected <= 300,
+                  "wall_s": {r["hosts"]: r["median"]["tiers"]["wall_s"] for r in res}, "ratio_by_hosts": by_hosts,
+                  "commit_by_hosts": {r["hosts"]: r.get("commit") for r in res}},
+            ratio=ratio, met=min(by_hosts.values()) >= 30 and projected <= 300,
             load={"min": min(r["load"]["start"] for r in res), "max": max(r["load"]["end"] for r in res)},
             source="benchmarks/drift_tiers_bench.py " + " ".join(str(p) for p in (a.model or [])),
             detail={"runs": res})
