@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -154,3 +155,32 @@ def test_an_invalid_policy_stops_before_acting(site: dict[str, Path]) -> None:
     p = provision(site, "remediate", str(site["inv"]))
     assert p.returncode == 1 and "LC002" in p.stderr and "driver" in p.stderr and p.stdout == ""
     assert transitions(site["db"], "n1") == []
+
+
+def test_upgrade_abort_with_a_cluster_out_tries_its_return_and_closes_the_rollout(site: dict[str, Path]) -> None:
+    """A rollout stopped with c1 drained (a GPU holder): `provision upgrade --abort` returns what the rollout took
+    out. Here the return's health gate cannot reach c1's members (the closed port), so c1 stays out, in burn-in, the
+    rollout is closed as aborted saying so, exit 1; c2 is not touched."""
+    db, inv = site["db"], site["inv"]
+    # upgrade validates the inventory first (remediate does not): each host its own loopback address (HW007)
+    inv.write_text(re.sub(r"^n(\d) ansible_host=127\.0\.0\.1",
+                          lambda m: f"n{m[1]} ansible_host=127.0.0.{int(m[1]) + 1}", inv.read_text(), flags=re.M))
+    with Ledger.open(db) as lg:
+        for h in ("n1", "n2"):
+            for a, b in (("in-service", "draining"), ("draining", "maintenance")):
+                lg.record_transition(h, a, b, reason="upgrade: test", actor="test")
+        rid = lg.rollout_started(str(inv.resolve()), {}, "digest", ["c1", "c2"], pid=999_999_999)
+        lg.rollout_step(rid, ["c1"], "failed", step="holders", detail="n1: /dev/nvidia* held by pid 7 (python3)")
+        lg.rollout_ended(rid, "stopped", "n1: /dev/nvidia* held by pid 7 (python3)")
+    r = provision(site, "upgrade", str(inv), "--abort")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "abort: returning c1" in r.stdout, r.stdout
+    assert f"rollout {rid} aborted: 0 cluster(s) had been upgraded (none); what could not return stays drained" in (
+        r.stdout), r.stdout
+    with Ledger.open(db) as lg:
+        ro = lg.rollout(rid)
+        assert ro.status == "aborted" and ro.detail.startswith("aborted: ") and lg.open_rollout(
+            str(inv.resolve())) is None, ro
+        assert [lg.state(h)[0] for h in ("n1", "n2", "n3", "n4")] == ["burn-in", "burn-in", "in-service",
+                                                                      "in-service"]
+    assert ("maintenance", "burn-in", f"rollout {rid} aborted") in [t[:3] for t in transitions(db, "n1")]
