@@ -39,6 +39,7 @@ Log = Callable[[str], None]
 DEFAULT_NAME = "rack"
 DEFAULT_NODES = 4
 MAX_NODES = 64
+MAX_BALANCERS = 4
 SSH_TIMEOUT_BASE = 60.0
 SSH_TIMEOUT_PER_HOST = 6.0
 
@@ -69,6 +70,8 @@ class UpOptions:
     # vLLM cluster groups in the inventory; None: only with the vLLM layer (a plain rack cannot serve vLLM, so its
     # default inventory declares no cluster and a plain run/drift of `make demo`'s rack is clean)
     clusters: bool | None = None
+    # plain hosts after the nodes (lb01..): the inventory puts them in group `lb` (the serving edge), not gpu_nodes
+    balancers: int = 0
 
     @property
     def want_clusters(self) -> bool:
@@ -156,7 +159,8 @@ def _inv_host(h: HostState, spec: dict[str, Any]) -> invw.InvHost:
     r = hwspec.resolve(clean)
     return invw.InvHost(name=h.name, address=h.address, gpu_model=r["gpu_model"], gpu_count=len(r["gpus"]),
                         ib_hcas=tuple(x["name"] for x in r["hcas"]), efa_devices=len(r["efa"]),
-                        nvlink_domain=invw.NVL72_DOMAIN if r["imex"] else None)
+                        nvlink_domain=invw.NVL72_DOMAIN if r["imex"] else None,
+                        group=invw.LB_GROUP if h.role == "balancer" else invw.GPU_GROUP)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,6 +195,7 @@ def _new_state(opts: UpOptions, index: int) -> RackState:
         prefix=24,
         nodes=opts.nodes,
         with_vllm=opts.with_vllm,
+        balancers=opts.balancers,
         clusters=opts.want_clusters,
         spec_file=str(opts.spec_file.resolve()) if opts.spec_file else None,
         repo_url=f"http://{gw}:{serve.PORT}/nvidia/",
@@ -200,8 +205,20 @@ def _new_state(opts: UpOptions, index: int) -> RackState:
         HostState(name=f"node{i:02d}", machine=network.machine_name(index, i), address=network.host_address(index, i),
                   index=i)
         for i in range(1, opts.nodes + 1)
+    ] + [
+        HostState(name=balancer_name(j), machine=network.machine_name(index, opts.nodes + j),
+                  address=network.host_address(index, opts.nodes + j), index=opts.nodes + j, role="balancer")
+        for j in range(1, opts.balancers + 1)
     ]
     return st
+
+
+def balancer_name(j: int) -> str:
+    return f"lb{j:02d}"
+
+
+def host_names(nodes: int, balancers: int = 0) -> list[str]:
+    return [f"node{i:02d}" for i in range(1, nodes + 1)] + [balancer_name(j) for j in range(1, balancers + 1)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -213,6 +230,8 @@ def up(opts: UpOptions, log: Log = _nolog) -> UpResult:
     check_name(opts.name)
     if not 1 <= opts.nodes <= MAX_NODES:
         raise UsageError(f"--nodes {opts.nodes}: a rack has 1..{MAX_NODES} nodes")
+    if not 0 <= opts.balancers <= MAX_BALANCERS:
+        raise UsageError(f"--balancers {opts.balancers}: a rack has 0..{MAX_BALANCERS} balancer hosts")
     t0 = time.monotonic()
     with rootfs.locked(racks_dir() / f".{opts.name}.lock"):
         st = RackState.load(opts.name)
@@ -224,8 +243,7 @@ def up(opts: UpOptions, log: Log = _nolog) -> UpResult:
         if st is not None or rack_dir(opts.name).exists():
             log(f"rack '{opts.name}' was left half-built (crash?): cleaning it up first")
             _teardown(opts.name, log)
-        specs = host_input_specs(opts.spec_file, [f"node{i:02d}" for i in range(1, opts.nodes + 1)],
-                                 with_vllm=opts.with_vllm)
+        specs = host_input_specs(opts.spec_file, host_names(opts.nodes, opts.balancers), with_vllm=opts.with_vllm)
         st = _create(opts, specs, log)
         return UpResult(st, created=True, repaired=(), seconds=time.monotonic() - t0)
 
@@ -235,6 +253,8 @@ def _check_same(st: RackState, opts: UpOptions) -> None:
     diffs = []
     if st.nodes != opts.nodes:
         diffs.append(f"{st.nodes} nodes (asked {opts.nodes})")
+    if st.balancers != opts.balancers:
+        diffs.append(f"{st.balancers} balancer host(s) (asked {opts.balancers})")
     if st.with_vllm != opts.with_vllm:
         diffs.append("with vLLM" if st.with_vllm else "without vLLM")
     if st.clusters != opts.want_clusters:
@@ -412,7 +432,7 @@ def _write_inventory(st: RackState) -> None:
         from provisioner_testbed import vllm_image
 
         extra, cluster_vars = vllm_image.testbed_rack_inventory(
-            invw.clusters([h.name for h in st.hosts]), {h.name: h.gpu_count for h in inv_hosts},
+            invw.clusters([h.name for h in st.hosts if h.role == "node"]), {h.name: h.gpu_count for h in inv_hosts},
             f"{st.gateway}/{st.prefix}")
     if any(h.efa_devices for h in inv_hosts):  # the stand-in EFA installer, from the rack's repo server
         from provisioner_testbed import repo
@@ -930,8 +950,9 @@ def handle(st: RackState) -> Handle:
 
 
 def ensure(name: str = DEFAULT_NAME, nodes: int = DEFAULT_NODES, *, with_vllm: bool = False,
-           spec_file: Path | None = None, clusters: bool = True, log: Log = _nolog) -> Handle:
+           spec_file: Path | None = None, clusters: bool = True, balancers: int = 0, log: Log = _nolog) -> Handle:
     """Bring the rack up (or reuse it) and return its handle. The rack tests' racks declare the vLLM cluster groups
     unless they ask otherwise (`clusters=False`: the inventory `provision testbed up` writes for a plain rack)."""
-    res = up(UpOptions(name=name, nodes=nodes, spec_file=spec_file, with_vllm=with_vllm, clusters=clusters), log)
+    res = up(UpOptions(name=name, nodes=nodes, spec_file=spec_file, with_vllm=with_vllm, clusters=clusters,
+                       balancers=balancers), log)
     return handle(res.rack)

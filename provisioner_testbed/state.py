@@ -156,6 +156,7 @@ class HostState:
     index: int  # 1-based
     nspawn: list[int] | None = None  # Proc.to_json of systemd-nspawn
     host_key: str = ""  # "ssh-ed25519 AAAA..." public host key
+    role: str = "node"  # "node": a GPU node (group gpu_nodes); "balancer": a plain host in group lb (lb01..)
 
     @property
     def proc(self) -> Proc | None:
@@ -171,6 +172,7 @@ class RackState:
     prefix: int
     nodes: int
     with_vllm: bool = False
+    balancers: int = 0  # plain hosts after the nodes (lb01..), in the inventory's group lb
     clusters: bool = True  # the inventory declares vLLM cluster groups (a plain rack: only when asked)
     spec_file: str | None = None
     lowers: list[str] = field(default_factory=list)  # overlay lower dirs, top first

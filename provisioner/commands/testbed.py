@@ -102,13 +102,16 @@ def register(app: typer.Typer) -> None:
             "--clusters/--no-clusters",
             help="Declare the vLLM cluster groups (vllm_pp, vllm_single) in the inventory. Default: only with "
                  "--with-vllm, since a plain rack cannot serve vLLM (its plain run and drift stay clean).")] = None,
+        balancers: Annotated[int, typer.Option(
+            "--balancers", help="Plain hosts after the nodes (lb01..) in the inventory's group lb: the serving "
+                                "edge (nginx) on hosts of its own, apart from the GPU nodes.")] = 0,
     ) -> None:
         """Bring the rack up (no-op when it is already up; restarts stopped hosts). Writes its inventory."""
         rack = _testbed("rack")
 
         try:
             res = rack.up(rack.UpOptions(name=name, nodes=nodes, spec_file=spec, with_vllm=with_vllm,
-                                         clusters=clusters), _log)
+                                         clusters=clusters, balancers=balancers), _log)
         except RuntimeError as exc:
             _fail(exc)
         out.print(_table(name))

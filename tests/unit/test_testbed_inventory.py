@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from provisioner.inventory import load_fleet
@@ -132,3 +133,40 @@ def test_a_rack_without_clusters_declares_none_and_validates(tmp_path: Path) -> 
     fleet = load_fleet(invw.write(_rack(4, clusters=False), tmp_path))
     assert fleet.clusters == {} and len(fleet.hosts) == 4
     assert [f for f in run_rules(fleet) if getattr(f, "severity", "") == "error"] == []
+
+
+def test_balancer_hosts_go_in_group_lb_not_among_the_gpu_nodes(tmp_path: Path) -> None:
+    """`testbed up --balancers 1`: lb01 follows the nodes in group `lb` only (no hardware vars, no rank, not a cluster
+    member), so the clusters and their GPU counts are those of the nodes alone, and the inventory validates."""
+    from provisioner.rules import run_rules
+
+    lb = invw.InvHost(name="lb01", address="198.18.0.14", gpu_count=1, group=invw.LB_GROUP)
+    rack = _rack(3)
+    files = invw.render(dataclasses.replace(rack, hosts=(*rack.hosts, lb)))
+    assert files["hosts.ini"].endswith("\n[lb]\nlb01 ansible_host=198.18.0.14\n")
+    assert not any("lb01" in f for f in files)
+    fleet = load_fleet(invw.write(dataclasses.replace(rack, hosts=(*rack.hosts, lb)), tmp_path))
+    assert [h.name for h in fleet.gpu_nodes] == ["node01", "node02", "node03"]
+    assert not fleet.hosts["lb01"].is_gpu_node and "lb" in fleet.hosts["lb01"].groups
+    assert {c: list(fleet.clusters[c].members) for c in fleet.clusters} == {
+        "vllm_pp": ["node01", "node02"], "vllm_single": ["node03"]}
+    assert fleet.hosts["node01"].gpu_count == 8  # the balancer's own spec did not split the nodes' common vars
+    assert [f for f in run_rules(fleet) if getattr(f, "severity", "") == "error"] == []
+
+
+def test_a_rack_with_balancers_numbers_them_after_the_nodes_and_refuses_a_changed_count() -> None:
+    from provisioner.errors import UsageError
+    from provisioner_testbed import rack
+
+    st = rack._new_state(rack.UpOptions(name="demo", nodes=3, balancers=1), 9)
+    assert [(h.name, h.index, h.role) for h in st.hosts] == [
+        ("node01", 1, "node"), ("node02", 2, "node"), ("node03", 3, "node"), ("lb01", 4, "balancer")]
+    assert len({h.address for h in st.hosts}) == 4 and len({h.machine for h in st.hosts}) == 4
+    inv = rack._inv_host(st.hosts[3], {})
+    assert inv.group == invw.LB_GROUP and rack._inv_host(st.hosts[0], {}).group == invw.GPU_GROUP
+    try:
+        rack._check_same(st, rack.UpOptions(name="demo", nodes=3))
+    except UsageError as exc:
+        assert "1 balancer host(s) (asked 0)" in str(exc) and "testbed down --name demo" in str(exc)
+    else:
+        raise AssertionError("a changed balancer count was not refused")
