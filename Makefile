@@ -13,7 +13,7 @@ help:
 	@echo "make test-integration  real ansible-playbook/ansible-runner, lint, wheel, galaxy (no root, no rack)"
 	@echo "make lint       ansible-lint (production profile) + yamllint"
 	@echo "make demo       bring up the simulated rack and provision it (GPU stack, fabric, firewall)"
-	@echo "make demo-vllm  a 3-host rack with the CPU vLLM image, provisioned up to serving vLLM clusters"
+	@echo "make demo-vllm  3 nodes with the CPU vLLM image serving two vLLM clusters, behind a balancer host"
 
 deps:
 	@./.ci/install-deps.sh
@@ -49,9 +49,11 @@ demo: deps venv
 	$(VENV)/bin/provision run inventories/testbed/hosts.ini
 
 demo-vllm: deps venv
-	$(VENV)/bin/provision testbed up --name demo-vllm --nodes 3 --with-vllm --spec tests/vllm/rack-spec.yaml
+	$(VENV)/bin/provision testbed up --name demo-vllm --nodes 3 --balancers 1 --with-vllm --spec tests/vllm/rack-spec.yaml
 	# onboard = preflight, run without the vLLM launch, health gate, in-service mark, then the (gated) vLLM launch
 	$(VENV)/bin/provision onboard inventories/testbed-demo-vllm/hosts.ini node01 node02 node03 --serial 3
+	# the serving edge: nginx on lb01 in front of both clusters (port 8000, the API key passed through)
+	$(VENV)/bin/provision run inventories/testbed-demo-vllm/hosts.ini --limit lb
 
 clean:
 	rm -rf $(VENV) .pytest_cache

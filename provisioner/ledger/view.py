@@ -35,14 +35,16 @@ def cluster_name(fleet: Fleet, host: str) -> str | None:
 
 
 def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]:
-    """One row per inventory host (inventory order): state and since, cluster, the last run's outcome for it, its
-    last health pass (when, result, failed checks) and last drift check (when, outcome, items), and what the ledger
-    knows of its in-service mark, driver and vLLM (`mark`, `driver`, `vllm`: see recorded_seen)."""
+    """One row per GPU node (inventory order; balancers and other service hosts have no lifecycle): state and
+    since, cluster, the last run's outcome for it, its last health pass (when, result, failed checks) and last drift
+    check (when, outcome, items), and what the ledger knows of its in-service mark, driver and vLLM (`mark`,
+    `driver`, `vllm`: see recorded_seen)."""
     states = ledger.states()
-    records = ledger.records(fleet.hosts)
+    nodes = [h.name for h in fleet.gpu_nodes]
+    records = ledger.records(nodes)
     now = time.time() if now is None else now
     rows = []
-    for host in fleet.hosts:
+    for host in nodes:
         state, since = states.get(host, ("new", None))
         last = ledger.last_outcome(host)
         health = ledger.last_run_for(host, "health")

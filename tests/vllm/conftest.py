@@ -3,12 +3,13 @@ own commands.
 
 Session fixture `vllm_rack`: runs the commands of the Makefile's `demo-vllm` target (the README's demo) through
 `.venv/bin/provision`, on rack PROVISIONER_VLLM_RACK (default `vllm`) instead of the Makefile's `demo-vllm`:
-`provision testbed up --name NAME --nodes 3 --with-vllm --spec tests/vllm/rack-spec.yaml` (builds or reuses the
-base root and the golden layer; its inventory writer makes the inventory CPU-vLLM ready, nothing is patched
-afterwards), then `provision onboard inventories/testbed-NAME/hosts.ini node01 node02 node03 --serial 3`
+`provision testbed up --name NAME --nodes 3 --balancers 1 --with-vllm --spec tests/vllm/rack-spec.yaml` (builds or
+reuses the base root and the golden layer; its inventory writer makes the inventory CPU-vLLM ready, nothing is
+patched afterwards), then `provision onboard inventories/testbed-NAME/hosts.ini node01 node02 node03 --serial 3`
 (preflight, site.yml without the vLLM launch, health gate, in-service mark, then the vLLM launch that requires the
-mark), while polling each cluster head's /health from the controller. It records the time from the onboard's start
-to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
+mark), while polling each cluster head's /health from the controller, then `provision run ... --limit lb` (nginx on
+lb01, the balancer host). It records the time from the onboard's start to the first 200 of each cluster (printed,
+and written to .runs/vllm-testbed-timings.json).
 A broken demo therefore fails the suite (test_demo_vllm.py names it).
 PROVISIONER_TESTBED_TEARDOWN=1 removes the rack at the end when this session created it.
 
@@ -49,7 +50,7 @@ def vllm_rack() -> Iterator[VllmRack]:
 
     name = os.environ.get("PROVISIONER_VLLM_RACK", "vllm")
     existed = rack.RackState.load(name) is not None
-    up_cmd, onboard_cmd = demo_commands(MAKEFILE.read_text(), name)
+    up_cmd, onboard_cmd, edge_cmd = demo_commands(MAKEFILE.read_text(), name)
     t_up = time.monotonic()
     p = subprocess.run(up_cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
     up_s = round(time.monotonic() - t_up, 1)
@@ -86,13 +87,18 @@ def vllm_rack() -> Iterator[VllmRack]:
         vr.run_rc, vr.run_output = p.returncode, p.stdout + p.stderr
         vr.commands.append(onboard_cmd)
     vr.run_s = round(time.monotonic() - t0, 1)
+    if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") != "1":  # the balancer host: nginx in front of both heads
+        t_edge = time.monotonic()
+        p = subprocess.run(edge_cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
+        vr.edge_rc, vr.edge_output, vr.edge_s = p.returncode, p.stdout + p.stderr, round(time.monotonic() - t_edge, 1)
+        vr.commands.append(edge_cmd)
     # the run waits for /health itself; give the poller a last look
     deadline = time.monotonic() + 30
     while len(vr.first_healthy_s) < len(heads) and time.monotonic() < deadline:
         time.sleep(1)
     stop.set()
     timings = {"rack": name, "reused_rack": existed, "up_s": up_s, "run_rc": vr.run_rc, "run_s": vr.run_s,
-               "first_healthy_s": vr.first_healthy_s}
+               "first_healthy_s": vr.first_healthy_s, "edge_rc": vr.edge_rc, "edge_s": vr.edge_s}
     print(f"vllm testbed timings: {json.dumps(timings)}")
     runs = PROJECT_ROOT / ".runs"
     runs.mkdir(exist_ok=True)

@@ -18,8 +18,9 @@ def test_the_session_rack_is_make_demo_vllm(vllm_rack: VllmRack) -> None:
         pytest.skip("PROVISIONER_VLLM_SKIP_RUN=1: the onboard step was not run")
     # the fixture ran the Makefile's recipe, command for command (only the rack's name differs)
     assert vllm_rack.commands == demo_commands(MAKEFILE.read_text(), vllm_rack.handle.name)  # type: ignore[attr-defined]
-    assert [c[1] for c in vllm_rack.commands] == ["testbed", "onboard"]
+    assert [c[1] for c in vllm_rack.commands] == ["testbed", "onboard", "run"]
     assert vllm_rack.run_rc == 0, vllm_rack.run_output[-4000:]
+    assert vllm_rack.edge_rc == 0, vllm_rack.edge_output[-4000:]
     for cluster in ("vllm_pp", "vllm_single"):
         assert http(vllm_rack.url(cluster, "/health"))[0] == 200, cluster
         body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
@@ -48,3 +49,21 @@ def test_the_demo_says_where_each_cluster_answers_and_its_curl_works(vllm_rack: 
     for line in curls:
         p = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
         assert p.returncode == 0 and "tiny-llama" in p.stdout, (line, p.stdout[-500:], p.stderr[-500:])
+
+
+def test_the_demo_balancer_host_fronts_both_clusters(vllm_rack: VllmRack) -> None:
+    """The demo's third command put nginx on lb01 (group lb, no GPU stack): the model answers through it on port
+    8000 with the API key, and lb01 is not a GPU node of the inventory."""
+    from provisioner.inventory import load_fleet
+
+    if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") == "1":
+        pytest.skip("PROVISIONER_VLLM_SKIP_RUN=1: the demo's commands were not run")
+    fleet = load_fleet(vllm_rack.inventory)
+    lb = fleet.hosts["lb01"]
+    assert not lb.is_gpu_node and "lb" in lb.groups
+    assert [h.name for h in fleet.gpu_nodes] == ["node01", "node02", "node03"]
+    body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    code, text = http(f"http://{lb.address}:8000/v1/completions", data=body, key=vllm_rack.api_key, timeout=300)
+    assert code == 200, text
+    assert json.loads(text)["usage"]["completion_tokens"] == 4
+    assert vllm_rack.handle.ssh("lb01", "systemctl is-active nginx").stdout.strip() == "active"  # type: ignore[attr-defined]

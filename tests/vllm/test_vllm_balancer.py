@@ -1,17 +1,15 @@
-"""The serving edge on the simulated rack: roles/serving_lb, run by real ansible-playbook over SSH, puts nginx on a
-rack host in front of the two CPU vLLM clusters (`vllm_pp` head node01, `vllm_single` node03, both serving
-`tiny-llama`, so one upstream with two heads). Completions and streams go through it with the API key, both clusters
-take requests, the key is not logged, and with one cluster stopped every request still succeeds. Then the node
-lifecycle behind it, a client loop running throughout: `provision drain`, a rolling driver upgrade (a GPU holder, a
-killed CLI, the resume, a reboot per node) and the nightly quarantine of a row remap with its return; not one request
-may fail.
+"""The serving edge on the simulated rack: nginx on the balancer host lb01 (group `lb`, put there by `make
+demo-vllm`'s `provision run --limit lb`) in front of the two CPU vLLM clusters (`vllm_pp` head node01, `vllm_single`
+node03, both serving `tiny-llama`, so one upstream with two heads). Completions and streams go through it with the
+API key, both clusters take requests, the key is not logged, and with one cluster stopped every request still
+succeeds. Then the node lifecycle behind it, a client loop running throughout: `provision drain`, a rolling driver
+upgrade (a GPU holder, a killed CLI, the resume, a reboot per node) and the nightly quarantine of a row remap with
+its return; not one request may fail.
 
-The balancer runs on node03 on port 8080 (vLLM owns 8000 there). As `site.yml` would, the heads' cluster firewall is
-applied with node03 in group `lb` first (the API port admits only clients, members and balancers). Afterwards the
-rack's own firewall is put back, and the stopped cluster is started again and waited for, so the tests after these
-find the rack as it was (nginx stays installed on node03, on a port nothing else uses). The driver upgrade is not
-undone: its inventory (this module's copy) says the new version, and the lane runs this module last
-(tests/vllm/conftest.py), so every test after the upgrade reads an inventory that matches the nodes.
+The balancer has a host of its own, as at a real site: the rolling upgrade reboots every GPU node, and a balancer on
+one of them went down with it. The driver upgrade is not undone: its inventory (this module's copy) says the new
+version, and the lane runs this module last (tests/vllm/conftest.py), so every test after the upgrade reads an
+inventory that matches the nodes.
 """
 
 from __future__ import annotations
@@ -39,10 +37,11 @@ from vllm_e2e import PROVISION, VllmRack, http  # noqa: E402  (tests/vllm's shar
 
 pytestmark = pytest.mark.vllm
 
-LB_HOST = "node03"
-LB_PORT = 8080
+LB_HOST = "lb01"  # the balancer host (`testbed up --balancers 1`)
+LB_PORT = 8000  # serving_lb's default port
 MODEL = "tiny-llama"
-STOP_CLUSTER = "vllm_single"  # its head is node03; nginx on node03 keeps running
+STOP_CLUSTER = "vllm_single"
+SINGLE_HOST = "node03"  # vllm_single's one member and head
 HEALTH_BOUND_S = 900  # CPU vLLM start-up on a shared 2-core machine
 BODY = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0}
 
@@ -51,8 +50,7 @@ BODY = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 4, "tempe
 class Edge:
     rack: VllmRack
     url: str
-    play_output: str
-    inventory: Path  # the rack's inventory with node03 in group lb
+    inventory: Path  # a copy of the rack's inventory (lb01 in group lb)
 
 
 def e2e_count(rack: VllmRack, cluster: str) -> float:
@@ -69,52 +67,21 @@ def access_log(rack: VllmRack) -> str:
     return r.stdout
 
 
-FIREWALL_PLAY = """\
-- name: Cluster firewall (the heads' API port admits the hosts in group lb)
-  hosts: gpu_nodes
-  gather_facts: true
-  gather_subset: ["!all", "min"]
-  become: true
-  roles:
-    - role: cluster_firewall
-"""
-
-
-def playbook(inventory: Path, play: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_ROLES_PATH=str(PROJECT_ROOT / "roles"), PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
-    return subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(inventory), str(play), *args],
-                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1800)
-
-
 @pytest.fixture(scope="module")
 def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
     for cluster in vllm_rack.heads:
         if vllm_rack.wait_healthy(cluster, HEALTH_BOUND_S) is None:
             pytest.fail(f"cluster {cluster} is not healthy before the balancer test")
-    work = tmp_path_factory.mktemp("edge")
-    # the rack's inventory (hosts.ini + group_vars/) with node03 also in group `lb`
-    inv_dir = work / "inventory"
+    if vllm_rack.edge_rc != 0:
+        pytest.fail(f"the demo's balancer run failed:\n{vllm_rack.edge_output[-4000:]}")
+    # a copy of the rack's inventory (hosts.ini + group_vars/): the upgrade test changes its driver version
+    inv_dir = tmp_path_factory.mktemp("edge") / "inventory"
     shutil.copytree(Path(vllm_rack.inventory).parent, inv_dir)
     hosts = inv_dir / Path(vllm_rack.inventory).name
-    hosts.write_text(hosts.read_text() + f"\n[lb]\n{LB_HOST}\n\n[lb:vars]\nserving_lb_listen_port={LB_PORT}\n")
-    firewall = work / "firewall.yml"
-    firewall.write_text(FIREWALL_PLAY)
-    # As site.yml does (fabric.yml before serving.yml): the heads' cluster firewall lets the balancer in, then nginx.
-    p = playbook(hosts, firewall)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
-    try:
-        p = playbook(hosts, PROJECT_ROOT / "playbooks" / "serving.yml", "--tags", "serving")
-        assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
-        from provisioner.inventory import load_fleet
+    from provisioner.inventory import load_fleet
 
-        address = load_fleet(hosts).hosts[LB_HOST].address
-        yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", p.stdout, hosts)
-    finally:
-        # the rack's own firewall back (the tests after this one expect a second `provision run` to change nothing)
-        r = playbook(Path(vllm_rack.inventory), firewall)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    address = load_fleet(hosts).hosts[LB_HOST].address
+    yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", hosts)
 
 
 def test_balancer_proxies_completions_with_the_api_key(edge: Edge) -> None:
@@ -169,7 +136,7 @@ def test_api_key_not_in_the_access_log(edge: Edge) -> None:
 def test_keeps_serving_when_one_cluster_is_stopped(edge: Edge) -> None:
     rack = edge.rack
     stopped_head = rack.heads[STOP_CLUSTER]
-    r = rack.ssh(LB_HOST, "systemctl stop vllm.service")
+    r = rack.ssh(SINGLE_HOST, "systemctl stop vllm.service")
     assert r.returncode == 0, r.stderr
     try:
         assert http(rack.url(STOP_CLUSTER, "/health"), timeout=10)[0] != 200
@@ -183,7 +150,7 @@ def test_keeps_serving_when_one_cluster_is_stopped(edge: Edge) -> None:
         assert all(a.startswith(rack.heads["vllm_pp"] + ":") for a in answered), tail
         assert not any(a.startswith(stopped_head + ":") for a in answered), tail
     finally:
-        rack.ssh(LB_HOST, "systemctl start vllm.service")
+        rack.ssh(SINGLE_HOST, "systemctl start vllm.service")
         healthy = rack.wait_healthy(STOP_CLUSTER, HEALTH_BOUND_S)
     assert healthy is not None, f"{STOP_CLUSTER} did not come back within {HEALTH_BOUND_S} s"
 
@@ -294,7 +261,7 @@ def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(e
             d = provision("drain", str(inv), first, "--reason", "rack test: drain before the upgrade")
             drain_s = time.monotonic() - t0
             assert d.returncode == 0, d.stdout + d.stderr
-            assert "balancer (node03)" in d.stdout and "in flight:" in d.stdout, d.stdout
+            assert f"balancer ({LB_HOST})" in d.stdout and "in flight:" in d.stdout, d.stdout
             assert re.search(rf"server {re.escape(server)}\b[^;]* down;", lb_conf(rack)), lb_conf(rack)
             for h in fleet.clusters[first].members:
                 assert rack.ssh(h, "systemctl is-active vllm.service").stdout.strip() != "active"
@@ -426,7 +393,7 @@ def test_a_row_remap_quarantines_its_cluster_the_other_serves_and_it_returns(edg
                            "node01: draining -> maintenance (cluster out: node02 quarantined", "node02: gpu_reset:",
                            "node02: health gate: fail", "stays quarantined"):
                 assert needle in text, (needle, text)
-            assert "node03: " not in text, text  # node03 serves on (it is also the balancer)
+            assert "node03: " not in text, text  # node03 serves on
             assert re.search(rf"server {re.escape(head)}\b[^;]* down;", lb_conf(rack))
             st = json.loads(provision("status", inv, "--format", "json", "--nodes").stdout)["hosts"]
             assert {s["host"]: s["state"] for s in st} == {"node01": "maintenance", "node02": "quarantined",
@@ -495,16 +462,16 @@ def test_drain_and_return_of_a_cluster_by_the_commands(edge: Edge) -> None:
         assert d.returncode == 0, d.stdout + d.stderr
         assert f"{server} out of the balancer: nginx reloaded over SSH" in d.stdout, d.stdout
         assert re.search(rf"server {re.escape(server)}\b[^;]* down;", lb_conf(rack)), lb_conf(rack)
-        assert lifecycle_state(LB_HOST) == "maintenance"
-        assert rack.ssh(LB_HOST, "systemctl is-active vllm.service").stdout.strip() != "active"
+        assert lifecycle_state(SINGLE_HOST) == "maintenance"
+        assert rack.ssh(SINGLE_HOST, "systemctl is-active vllm.service").stdout.strip() != "active"
         r = provision("return", inv, STOP_CLUSTER, "--reason", "rack test: drain and return", timeout=2400)
         assert r.returncode == 0, r.stdout + r.stderr
-        for needle in (f"{LB_HOST}: health gate: pass", f"{STOP_CLUSTER}: vLLM launched on {LB_HOST}",
+        for needle in (f"{SINGLE_HOST}: health gate: pass", f"{STOP_CLUSTER}: vLLM launched on {SINGLE_HOST}",
                        f"{server} back into the balancer: nginx reloaded over SSH", f"returned {STOP_CLUSTER} in"):
             assert needle in r.stdout, (needle, r.stdout)
         time.sleep(5)
     assert "down;" not in lb_conf(rack)
-    assert lifecycle_state(LB_HOST) == "in-service"
-    assert rack.ssh(LB_HOST, "systemctl is-active vllm.service").stdout.strip() == "active"
+    assert lifecycle_state(SINGLE_HOST) == "in-service"
+    assert rack.ssh(SINGLE_HOST, "systemctl is-active vllm.service").stdout.strip() == "active"
     print(f"drain and return: {len(loop.codes)} requests, {len(loop.failures)} failed")
     assert loop.failures == [] and len(loop.codes) > 10, loop.failures[:5]

@@ -69,6 +69,9 @@ class VllmRack:
     run_s: float = 0.0
     up_s: float = 0.0
     run_output: str = ""
+    edge_rc: int = -1  # `provision run INV --limit lb`: nginx on the balancer host
+    edge_s: float = 0.0
+    edge_output: str = ""
     commands: list[list[str]] = field(default_factory=list)  # what the fixture ran (the demo's CLI calls)
 
     def url(self, cluster: str, path: str) -> str:
