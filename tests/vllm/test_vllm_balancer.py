@@ -72,7 +72,7 @@ def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
     for cluster in vllm_rack.heads:
         if vllm_rack.wait_healthy(cluster, HEALTH_BOUND_S) is None:
             pytest.fail(f"cluster {cluster} is not healthy before the balancer test")
-    if vllm_rack.edge_rc != 0:
+    if vllm_rack.edge_rc != 0 and os.environ.get("PROVISIONER_VLLM_SKIP_RUN") != "1":
         pytest.fail(f"the demo's balancer run failed:\n{vllm_rack.edge_output[-4000:]}")
     # a copy of the rack's inventory (hosts.ini + group_vars/): the upgrade test changes its driver version
     inv_dir = tmp_path_factory.mktemp("edge") / "inventory"
@@ -110,8 +110,11 @@ def test_both_clusters_take_requests(edge: Edge) -> None:
 
 
 def test_stream_through_the_balancer(edge: Edge) -> None:
-    req = urllib.request.Request(edge.url + "/v1/completions", method="POST",
-                                 data=json.dumps({**BODY, "stream": True, "max_tokens": 6}).encode(),
+    """A stream comes through nginx as server-sent events ending in `data: [DONE]`, with the six tokens asked for.
+    The tokens are counted from the usage chunk, not from the events: vLLM merges the tokens its API server has not
+    sent yet into one chunk, so a loaded machine may deliver six tokens in one event (seen in CI)."""
+    body = {**BODY, "stream": True, "max_tokens": 6, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(edge.url + "/v1/completions", method="POST", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",
                                           "Authorization": f"Bearer {edge.rack.api_key}"})
     events = []
@@ -121,8 +124,11 @@ def test_stream_through_the_balancer(edge: Edge) -> None:
             if line.startswith(b"data:"):
                 events.append(line.strip())
     assert events[-1] == b"data: [DONE]"
-    tokens = [json.loads(e[5:]) for e in events[:-1]]
-    assert len(tokens) >= 6 and all(t["choices"][0]["text"] is not None for t in tokens)
+    chunks = [json.loads(e[5:]) for e in events[:-1]]
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert choices and "".join(c["text"] for c in choices) and choices[-1]["finish_reason"] == "length", chunks
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 6, chunks
 
 
 def test_api_key_not_in_the_access_log(edge: Edge) -> None:
