@@ -28,6 +28,13 @@ def single_model_clusters(models: Mapping[str, str]) -> list[tuple[str, str]]:
     return sorted((cs[0], m) for m, cs in by.items() if len(cs) == 1)
 
 
+def members_that_balance(clusters: Mapping[str, Sequence[str]], balancers: Iterable[str]) -> list[tuple[str, str]]:
+    """(host, cluster) for every balancer host (group `lb`) that is also a cluster member: the rollout reboots or
+    restarts it with its cluster, and the serving edge goes down with it."""
+    lb = set(balancers)
+    return sorted((h, c) for c, members in clusters.items() for h in members if h in lb)
+
+
 def next_batch(pending: Sequence[str], models: Mapping[str, str], serving: Iterable[str], max_unavailable: int, *,
                force: bool = False) -> tuple[list[str], str | None]:
     """The clusters to take out next, in rollout order: at most `max_unavailable`, and (unless `force`) never one

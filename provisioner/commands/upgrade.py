@@ -136,7 +136,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     from provisioner.inventory import load_fleet
     from provisioner.ledger import Ledger, LedgerError
     from provisioner.paths import ledger_path
-    from provisioner.rollout import single_model_clusters, spec_digest
+    from provisioner.rollout import members_that_balance, single_model_clusters, spec_digest
     from provisioner.serving_ops import Ops, dumps
     from provisioner.tiers import host_inputs
 
@@ -195,6 +195,10 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
                                                                    "max_unavailable": max_unavailable}, digest, order)
                     ops.say("rollout", f"rollout {rid}: {len(order)} cluster(s), at most {max_unavailable} out at a "
                             f"time: {', '.join(order)}", rollout=rid)
+                    for h, c in members_that_balance({n: c.members for n, c in fleet.clusters.items()},
+                                                     fleet.groups.get("lb", ())):
+                        ops.say("rollout", f"note: {h} is also a balancer (group lb): the serving edge goes down "
+                                f"with it while {c} is upgraded (give the balancer a host of its own)", rollout=rid)
                 else:
                     rid = ro.id
                     ledger.rollout_claimed(rid)

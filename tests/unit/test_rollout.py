@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from provisioner.ledger import Ledger
-from provisioner.rollout import next_batch, progress, single_model_clusters, spec_digest
+from provisioner.rollout import members_that_balance, next_batch, progress, single_model_clusters, spec_digest
 
 DEAD_PID = 2**31 - 2
 MODELS = {"a1": "llama", "a2": "llama", "a3": "llama", "b1": "qwen", "b2": "qwen"}
@@ -150,3 +150,10 @@ def test_abort_closes_a_rollout_with_nothing_out_and_usage_errors(tmp_path: Path
         assert lg.rollout(rid).status == "aborted" and lg.open_rollout(str(inv.resolve())) is None
     r = provision("upgrade", str(inv), "--max-unavailable", "0", env=env)
     assert r.returncode == 2 and "--max-unavailable" in r.stderr
+
+
+def test_a_balancer_that_is_also_a_member_is_named_with_its_cluster() -> None:
+    clusters = {"vllm_pp": ["node01", "node02"], "vllm_single": ["node03"]}
+    assert members_that_balance(clusters, ["node03"]) == [("node03", "vllm_single")]
+    assert members_that_balance(clusters, ["lb01"]) == []
+    assert members_that_balance(clusters, []) == []
