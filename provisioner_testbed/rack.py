@@ -202,23 +202,16 @@ def _new_state(opts: UpOptions, index: int) -> RackState:
         inventory=str(invw.inventory_dir(opts.name) / "hosts.ini"),
     )
     st.hosts = [
-        HostState(name=f"node{i:02d}", machine=network.machine_name(index, i), address=network.host_address(index, i),
-                  index=i)
-        for i in range(1, opts.nodes + 1)
-    ] + [
-        HostState(name=balancer_name(j), machine=network.machine_name(index, opts.nodes + j),
-                  address=network.host_address(index, opts.nodes + j), index=opts.nodes + j, role="balancer")
-        for j in range(1, opts.balancers + 1)
+        HostState(name=name, machine=network.machine_name(index, i), address=network.host_address(index, i),
+                  index=i, role="node" if i <= opts.nodes else "balancer")
+        for i, name in enumerate(host_names(opts.nodes, opts.balancers), start=1)
     ]
     return st
 
 
-def balancer_name(j: int) -> str:
-    return f"lb{j:02d}"
-
-
 def host_names(nodes: int, balancers: int = 0) -> list[str]:
-    return [f"node{i:02d}" for i in range(1, nodes + 1)] + [balancer_name(j) for j in range(1, balancers + 1)]
+    """node01.., then the balancer hosts lb01.. (numbered on after the nodes)."""
+    return [f"node{i:02d}" for i in range(1, nodes + 1)] + [f"lb{j:02d}" for j in range(1, balancers + 1)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -428,13 +421,14 @@ def _write_inventory(st: RackState) -> None:
     inv_hosts = tuple(dataclasses.replace(_inv_host(h, specs[h.name]),
                                           bmc=tuple(bmc.inventory_vars(st.name, h.name).items()))
                       for h in st.hosts)
+    nodes = [h for h in inv_hosts if h.group == invw.GPU_GROUP]  # the balancer hosts' specs are not hardware
     if st.with_vllm and st.clusters:  # the vLLM area owns these values (docs/development.md, "vLLM on the testbed")
         from provisioner_testbed import vllm_image
 
         extra, cluster_vars = vllm_image.testbed_rack_inventory(
-            invw.clusters([h.name for h in st.hosts if h.role == "node"]), {h.name: h.gpu_count for h in inv_hosts},
+            invw.clusters([h.name for h in nodes]), {h.name: h.gpu_count for h in nodes},
             f"{st.gateway}/{st.prefix}")
-    if any(h.efa_devices for h in inv_hosts):  # the stand-in EFA installer, from the rack's repo server
+    if any(h.efa_devices for h in nodes):  # the stand-in EFA installer, from the rack's repo server
         from provisioner_testbed import repo
 
         version = repo.efa_installer()[0]

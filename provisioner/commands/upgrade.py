@@ -195,10 +195,11 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
                                                                    "max_unavailable": max_unavailable}, digest, order)
                     ops.say("rollout", f"rollout {rid}: {len(order)} cluster(s), at most {max_unavailable} out at a "
                             f"time: {', '.join(order)}", rollout=rid)
-                    for h, c in members_that_balance({n: c.members for n, c in fleet.clusters.items()},
-                                                     fleet.groups.get("lb", ())):
-                        ops.say("rollout", f"note: {h} is also a balancer (group lb): the serving edge goes down "
-                                f"with it while {c} is upgraded (give the balancer a host of its own)", rollout=rid)
+                    members_of = {name: cl.members for name, cl in fleet.clusters.items()}
+                    for host, cluster in members_that_balance(members_of, ops.lbs()):
+                        ops.say("rollout", f"note: {host} is also a balancer (group lb): the serving edge goes down "
+                                f"with it while {cluster} is upgraded (give the balancer a host of its own)",
+                                rollout=rid)
                 else:
                     rid = ro.id
                     ledger.rollout_claimed(rid)
