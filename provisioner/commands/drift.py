@@ -141,6 +141,7 @@ def run(inventory: Path, *, report: Report = Report.text, output: Path | None = 
         sys.stderr.write(f"drift: {len(tiers.tier1)} host(s) clean by the probe, {len(tier2)} to check with "
                          f"Ansible ({tiers.probe_seconds:.1f}s probing)\n")
     if tier2:
+        from provisioner.role_gates import idle_roles
         from provisioner.runner import make_progress, run_playbook
 
         progress = make_progress("none" if quiet else "auto")
@@ -148,7 +149,8 @@ def run(inventory: Path, *, report: Report = Report.text, output: Path | None = 
                               limit=limit_abs if full else ",".join(tier2), tags=tags, skip_tags=skip_tags,
                               check=True, diff=True, extravars=xv, targeted=tier2, progress=progress,
                               accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
-                              amend=lambda r: tiering.merge(tiers, r, targeted))
+                              amend=lambda r: tiering.merge(tiers, r, targeted),
+                              idle_roles=idle_roles(fleet, tier2, xv))
         if not full:
             tiering.refresh(fleet, tiers, result, ledger_path(Path(result.run_dir).parent))
         elif limit_abs is None and not tags and not result.error:

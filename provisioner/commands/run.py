@@ -105,13 +105,15 @@ def register(app: typer.Typer) -> None:
                 err.print("refusing to run: preflight failed (fix the hosts, narrow --limit, or --skip-preflight)")
                 raise typer.Exit(int(Exit.FAIL))
 
+        from provisioner.role_gates import idle_roles
+
         progress = make_progress("none" if (json_out or quiet) else "auto")
         seen = LaunchSeen()
         result = run_playbook(
             inventory, command="run", playbook=playbook, limit=limit_abs, tags=tags, skip_tags=skip_tags,
             check=check, serial=serial, max_fail_percent=max_fail_percent, extravars=xv, targeted=targeted,
             progress=progress, accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
-            on_event=seen,
+            on_event=seen, idle_roles=idle_roles(fleet, targeted, xv),
         )
         if not check:
             from provisioner.tiers import record_run

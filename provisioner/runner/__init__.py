@@ -185,6 +185,7 @@ def run_playbook(
     accelerate: str | None = None,
     exec_nodes: list[str] | None = None,
     amend: Callable[[RunResult], None] | None = None,
+    idle_roles: tuple[str, ...] = (),
 ) -> RunResult:
     """Run `playbook` (default playbooks/site.yml) on `inventory`: `execute(RunConfig(...))` with these options
     (RunConfig documents them) and callbacks. With `exec_nodes` (and the `fleet`), the targeted hosts are sharded
@@ -195,7 +196,7 @@ def run_playbook(
         tags=tags, skip_tags=skip_tags, check=check, diff=diff, serial=serial, max_fail_percent=max_fail_percent,
         extravars=dict(extravars or {}), forks=forks, runs_dir=Path(runs_dir) if runs_dir else None,
         envvars=dict(envvars or {}), timeout=timeout, targeted=tuple(targeted) if targeted is not None else None,
-        accelerate=accelerate,
+        accelerate=accelerate, idle_roles=tuple(idle_roles),
     )
     from provisioner.ledger.record import Recorder
 

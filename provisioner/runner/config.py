@@ -136,6 +136,7 @@ class RunConfig:
     timeout: int | None = None  # seconds for the whole run
     targeted: tuple[str, ...] | None = None  # the hosts `limit` selects, when the caller resolved them already
     accelerate: str | None = None  # none | mitogen (provisioner/accelerate.py); default $PROVISION_ACCELERATE, none
+    idle_roles: tuple[str, ...] = ()  # role tags to skip: they act on no targeted host (provisioner/role_gates.py)
 
     def prepared(self, fleet: Fleet | None = None) -> RunConfig:
         """This config checked and completed; UsageError for bad input. With `fleet` (loaded from the same
@@ -159,11 +160,12 @@ class RunConfig:
                        forks=self.forks or size_forks(len(targeted)))
 
     def ansible_skip_tags(self) -> str | None:
+        skip = [self.skip_tags, *self.idle_roles]
         if self.command in ("run", "drift") and "validate" not in (self.tags or "").split(","):
             # `provision run/drift` already ran the same rules in Python (provisioner.rules): skip the validate.yml
             # plays, which cost a third of a no-op run's controller CPU (benchmarks/README.md).
-            return ",".join(filter(None, [self.skip_tags, "validate"]))
-        return self.skip_tags
+            skip.append("validate")
+        return ",".join(filter(None, skip)) or None
 
     def ansible_extravars(self) -> dict[str, Any]:
         xv: dict[str, Any] = dict(self.extravars)
