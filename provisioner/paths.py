@@ -8,11 +8,11 @@ collection provisioner.gpu):
   the repository's directories there when the wheel is built);
 - `PROVISION_DATA_DIR` overrides both (a directory with the same layout).
 
-State (run directories, the fact cache):
-- a checkout: `<repo>/.runs/` and `<repo>/.cache/facts.d/`, as always (tests read `.runs/` there);
+State (run directories, the fact cache, the kept AnsiballZ payloads):
+- a checkout: `<repo>/.runs/`, `<repo>/.cache/facts.d/` and `<repo>/.cache/ansiballz/` (tests read `.runs/` there);
 - installed: `$PROVISION_STATE_DIR`, else `$XDG_STATE_HOME/provisioner`, else `~/.local/state/provisioner`, with
-  `runs/` and `facts.d/` in it (`PROVISION_STATE_DIR` works in a checkout too). `PROVISION_RUNS_DIR` still overrides
-  the runs directory alone.
+  `runs/`, `facts.d/` and `ansiballz/` in it (`PROVISION_STATE_DIR` works in a checkout too). `PROVISION_RUNS_DIR`
+  still overrides the runs directory alone.
 
 The ledger (provisioner/ledger/): `ledger.sqlite3` in the runs directory it indexes (so whatever moves the runs
 moves their index with them); `PROVISION_LEDGER` overrides (a file path).
@@ -105,6 +105,11 @@ def ledger_path(runs: Path | None = None) -> Path:
 def facts_dir() -> Path:
     """The parent of the per-inventory fact caches."""
     return state_dir() / (".cache/facts.d" if _in_repo() else "facts.d")
+
+
+def ansiballz_dir() -> Path:
+    """The parent of the kept AnsiballZ module payloads (provisioner/runner/forkcost.py), next to the fact caches."""
+    return state_dir() / (".cache/ansiballz" if _in_repo() else "ansiballz")
 
 
 def _in_repo() -> bool:

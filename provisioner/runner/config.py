@@ -203,6 +203,8 @@ class RunConfig:
             "ANSIBLE_NOCOLOR": "True",
             # ansible-runner's event callback, naming the host's path of changed file results (runner/callback/)
             "AWX_LIB_DIRECTORY": str(Path(__file__).resolve().parent / "callback"),
+            # AnsiballZ payloads kept between runs (runner/forkcost.py, run by that callback)
+            "PROVISION_ANSIBALLZ_CACHE": os.environ.get("PROVISION_ANSIBALLZ_CACHE", str(paths.ansiballz_dir())),
         }
         env = {k: v for k, v in env.items() if v}
         env.update(accelerate_env(self.accelerate))  # the strategy: linear (ansible.cfg) or mitogen_linear

@@ -5,11 +5,14 @@ ansible-runner always runs its stdout callback `awx_display`, from the directory
 is written: a changed `copy`/`template`/`file`... result that does not name the path it manages (check mode: only a
 diff, whose one header is the controller's source when the destination does not exist yet) gets it from the task's
 templated arguments (`provisioner.runner.events.host_path`), so a drift item names `/usr/local/libexec/...` on the
-host, never `roles/vllm/files/...` on the controller.
+host, never `roles/vllm/files/...` on the controller. It also makes the forked workers cheaper
+(provisioner/runner/forkcost.py: the garbage collector frozen at each play start, AnsiballZ payloads kept between
+runs).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ansible_runner.display_callback.callback import awx_display as _runner
@@ -38,8 +41,41 @@ def _name_host_path(result: Any) -> None:
         pass
 
 
+def _forkcost(step: str) -> None:
+    """forkcost's `step` (restore, freeze, save); a speed-up only, so never an error that breaks the run."""
+    if os.environ.get("PROVISION_FORKCOST") == "0":
+        return
+    try:
+        from provisioner.runner import forkcost
+
+        if step == "freeze":
+            forkcost.freeze()
+            return
+        store = forkcost.store_dir()
+        if store is None:
+            return
+        if step == "restore":
+            forkcost.restore(store, forkcost.local_dir())
+        else:
+            forkcost.save(forkcost.local_dir(), store)
+    except Exception:
+        pass
+
+
 class CallbackModule(_runner.CallbackModule):
     CALLBACK_NAME = "awx_display"
+
+    def __init__(self) -> None:
+        super().__init__()
+        _forkcost("restore")
+
+    def v2_playbook_on_play_start(self, play: Any) -> None:
+        super().v2_playbook_on_play_start(play)
+        _forkcost("freeze")
+
+    def v2_playbook_on_stats(self, stats: Any) -> None:
+        super().v2_playbook_on_stats(stats)
+        _forkcost("save")
 
     def v2_runner_on_ok(self, result: Any) -> None:
         _name_host_path(result)
