@@ -27,6 +27,7 @@ CENSORED = "the output has been hidden due to the fact that 'no_log: true' was s
 MAX_MESSAGE = 2000
 
 FILE_ACTIONS = {
+    "provisioner_file",
     "template", "copy", "file", "lineinfile", "blockinfile", "replace", "ini_file", "assemble", "get_url",
     "unarchive", "known_hosts", "authorized_key", "archive",
 }
