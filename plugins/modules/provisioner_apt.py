@@ -37,6 +37,11 @@ options:
   pin_content:
     description: The full content of I(pin_file).
     type: str
+  pin_src:
+    description:
+      - A template (in the role's C(templates/)) the action plugin renders on the controller into I(pin_content), as
+        ansible.builtin.template renders; give one of I(pin_src) and I(pin_content).
+    type: str
   update_cache:
     description:
       - Refresh the apt lists before installing when they are older than I(cache_valid_time) seconds.
@@ -58,7 +63,7 @@ EXAMPLES = r"""
 - name: Install and hold the CUDA runtime and NCCL
   provisioner_apt:
     pin_file: /etc/apt/preferences.d/cuda-nccl
-    pin_content: "{{ lookup('ansible.builtin.template', 'preferences.j2') }}"
+    pin_src: preferences.j2
     packages:
       - libnccl2=2.27.7-1+cuda12.8
       - {name: dkms, hold: false}
@@ -127,6 +132,7 @@ def main():
             packages=dict(type="list", elements="raw", required=True),
             pin_file=dict(type="path"),
             pin_content=dict(type="str"),
+            pin_src=dict(type="str"),  # rendered into pin_content by the action plugin (plugins/action/)
             update_cache=dict(type="bool", default=False),
             cache_valid_time=dict(type="int", default=3600),
             install_recommends=dict(type="bool", default=False),

@@ -33,7 +33,7 @@ REPO = PROJECT_ROOT
 BIN = Path(sys.executable).parent
 GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-FILTERS = ["provisioner_vllm.py", "provisioner_vllm_gate.py"]
+FILTERS = ["provisioner_addresses.py", "provisioner_vllm.py", "provisioner_vllm_gate.py"]
 
 
 def _env(**extra: str) -> dict[str, str]:
