@@ -107,6 +107,9 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
         env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
         env.update(M.callback_env(self.work, count_file))
+        # SSH masters of this bench only (both sides): each run opens its own connections and run_measured ends them
+        # and counts their CPU; a master left by an earlier `provision` run (ControlPersist 600 s) is never reused
+        env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(self.work / f"cp-{side}")
         if side in TUNED:
             env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(self.facts)  # private: hosts are named node01.. in every rack
             env["PROVISION_RUNS_DIR"] = str(self.work / "runs")       # never prune other people's .runs
