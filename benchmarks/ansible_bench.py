@@ -294,6 +294,15 @@ def write_summary(result: dict, argv: list[str]) -> None:
                 ours={r["hosts"]: r[f"{side}_controller_cpu_per_host_s"] for r in rs},
                 ratio=worst[f"stock_over_{side}_controller_cpu"], met=worst[f"stock_over_{side}_controller_cpu"] >= 3,
                 load=load, source=src, detail={"per_size": rs}, **when)
+            if side == "tuned":  # issue 27: provisioning run, controller CPU per host >= 2x less than stock
+                _summary.record(
+                    "run_controller_cpu_vs_stock_2x/tuned", anchor="stock ansible-playbook site.yml on a fresh rack, "
+                    "same playbook; goal (issue 27) stock/ours >= 2 at 4 and 16 hosts",
+                    ours={r["hosts"]: r["tuned_controller_cpu_per_host_s"] for r in rs},
+                    ratio=worst["stock_over_tuned_controller_cpu"],
+                    met=worst["stock_over_tuned_controller_cpu"] >= 2 and {4, 16} <= {r["hosts"] for r in rs},
+                    load=load, source=src, detail={"per_size": {r["hosts"]: r["stock_over_tuned_controller_cpu"]
+                                                                for r in rs}}, **when)
             per = sorted((r["hosts"], r[f"{side}_controller_cpu_per_host_s"]) for r in rs)
             if len(per) > 1:
                 growth = round(per[-1][1] / per[0][1], 2)
@@ -313,11 +322,21 @@ def write_summary(result: dict, argv: list[str]) -> None:
                 "hosts, same playbook; goal stock/ours >= 3", ours=med[side]["controller_cpu_per_host_s"],
                 ratio=rt["controller_cpu_s"], met=(rt["controller_cpu_s"] or 0) >= 3, load=load, source=src,
                 detail={"median": med}, **when)
+            if side == "tuned" and args_mode(result) == "drift":  # issue 27: full drift >= 2x less than stock
+                _summary.record(
+                    f"full_drift_controller_cpu_vs_stock_2x/tuned/{n}", anchor=f"stock ansible-playbook --check --diff "
+                    f"vs provision drift --full, {n} converged hosts; goal (issue 27) stock/ours >= 2",
+                    ours=med[side]["controller_cpu_per_host_s"], ratio=rt["controller_cpu_s"],
+                    met=(rt["controller_cpu_s"] or 0) >= 2, load=load, source=src, detail={"median": med}, **when)
             _summary.record(
                 f"noop_drift_machine_cpu_vs_stock/{side}", anchor=f"stock, controller + rack (hosts) CPU, {n} hosts; "
                 "goal stock/ours >= 2", ours=med[side]["attributed_machine_cpu_per_host_s"],
                 ratio=rt["attributed_machine_cpu_s"], met=(rt["attributed_machine_cpu_s"] or 0) >= 2, load=load,
                 source=src, detail={"median": med}, **when)
+
+
+def args_mode(result: dict) -> str:
+    return str(result["summary"].get("mode", "drift"))
 
 
 def main() -> int:
