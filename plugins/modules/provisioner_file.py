@@ -36,6 +36,11 @@ options:
   validate:
     description: Command that checks the new file before it replaces I(dest); C(%s) is the new file's path.
     type: str
+  parent_mode:
+    description:
+      - Also manage the directory of I(dest) (one level): created when missing, with this mode and the file's
+        I(owner) and I(group), which are set when they differ. Omit to leave the directory alone (it must exist).
+    type: raw
 extends_documentation_fragment:
   - ansible.builtin.files
 author: provisioner
@@ -107,6 +112,31 @@ def _write(module, dest, data, validate):
             os.unlink(tmp)
 
 
+def _parent(module, parent, diffs, result):
+    """Create `parent` when missing and set its mode, owner and group (parent_mode, owner, group); whether it changed."""
+    p = module.params
+    args = module.load_file_common_arguments(dict(p, mode=p["parent_mode"], attributes=None), path=parent)
+    changed = False
+    if not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            module.fail_json(msg="%s exists and is not a directory" % parent, **result)
+        diffs.append(dict(before={"path": parent, "state": "absent"}, after={"path": parent, "state": "directory"},
+                          before_header=parent, after_header=parent))
+        result["resources"].append(["file", parent])
+        if module.check_mode:
+            return True
+        os.makedirs(parent)
+        changed = True
+    d = dict(before={}, after={})
+    changed = module.set_fs_attributes_if_different(args, changed, diff=d)
+    if d["before"] or d["after"]:
+        d.update(before_header="%s (attributes)" % parent, after_header="%s (attributes)" % parent)
+        diffs.append(d)
+        if ["file", parent] not in result["resources"]:
+            result["resources"].append(["file", parent])
+    return changed
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -114,6 +144,7 @@ def main():
             content=dict(type="str", required=True),
             src=dict(type="str"),
             validate=dict(type="str"),
+            parent_mode=dict(type="raw"),
         ),
         add_file_common_args=True,
         supports_check_mode=True,
@@ -124,9 +155,12 @@ def main():
     if os.path.isdir(dest):
         module.fail_json(msg="%s is a directory" % dest, **result)
     parent = os.path.dirname(dest)
-    if parent and not os.path.isdir(parent):
-        if not module.check_mode:
-            module.fail_json(msg="the directory of %s does not exist" % dest, **result)
+    diffs = []
+    changed = False
+    if p["parent_mode"] is not None and parent:
+        changed = _parent(module, parent, diffs, result)
+    elif parent and not os.path.isdir(parent) and not module.check_mode:
+        module.fail_json(msg="the directory of %s does not exist" % dest, **result)
     old = None
     if os.path.lexists(dest):
         try:
@@ -134,23 +168,24 @@ def main():
                 old = f.read()
         except OSError as e:
             module.fail_json(msg="cannot read %s: %s" % (dest, e), **result)
-    diffs = []
     content_changed = old != data
     if content_changed:
         diffs.append(dict(before=_before(old), after=p["content"], before_header=dest, after_header=p["src"] or dest))
         if not module.check_mode:
             _write(module, dest, data, p["validate"])
     attr_diff = dict(before={}, after={})
-    changed = content_changed
+    changed = changed or content_changed
+    if content_changed:
+        result["resources"].append(["file", dest])
     if os.path.exists(dest):
         changed = module.set_fs_attributes_if_different(module.load_file_common_arguments(p, path=dest), changed,
                                                         diff=attr_diff)
     if attr_diff["before"] or attr_diff["after"]:
         attr_diff.update(before_header="%s (attributes)" % dest, after_header="%s (attributes)" % dest)
         diffs.append(attr_diff)
+    if (attr_diff["before"] or attr_diff["after"]) and ["file", dest] not in result["resources"]:
+        result["resources"].append(["file", dest])
     result["changed"] = changed
-    if changed:
-        result["resources"] = [["file", dest]]
     if module._diff and diffs:
         result["diff"] = diffs
     module.exit_json(**result)

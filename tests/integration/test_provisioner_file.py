@@ -1,6 +1,7 @@
 """provisioner.gpu.provisioner_file through ansible-playbook (connection local, files in a temporary directory): a
 template and a content file are written once and then left alone, check mode reports drift (content and mode, with
-the diff) without touching the file, a failing `validate` keeps the old file, the result names the resource.
+the diff) without touching the file, a failing `validate` keeps the old file, the result names the resource;
+`parent_mode` manages the file's directory in the same run.
 """
 
 from __future__ import annotations
@@ -40,10 +41,17 @@ PLAY = textwrap.dedent("""\
             mode: "0644"
             validate: "{{ validator | default('/bin/true %s') }}"
           register: plain
+        - name: A file with its directory
+          provisioner.gpu.provisioner_file:
+            dest: "{{ root }}/sub/inner"
+            content: "x\\n"
+            mode: "0600"
+            parent_mode: "0750"
+          register: inner
         - name: Results
           ansible.builtin.copy:
             dest: "{{ root }}/results.json"
-            content: "{{ {'tpl': tpl, 'plain': plain} | to_json }}"
+            content: "{{ {'tpl': tpl, 'plain': plain, 'inner': inner} | to_json }}"
             mode: "0644"
           check_mode: false
           diff: false
@@ -63,6 +71,28 @@ def _play(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     res = tmp_path / "files" / "results.json"
     return r, (json.loads(res.read_text()) if res.is_file() else {})
+
+
+def test_parent_directory_is_managed_in_the_same_run(tmp_path: Path) -> None:
+    (tmp_path / "files").mkdir()
+    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "conf.j2").write_text("a\n")
+    sub = tmp_path / "files" / "sub"
+    r, res = _play(tmp_path, "--check", "--diff")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert not sub.exists()
+    assert res["inner"]["resources"] == [["file", str(sub)], ["file", str(sub / "inner")]]
+    r, res = _play(tmp_path)
+    assert r.returncode == 0 and (sub / "inner").read_text() == "x\n", r.stdout[-3000:]
+    assert sub.stat().st_mode & 0o777 == 0o750 and (sub / "inner").stat().st_mode & 0o777 == 0o600
+    sub.chmod(0o755)
+    r, res = _play(tmp_path, "--check", "--diff")
+    assert res["inner"]["resources"] == [["file", str(sub)]] and sub.stat().st_mode & 0o777 == 0o755
+    assert res["inner"]["diff"][0]["after"] == {"mode": "0750"}
+    r, res = _play(tmp_path)
+    assert sub.stat().st_mode & 0o777 == 0o750
+    r, res = _play(tmp_path)
+    assert r.returncode == 0 and not res["inner"]["changed"] and res["inner"]["resources"] == []
 
 
 def test_writes_once_reports_drift_and_keeps_a_file_validate_refuses(tmp_path: Path) -> None:
