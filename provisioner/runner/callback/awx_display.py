@@ -69,6 +69,13 @@ class CallbackModule(_runner.CallbackModule):
         super().__init__()
         _forkcost("restore")
 
+    def v2_runner_on_start(self, host: Any, task: Any) -> None:
+        # The start time only (the result events' duration): no runner_on_start event per host and task. Nothing of
+        # provision reads them, and each costs the main process an event dump and the runner its parse.
+        from ansible_runner.display_callback.callback.awx_display import current_time
+
+        self._host_start[host.get_name()] = current_time()
+
     def v2_playbook_on_play_start(self, play: Any) -> None:
         super().v2_playbook_on_play_start(play)
         _forkcost("freeze")
