@@ -32,6 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,9 +95,20 @@ def bench_inventory(name: str, dest: Path) -> Path:
     return dest / "hosts.ini"
 
 
+def settle_load(limit: float, timeout_s: float = 240.0) -> float:
+    """Wait (up to timeout_s) until the 1-minute load average is at most `limit`; the load when the wait ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        load = float(Path("/proc/loadavg").read_text().split()[0])
+        if load <= limit or time.monotonic() >= deadline:
+            return load
+        time.sleep(5)
+
+
 class Bench:
-    def __init__(self, name: str, skip_tags: str = "", limit: str = ""):
+    def __init__(self, name: str, skip_tags: str = "", limit: str = "", settle: float = 0.0):
         self.name = name
+        self.settle = settle
         self.skip_tags = skip_tags
         self.limit = limit
         self.work = M.scratch(f"ansible-bench-{name}")
@@ -139,6 +151,8 @@ class Bench:
         argv = self.argv(side, what)
         log(f"{tag}: {' '.join(argv)}")
         state = tree_state()
+        if self.settle:
+            log(f"{tag}: load1 {settle_load(self.settle)} (waited for <= {self.settle}, at most 240 s)")
         load0 = open("/proc/loadavg").read().split()[0]
         r = M.run_measured(argv, env=self.env(side, count_file), cwd=ROOT, rack=self.name,
                            stdout_path=self.work / f"{tag}.log")
@@ -205,7 +219,7 @@ def fleet(args: argparse.Namespace) -> dict:
 
 
 def noop(args: argparse.Namespace) -> dict:
-    b = Bench(args.name, args.skip_tags, args.limit)
+    b = Bench(args.name, args.skip_tags, args.limit, args.settle)
     n = args.nodes
     if not inventory(args.name).is_file() or args.fresh:
         fresh_rack(args.name, n)
@@ -361,6 +375,8 @@ def main() -> int:
     n.add_argument("--sides", default="tuned,stock,mitogen", help="which sides to run (default all three)")
     n.add_argument("--limit", default="", help="comma list of hosts: check only these (both sides), for the "
                                                "capacity model's smaller sizes on one converged rack")
+    n.add_argument("--settle", type=float, default=0.0, metavar="LOAD",
+                   help="before each measured run wait (at most 240 s) for the 1-minute load to fall to LOAD")
     for p in (f, n):  # noqa: B007
         p.add_argument("--name", default="bench", help="rack name (only this rack is created/removed)")
         p.add_argument("--json", type=Path)
