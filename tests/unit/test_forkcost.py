@@ -101,3 +101,89 @@ def test_freeze_moves_live_objects_to_the_permanent_generation() -> None:
     finally:
         gc.unfreeze()
     assert keep
+
+
+# --- compiled templates shared with the workers ------------------------------------------------------------------
+
+def test_memo_is_active_on_the_installed_ansible_core() -> None:
+    """The memo wraps a private ansible-core step, checked per series (forkcost.CHECKED_SERIES): an ansible-core from
+    another series fails here, so that it is checked (tests/integration/test_forkcost_memo.py) before it is added."""
+    try:
+        assert forkcost.memoize(), "ansible-core series not in forkcost.CHECKED_SERIES: check it, then add it"
+    finally:
+        forkcost.forget()
+
+
+@pytest.fixture
+def memo():
+    assert forkcost.memoize()
+    yield forkcost._memo
+    forkcost.forget()
+
+
+def _templar(searchpath: list[str] | None = None, **variables):
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.copy_with_new_env(searchpath=searchpath) if searchpath else templar
+
+
+def test_memo_compiles_once_and_renders_each_hosts_values(memo) -> None:
+    from ansible.template import trust_as_template
+
+    source = trust_as_template("{{ name }} has {{ gpus * 2 }} halves")
+    assert _templar(name="node01", gpus=8).template(source) == "node01 has 16 halves"
+    assert len(memo) == 1
+    assert _templar(name="node02", gpus=4).template(source) == "node02 has 8 halves"
+    assert len(memo) == 1  # the second host reused the compiled template, with its own values
+
+
+def test_memo_keys_on_options(memo) -> None:
+    from ansible.template import trust_as_template
+
+    source = trust_as_template("{% if on %}\nyes\n{% endif %}\n")
+    kept = _templar(on=True).template(source, overrides={"trim_blocks": True})
+    raw = _templar(on=True).template(source, overrides={"trim_blocks": False})
+    assert (kept, raw) == ("yes\n", "\nyes\n")
+    assert len(memo) == 2
+
+
+def test_memo_keys_an_including_template_on_its_search_path(memo, tmp_path: Path) -> None:
+    from ansible.template import trust_as_template
+
+    for site in ("a", "b"):
+        (tmp_path / site).mkdir()
+        (tmp_path / site / "part.j2").write_text(f"site {site}")
+    source = trust_as_template("{% include 'part.j2' %}")
+    assert _templar([str(tmp_path / "a")]).template(source) == "site a"
+    assert _templar([str(tmp_path / "b")]).template(source) == "site b"
+
+
+def test_memo_never_keeps_a_template_that_does_not_compile(memo) -> None:
+    from ansible.errors import AnsibleError
+    from ansible.template import trust_as_template
+
+    for _ in range(2):
+        with pytest.raises(AnsibleError):
+            _templar().template(trust_as_template("{{ broken( }}"))
+    assert len(memo) == 0
+
+
+def test_warm_compiles_a_tasks_strings_that_its_workers_then_reuse(memo) -> None:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.playbook.task import Task
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.template import trust_as_template
+
+    init_plugin_loader()
+    ds = {"name": "write", "ansible.builtin.debug": {"msg": trust_as_template("{{ greeting }} {{ who }}")},
+          "when": [trust_as_template("ready == 'yes'")], "changed_when": False}
+    task = Task.load(ds, loader=DataLoader())
+    assert forkcost.warm(task) == 2  # the argument (a template) and the conditional (an expression)
+    size = len(memo)
+    templar = _templar(greeting="hi", who="node01", ready="yes")
+    assert templar.template(task.args["msg"]) == "hi node01"
+    assert templar.evaluate_conditional(task.when[0]) is True
+    assert len(memo) == size  # both found compiled
+

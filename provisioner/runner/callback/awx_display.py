@@ -6,8 +6,8 @@ is written: a changed `copy`/`template`/`file`... result that does not name the 
 diff, whose one header is the controller's source when the destination does not exist yet) gets it from the task's
 templated arguments (`provisioner.runner.events.host_path`), so a drift item names `/usr/local/libexec/...` on the
 host, never `roles/vllm/files/...` on the controller. It also makes the forked workers cheaper
-(provisioner/runner/forkcost.py: the garbage collector frozen at each play start, AnsiballZ payloads kept between
-runs).
+(provisioner/runner/forkcost.py: the garbage collector frozen at each play start, each task's templates compiled
+before its workers fork, AnsiballZ payloads kept between runs).
 """
 
 from __future__ import annotations
@@ -41,15 +41,25 @@ def _name_host_path(result: Any) -> None:
         pass
 
 
-def _forkcost(step: str) -> None:
-    """forkcost's `step` (restore, freeze, save); a speed-up only, so never an error that breaks the run."""
+def _forkcost(step: str, obj: Any = None) -> None:
+    """forkcost's `step` (restore, freeze, warm, save); a speed-up only, so never an error that breaks the run."""
     if os.environ.get("PROVISION_FORKCOST") == "0":
         return
+    memo = os.environ.get("PROVISION_FORKCOST_MEMO") != "0"
     try:
         from provisioner.runner import forkcost
 
-        if step == "freeze":
-            forkcost.freeze()
+        if step == "warm":
+            if memo:
+                forkcost.warm(obj)
+            return
+        if step == "freeze":  # at a play start, before its first worker
+            try:
+                if memo and forkcost.memoize():
+                    forkcost.warm_plugins()
+                    forkcost.warm_play(obj)
+            finally:
+                forkcost.freeze()
             return
         store = forkcost.store_dir()
         if store is None:
@@ -78,7 +88,15 @@ class CallbackModule(_runner.CallbackModule):
 
     def v2_playbook_on_play_start(self, play: Any) -> None:
         super().v2_playbook_on_play_start(play)
-        _forkcost("freeze")
+        _forkcost("freeze", play)
+
+    def v2_playbook_on_task_start(self, task: Any, is_conditional: Any) -> None:
+        super().v2_playbook_on_task_start(task, is_conditional)
+        _forkcost("warm", task)
+
+    def v2_playbook_on_handler_task_start(self, task: Any) -> None:
+        super().v2_playbook_on_handler_task_start(task)
+        _forkcost("warm", task)
 
     def v2_playbook_on_stats(self, stats: Any) -> None:
         super().v2_playbook_on_stats(stats)
