@@ -189,7 +189,7 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def fleet(args: argparse.Namespace) -> dict:
-    b = Bench(args.name, args.skip_tags)
+    b = Bench(args.name, args.skip_tags, settle=args.settle)
     runs = []
     for i, n in enumerate(int(s) for s in args.sizes.split(",")):
         sides = [x for x in SIDES if x in args.sides.split(",")]
@@ -375,9 +375,9 @@ def main() -> int:
     n.add_argument("--sides", default="tuned,stock,mitogen", help="which sides to run (default all three)")
     n.add_argument("--limit", default="", help="comma list of hosts: check only these (both sides), for the "
                                                "capacity model's smaller sizes on one converged rack")
-    n.add_argument("--settle", type=float, default=0.0, metavar="LOAD",
-                   help="before each measured run wait (at most 240 s) for the 1-minute load to fall to LOAD")
     for p in (f, n):  # noqa: B007
+        p.add_argument("--settle", type=float, default=0.0, metavar="LOAD",
+                       help="before each measured run wait (at most 240 s) for the 1-minute load to fall to LOAD")
         p.add_argument("--name", default="bench", help="rack name (only this rack is created/removed)")
         p.add_argument("--json", type=Path)
         p.add_argument("--down", action="store_true", help="remove the rack at the end")
