@@ -299,9 +299,10 @@ def _warm_files(task, engine) -> int:
 
 
 def _render_overrides() -> dict:
-    from ansible_collections.provisioner.gpu.plugins.plugin_utils.render import OVERRIDES
+    """plugin_utils/render.py's Jinja overrides (the collection's module, importable in ansible-playbook only)."""
+    import importlib
 
-    return OVERRIDES
+    return importlib.import_module("ansible_collections.provisioner.gpu.plugins.plugin_utils.render").OVERRIDES
 
 
 def _compile(fn, source: str, options) -> int:

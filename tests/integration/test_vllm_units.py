@@ -300,8 +300,10 @@ def _health_server(state: dict[str, int]) -> tuple[http.server.ThreadingHTTPServ
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
-            self.send_response(state["code"])
+            code = state["code"]
+            self.send_response(code)
             self.end_headers()
+            state[f"answered_{code}"] = state.get(f"answered_{code}", 0) + 1
 
         def log_message(self, *a: object) -> None:
             pass
@@ -314,12 +316,16 @@ def _health_server(state: dict[str, int]) -> tuple[http.server.ThreadingHTTPServ
 def test_group_run_head_stops_when_its_engine_dies() -> None:
     state = {"code": 200}
     srv, url = _health_server(state)
-    p = _wrapper("--health-url", url, "--interval", "0.2", "--misses", "2", "--", "sleep", "60")
-    time.sleep(1.5)
-    assert p.poll() is None
+    # interval 1 s: the probe's timeout is the interval, and a slower answer counts as up (a busy head is not killed),
+    # so a shorter one could miss the 503s on a loaded machine
+    p = _wrapper("--health-url", url, "--interval", "1", "--misses", "2", "--", "sleep", "60")
+    deadline = time.monotonic() + 30
+    while not state.get("answered_200") and time.monotonic() < deadline:  # the wrapper has seen the head healthy
+        time.sleep(0.1)
+    assert p.poll() is None and state.get("answered_200")
     state["code"] = 503  # what vLLM's /health answers once the engine died
     try:
-        assert p.wait(timeout=10) == 75
+        assert p.wait(timeout=30) == 75
     finally:
         srv.shutdown()
 
