@@ -225,24 +225,17 @@ def warm(task) -> int:
     if not _originals:  # no memo: nothing would be kept
         return 0
     from ansible._internal._templating._engine import TemplateEngine, TemplateOptions
-    from ansible._internal._templating._jinja_bits import is_possibly_all_template, is_possibly_template
+    from ansible._internal._templating._jinja_bits import is_possibly_all_template
 
     engine = TemplateEngine()
-    templates: list[str] = []
-    for attr in _TEMPLATED:
-        _strings(getattr(task, attr, None), templates)
-    n = 0
-    for s in templates:
-        if is_possibly_template(s):
-            n += _compile(engine._compile_template, s, TemplateOptions.DEFAULT)
+    n = _compile_templates(engine, [getattr(task, attr, None) for attr in _TEMPLATED])
     try:
         n += _warm_files(task, engine)
     except Exception:  # a speed-up only: the workers compile what was not warmed
         pass
     cond = TemplateOptions(escape_backslashes=False, preserve_trailing_newlines=False)
     conds: list[str] = []
-    for attr in _CONDITIONALS:
-        _strings(getattr(task, attr, None), conds)
+    _strings([getattr(task, attr, None) for attr in _CONDITIONALS], conds)
     for c in conds:
         c = c.strip()
         if c and not is_possibly_all_template(c):
@@ -254,16 +247,21 @@ def warm_play(play) -> int:
     """Compile the defaults and vars of the play's roles (templated lazily, in each worker that reads them)."""
     if not _originals:
         return 0
-    from ansible._internal._templating._engine import TemplateEngine, TemplateOptions
+    from ansible._internal._templating._engine import TemplateEngine
+
+    return _compile_templates(TemplateEngine(), [(role.get_default_vars(), role.get_vars(include_params=False))
+                                                 for role in play.get_roles()])
+
+
+def _compile_templates(engine, values) -> int:
+    """Compile, with the default options, each distinct string in `values` that may be a template."""
+    from ansible._internal._templating._engine import TemplateOptions
     from ansible._internal._templating._jinja_bits import is_possibly_template
 
-    engine = TemplateEngine()
-    templates: list[str] = []
-    for role in play.get_roles():
-        _strings(role.get_default_vars(), templates)
-        _strings(role.get_vars(include_params=False), templates)
+    found: list[str] = []
+    _strings(values, found)
     return sum(_compile(engine._compile_template, s, TemplateOptions.DEFAULT)
-               for s in dict.fromkeys(templates) if is_possibly_template(s))
+               for s in dict.fromkeys(found) if is_possibly_template(s))
 
 
 #: Action arguments naming a role template that the collection's actions render (plugin_utils/render.py).
@@ -282,19 +280,17 @@ def _warm_files(task, engine) -> int:
     from provisioner import paths
 
     args = getattr(task, "args", None) or {}
+    srcs = [src for src in (args.get(arg) for arg in _FILE_ARGS) if isinstance(src, str)]
+    if not srcs:
+        return 0
+    options = TemplateOptions(escape_backslashes=False, overrides=Templar()._overrides.merge(_render_overrides()))
+    dirs = [*(Path(p) / "templates" for p in task.get_search_path()), paths.TEMPLATES]
     n = 0
-    for arg in _FILE_ARGS:
-        src = args.get(arg)
-        if not isinstance(src, str):
-            continue
+    for src in srcs:
         name = src.rsplit("}}", 1)[-1].lstrip("/")
-        for d in [*(Path(p) / "templates" for p in task.get_search_path()), paths.TEMPLATES]:
-            f = d / name
-            if f.is_file():
-                options = TemplateOptions(escape_backslashes=False,
-                                          overrides=Templar()._overrides.merge(_render_overrides()))
-                n += _compile(engine._compile_template, trust_as_template(f.read_text(encoding="utf-8")), options)
-                break
+        f = next((d / name for d in dirs if (d / name).is_file()), None)
+        if f is not None:
+            n += _compile(engine._compile_template, trust_as_template(f.read_text(encoding="utf-8")), options)
     return n
 
 
