@@ -17,12 +17,15 @@ MANAGED_DAEMONS = ("nvidia-persiste", "nv-fabricmanage", "nvidia-imex", "nv-host
 
 def holders_script(dev: str = "/dev") -> str:
     """Shell that prints `pid device comm` for every process with an NVIDIA device file open (a GPU, nvidiactl,
-    nvidia-uvm*, nvidia-modeset, nvidia-caps/*) other than MANAGED_DAEMONS. Reads every /proc/*/fd: needs root."""
+    nvidia-uvm*, nvidia-modeset, nvidia-caps/*) other than MANAGED_DAEMONS, one line per process. One `find` reads
+    every /proc/*/fd link (needs root); only the matches cost a fork more."""
     skip = "|".join(MANAGED_DAEMONS)
-    return ('for p in /proc/[0-9]*; do c=$(cat "$p/comm" 2>/dev/null); case $c in ' + skip + ') continue;; esac; '
-            'for f in "$p"/fd/*; do d=$(readlink "$f" 2>/dev/null); case $d in '
-            f'{dev}/nvidia[0-9]*|{dev}/nvidiactl|{dev}/nvidia-uvm*|{dev}/nvidia-modeset|{dev}/nvidia-caps/*) '
-            'echo "${p#/proc/} $d $c"; break;; esac; done; done')
+    kinds = ("nvidia[0-9]*", "nvidiactl", "nvidia-uvm*", "nvidia-modeset", "nvidia-caps/*")
+    match = " -o ".join(f"-lname '{dev}/{k}'" for k in kinds)
+    return (f"find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \\( {match} \\) -printf '%h %l\\n' 2>/dev/null "
+            "| awk '{sub(/^\\/proc\\//, \"\", $1); sub(/\\/fd$/, \"\", $1)} !seen[$1]++' "
+            '| while read -r p d; do c=$(cat "/proc/$p/comm" 2>/dev/null); case $c in ' + skip + ') continue;; esac; '
+            'echo "$p $d $c"; done')
 
 
 HOLDERS = holders_script()
