@@ -254,7 +254,9 @@ def test_group_run_worker_stops_when_its_head_goes_away(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     p = _wrapper("--head-addr", "127.0.0.1", "--head-port", str(port), "--interval", "0.2", "--misses", "2",
                  "--stop-grace", "2", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
-    time.sleep(1.5)
+    # the child's pid is written once the wrapper has started it (seconds on a loaded machine)
+    assert _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 30)
+    time.sleep(1.0)  # five probe intervals with the head up
     assert p.poll() is None  # head up: the worker keeps running
     child = int(pidfile.read_text())
     srv.close()  # the head dies
@@ -285,8 +287,8 @@ def test_group_run_any_unrequested_exit_is_a_failure(code: int, expect: int) -> 
 def test_group_run_sigterm_stops_the_child_and_exits_clean(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     p = _wrapper("--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
-    deadline = time.monotonic() + 5
-    while not pidfile.exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # the wrapper starts it (seconds on a loaded machine)
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
     child = int(pidfile.read_text())
     p.send_signal(signal.SIGTERM)
@@ -460,8 +462,8 @@ def test_group_run_kills_orphaned_rank_processes_when_vllm_dies(tmp_path: Path) 
     """vLLM's main process killed: its rank processes (same process group) must not live on as orphans."""
     pidfile = tmp_path / "rank.pid"
     p = _wrapper("--stop-grace", "2", "--", "sh", "-c", f"sleep 60 & echo $! > {pidfile}; exec sleep 60")
-    deadline = time.monotonic() + 5
-    while not pidfile.exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # the wrapper starts it (seconds on a loaded machine)
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)
     rank = int(pidfile.read_text())
