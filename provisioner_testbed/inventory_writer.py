@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from provisioner import INVENTORIES
+from provisioner_testbed.hosts import HWSIM_MOUNT
 
 DEFAULT_HCAS = [f"mlx5_{i}" for i in range(8)]
 NVL72_DOMAIN = "nvl72-a"  # the one NVLink domain of a rack's GB200 trays
@@ -126,6 +127,11 @@ def render(rack: InvRack) -> dict[str, str]:
         # A fresh host reboots into the driver it just got (a container reboot takes seconds): the health gate's
         # `reboot` check fails a node that carries /run/reboot-required or runs another module than it has installed.
         "provision_allow_reboot": True,
+        # The hardware boundary: the node's sysfs/proc tree and its kernel log are files under the hwsim mount
+        # (containers have no /dev/kmsg and no PCI devices). Real nodes keep the roles' defaults (/, /dev/kmsg).
+        "nvidia_driver_sysfs_root": HWSIM_MOUNT,
+        "node_health_sysfs_root": HWSIM_MOUNT,
+        "node_health_kmsg": f"{HWSIM_MOUNT}/kmsg",
         **rack.extra_vars,
     }
     files["group_vars/all.yml"] = _yaml(

@@ -115,12 +115,12 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
         argv += ["--busbw-min", f"{float(busbw):g}"]
     argv += ["--allreduce", str(opt("allreduce", "auto"))]
     argv += ["--allreduce-sizes", str(opt("allreduce_sizes", "4G"))]
-    # the simulated rack has no /dev/kmsg in its containers: its kernel log is a kmsg-shaped file (hwsim README)
-    kmsg = opt("kmsg", "/var/lib/hwsim/kmsg" if host.get("testbed_rack") is not None else "")
+    # the role's defaults: /dev/kmsg and / (the simulated rack's inventory points both at its hwsim files)
+    kmsg = opt("kmsg", "")
     if kmsg:
         argv += ["--kmsg", str(kmsg)]
-    sysfs_root = opt("sysfs_root", "/var/lib/hwsim" if host.get("testbed_rack") is not None else "")
-    if sysfs_root:
+    sysfs_root = opt("sysfs_root", "")
+    if sysfs_root and str(sysfs_root) != "/":
         argv += ["--sysfs-root", str(sysfs_root)]
     for name, flag in (("torch_python", "--torch-python"),
                        ("nccl_tests", "--nccl-tests")):

@@ -170,3 +170,26 @@ def test_a_rack_with_balancers_numbers_them_after_the_nodes_and_refuses_a_change
         assert "1 balancer host(s) (asked 0)" in str(exc) and "testbed down --name demo" in str(exc)
     else:
         raise AssertionError("a changed balancer count was not refused")
+
+
+def test_the_rack_inventory_points_the_hardware_boundary_at_hwsim_and_no_role_knows_the_rack(tmp_path: Path) -> None:
+    from provisioner import PROJECT_ROOT as ROOT
+    from provisioner.probes.health import health_argv
+    from provisioner_testbed.hosts import HWSIM_MOUNT
+
+    fleet = load_fleet(invw.write(_rack(2), tmp_path))
+    h = fleet.hosts["node01"]
+    assert (h.vars["nvidia_driver_sysfs_root"], h.vars["node_health_sysfs_root"], h.vars["node_health_kmsg"]) == (
+        HWSIM_MOUNT, HWSIM_MOUNT, f"{HWSIM_MOUNT}/kmsg")
+    argv = health_argv(fleet, h)
+    assert argv[argv.index("--kmsg") + 1] == f"{HWSIM_MOUNT}/kmsg"
+    assert argv[argv.index("--sysfs-root") + 1] == HWSIM_MOUNT
+    # a real node's inventory names neither: the program reads /dev/kmsg and / as the role does
+    boundary = ("nvidia_driver_sysfs_root", "node_health_sysfs_root", "node_health_kmsg")
+    plain = dataclasses.replace(h, vars={k: v for k, v in h.vars.items() if k not in boundary})
+    argv = health_argv(fleet, plain)
+    assert "--kmsg" not in argv and "--sysfs-root" not in argv
+    # the simulated rack lives in its inventory only: no role, playbook or plugin asks whether it runs on one
+    readers = [str(p.relative_to(ROOT)) for d in ("roles", "playbooks", "plugins") for p in (ROOT / d).rglob("*")
+               if p.is_file() and p.suffix in (".yml", ".j2", ".py") and "testbed_rack" in p.read_text()]
+    assert readers == []
