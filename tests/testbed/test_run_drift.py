@@ -14,7 +14,8 @@ tests run in file order and build on each other, as an operator would:
 3. tamper node02 (edit /etc/nccl.conf, stop nvidia-persistenced, another build of the held cuda-cudart-12-8, alter
    a unit file): drift reports exactly those four resources on node02 and nothing else, in all four formats, exit 3; node02
    is byte-for-byte unchanged by the check (file tree hashes, dpkg state, unit states).
-4. `provision run --limit node02` heals it; drift on node02 is clean again.
+4. `provision run --limit node02` heals it; drift on node02 is clean again. Left on an older loaded kernel module
+   than the installed one (a run killed before its reboot), the next run reboots it into the installed one, once.
 5. node04 stopped: drift reports it unreachable while the others are checked (exit 1); run reports it unreachable
    while the others complete; started again, `--limit @retry` converges.
 """
@@ -256,6 +257,35 @@ def test_run_limit_heals_and_drift_is_clean_again(rig: Rig) -> None:
     p, run_dir = rig.drift("--report", "json", "--limit", "node02")
     assert p.returncode == 0, p.stdout
     assert json.loads(p.stdout)["hosts"]["node02"]["drift"] == []
+
+
+def test_a_host_left_on_its_old_module_is_rebooted_into_the_installed_one(rig: Rig) -> None:
+    """A run killed between the driver install and its reboot leaves the new package installed and the old kernel
+    module loaded. With `provision_allow_reboot` (the rack's inventory) the next run reboots that host into the
+    installed module, and the run after it does not reboot again."""
+    from provisioner_testbed import hosts as hostmod
+    from provisioner_testbed import rack
+    from provisioner_testbed.onboot import LOADED
+
+    loaded = "cat /var/lib/hwsim/sys/module/nvidia/version"
+    boot_id = "cat /proc/sys/kernel/random/boot_id"
+    installed = rig.ssh("node02", loaded).strip()
+    st = rack.load(rig.h.name)
+    hp = hostmod.paths(st, rack.get_host(st, "node02"))
+    (hp.root / LOADED).write_text("580.82.07\n")  # the host booted an older module; the package came after
+    rack.clear(rig.h.name, "node02")
+    assert rig.ssh("node02", loaded).strip() == "580.82.07"
+    boot = rig.ssh("node02", boot_id).strip()
+
+    p, data = rig.run("--limit", "node02")
+    assert p.returncode == 0, p.stderr + json.dumps(data["failures"], indent=1)
+    assert rig.ssh("node02", loaded).strip() == installed
+    rebooted = rig.ssh("node02", boot_id).strip()
+    assert rebooted not in ("", boot), "node02 was not rebooted into its installed module"
+
+    p, data = rig.run("--limit", "node02")
+    assert p.returncode == 0, p.stderr + json.dumps(data["failures"], indent=1)
+    assert rig.ssh("node02", boot_id).strip() == rebooted, "a host on its installed module was rebooted again"
 
 
 def test_unreachable_host_reported_while_others_complete_then_rerun_converges(rig: Rig) -> None:
