@@ -115,12 +115,12 @@ def health_argv(fleet: Fleet, host: Host) -> list[str]:
         argv += ["--busbw-min", f"{float(busbw):g}"]
     argv += ["--allreduce", str(opt("allreduce", "auto"))]
     argv += ["--allreduce-sizes", str(opt("allreduce_sizes", "4G"))]
-    # the role's defaults: /dev/kmsg and / (the simulated rack's inventory points both at its hwsim files)
-    kmsg = opt("kmsg", "")
+    # unset: the role's defaults, /dev/kmsg and / (the simulated rack's inventory points both at its hwsim files)
+    kmsg = opt("kmsg", _role_default("node_health", "node_health_kmsg"))
     if kmsg:
         argv += ["--kmsg", str(kmsg)]
-    sysfs_root = opt("sysfs_root", "")
-    if sysfs_root and str(sysfs_root) != "/":
+    sysfs_root = opt("sysfs_root", _role_default("node_health", "node_health_sysfs_root"))
+    if sysfs_root and str(sysfs_root) != "/":  # / is the program's own default
         argv += ["--sysfs-root", str(sysfs_root)]
     for name, flag in (("torch_python", "--torch-python"),
                        ("nccl_tests", "--nccl-tests")):
