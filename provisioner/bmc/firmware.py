@@ -171,13 +171,13 @@ def merged(report: HostFirmware, node_items: list[Item], node_error: str | None)
 
 #: components `provision firmware --apply` can update (Redfish SimpleUpdate targets: the system, its manager)
 APPLY_COMPONENTS: tuple[str, ...] = ("bios", "bmc")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 
 def sha256_problem(value: str) -> str | None:
     """Why `value` is not a sha256 hex digest (None when it is one)."""
-    return None if _SHA256.match(value.strip().lower()) else f"{value[:20]!r}... is not a sha256 (64 hex digits)"
+    return None if _SHA256.fullmatch(value.strip().lower()) else f"{value[:20]!r}... is not a sha256 (64 hex digits)"
 
 
 def acs_attributes(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
