@@ -155,6 +155,9 @@ _UNIT_NAME_RE = re.compile(r"[A-Za-z0-9_.@:\\-]+")
 _ACCOUNT_RE = re.compile(r"[a-z_][a-z0-9_-]*\$?")
 _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _PORT_RE = re.compile(r"[0-9]{1,5}(-[0-9]{1,5})?")
+_PROM_DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
+_NGINX_TIME = re.compile(r"([0-9]+(ms|s|m|h|d|w|M|y)?)+( ([0-9]+(ms|s|m|h|d|w|M|y)?)+)?")
+_DURATION_SUFFIXES = ("_interval", "_timeout", "_for", "_window")
 _LINE_DELIMS = set("\"'\\")  # an unquoted KEY=VALUE line of nccl.conf, repeated in the EnvironmentFile
 _NGINX_DELIMS = set(";{}\"'#\\")
 _YAML_DELIMS = set("'\"#{}[],&*!|>`\\")
@@ -196,7 +199,7 @@ _MODEL_CHECK = _pattern(_MODEL_RE, "a model name (letters, digits and . _ / : @ 
 _ADDRESS_CHECK: Callable[[str], str | None] = (
     lambda v: None if _address(v) else "is not an IP address or a host name")
 _NETWORK_CHECK: Callable[[str], str | None] = (
-    lambda v: None if _network(v) or _address(v) else "is not an IP address, network (CIDR) or host name")
+    lambda v: None if _network(v) else "is not an IP address or network (CIDR)")
 _PORT_CHECK = _pattern(_PORT_RE, "a port or a port range (32768-60999)")
 _YAML_CHECK: Callable[[str], str | None] = (
     lambda v: _delims(_YAML_DELIMS)(v) or ("holds ': ' (a YAML key)" if ": " in v or v.endswith(":") else None))
@@ -256,6 +259,10 @@ def _check_var(var: str, value: Any) -> Iterator[tuple[str, str, str]]:
     if is_vaulted(value):
         return
     spec = _FIELDS.get(var)
+    if spec is None and var.startswith("monitoring_") and var.endswith(_DURATION_SUFFIXES) and isinstance(value, str):
+        spec = ("value", _pattern(_PROM_DURATION, "a Prometheus duration (15s, 1m30s)"), "a Prometheus duration")
+    if spec is None and var.startswith("serving_lb_") and var.endswith("_timeout") and isinstance(value, str):
+        spec = ("value", _pattern(_NGINX_TIME, "an nginx time (60s, 5m)"), "an nginx time")
     if spec is None and var.startswith("serving_lb_") and isinstance(value, str):
         spec = ("value", _delims(_NGINX_DELIMS), "an nginx directive")
     if spec is None and var.startswith("monitoring_") and isinstance(value, str):
