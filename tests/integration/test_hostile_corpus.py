@@ -372,3 +372,26 @@ def test_a_cluster_group_name_cannot_inject(tmp_path: Path) -> None:
         unit = next(f.content for f in render.host_files(fleet, "n1") if f.dest.endswith("vllm.service"))
         assert [k for _, k, _ in unit_directives(unit)] == [k for _, k, _ in unit_directives(
             unit.replace(name, "c1"))] and sum(k.startswith("Exec") for _, k, _ in unit_directives(unit)) == 1
+
+
+@pytest.mark.parametrize("v", ["x\nExecStartPost=/bin/id", "a\r\nVLLM_API_KEY=evil", 'q"\nserver { listen 9; }'])
+def test_templates_keep_their_shape_behind_the_rules(v: str, tmp_path: Path, baseline_tools: None) -> None:
+    """Defence in depth: with the rules bypassed (a value the rules refuse, rendered anyway), every file whose
+    format can quote or escape keeps the plain render's directives and passes its tool. Settings rendered as bare
+    words (monitoring_scrape_interval, serving_lb_*_timeout) have only the rules."""
+    bare = ("monitoring_scrape_interval", "serving_lb_keepalive_timeout")
+    plain = load(base_inventory(tmp_path / "plain", "tb:h100-ib"), *_points(PLAIN), tmp_path)
+    cluster_vals, extra = _points(v)
+    fleet = load(base_inventory(tmp_path / "v", "tb:h100-ib"), cluster_vals,
+                 {k: (_points(PLAIN)[1][k] if k in bare else x) for k, x in extra.items()}, tmp_path)
+    assert {f.code for f in run_rules(fleet)} >= {"TXT001"}  # refused, yet:
+    files = render_all(fleet)
+    assert shape(files) == shape(render_all(plain))
+    assert check_tools(files, tmp_path / "tools") == []
+    for host, facts in intended(fleet).items():
+        unit = files[f"{host}:{facts['units'][-1]['dest']}"]
+        exec_start = [val for _, k, val in unit_directives(unit) if k.startswith("Exec")]
+        assert len(exec_start) == 1 and exec_argv(exec_start[0]) == facts["exec_argv"]
+        assert v in exec_argv(exec_start[0])
+        env = dict(env_assignments(files[f"{host}:/etc/vllm/vllm.env"]))
+        assert env["HOSTILE_X"] == v and env["VLLM_API_KEY"] == v
