@@ -196,13 +196,20 @@ def _pattern(rx: re.Pattern[str], what: str) -> Callable[[str], str | None]:
 
 
 _MODEL_CHECK = _pattern(_MODEL_RE, "a model name (letters, digits and . _ / : @ + -)")
-_ADDRESS_CHECK: Callable[[str], str | None] = (
-    lambda v: None if _address(v) else "is not an IP address or a host name")
-_NETWORK_CHECK: Callable[[str], str | None] = (
-    lambda v: None if _network(v) else "is not an IP address or network (CIDR)")
 _PORT_CHECK = _pattern(_PORT_RE, "a port or a port range (32768-60999)")
-_YAML_CHECK: Callable[[str], str | None] = (
-    lambda v: _delims(_YAML_DELIMS)(v) or ("holds ': ' (a YAML key)" if ": " in v or v.endswith(":") else None))
+
+
+def _ADDRESS_CHECK(v: str) -> str | None:  # noqa: N802 (a check, named like the others)
+    return None if _address(v) else "is not an IP address or a host name"
+
+
+def _NETWORK_CHECK(v: str) -> str | None:  # noqa: N802
+    return None if _network(v) else "is not an IP address or network (CIDR)"
+
+
+def _YAML_CHECK(v: str) -> str | None:  # noqa: N802
+    return _delims(_YAML_DELIMS)(v) or ("holds ': ' (a YAML key)" if ": " in v or v.endswith(":") else None)
+
 
 #: top-level variable -> (which strings inside it to check: "value" = the value / every list item, "keys", "values"
 #: = a mapping's keys or values), the check, the format it reaches.

@@ -132,7 +132,7 @@ def set_cluster_keys(fleet: Fleet, values: dict[str, Any]) -> str:
     assert w, f"no origin for {name}'s vllm_cluster"
     path = Path(w[0])
     doc = yaml.safe_load(path.read_text())
-    target = doc["vllm_cluster"] if "vllm_cluster" in doc else doc
+    target = doc.get("vllm_cluster", doc)
     for k, v in values.items():
         target[k] = v(target.get(k)) if callable(v) else v
     path.write_text(yaml.safe_dump(doc, allow_unicode=False))

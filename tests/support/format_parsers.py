@@ -166,6 +166,7 @@ def nginx_directives(text: str) -> list[str]:
     out: list[str] = []
     stack: list[str] = []
     start = True
+    cur = ""
     for t in toks:
         if t == "{":
             stack.append(cur)

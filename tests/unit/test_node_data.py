@@ -42,7 +42,8 @@ def test_a_node_cannot_forge_a_sample_for_another_host() -> None:
     forged = '1\nprovisioner_node_health_ok{host="n2"} 1'
     h = parse_output("n1", node({"check": "allreduce", "status": "pass", "message": "ok",
                                  "found": {"busbw_gbps": forged, "gpus": 8}},
-                                {"check": "gpu", "status": "pass", "message": 'x"}\nprovisioner_node_health_ok{host="n2"} 1'}))
+                                {"check": "gpu", "status": "pass",
+                                 "message": 'x"}\nprovisioner_node_health_ok{host="n2"} 1'}))
     text = render_prometheus({"n1": h}, now=0)
     samples = exposition(text)
     assert {lab.get("host") for _, lab in samples if lab} == {"n1"}
