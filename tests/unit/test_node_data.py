@@ -99,3 +99,12 @@ def test_node_text() -> None:
 def test_firmware_lines_from_a_node_are_data() -> None:
     items = items_from_node("gpu 0 96.00.89.00.01\nhca mlx5_0\x1b[2J 28.39.1002\nhca mlx5_1 28.39.1002\n")
     assert [(i.id, i.version) for i in items] == [("GPU0", "96.00.89.00.01"), ("mlx5_1", "28.39.1002")]
+
+
+def test_probe_free_text_is_one_bounded_line() -> None:
+    from provisioner.probes.parsers import parse_probe
+
+    f = parse_probe("@@pv@@ begin kernel\n6.1.0\x1b]0;owned\x07-amd64\n@@pv@@ end kernel 0\n"
+                    "@@pv@@ begin arch\n" + "x" * 500 + "\n@@pv@@ end arch 0\n")
+    assert f.kernel is not None and "\x1b" not in f.kernel and "\x07" not in f.kernel
+    assert f.arch is not None and len(f.arch) == 64
