@@ -285,6 +285,14 @@ def _check_var(var: str, value: Any) -> Iterator[tuple[str, str, str]]:
             yield path, problem, fmt
 
 
+def value_problems(var: str, value: Any) -> list[str]:
+    """TXT001/TXT002's verdict on one variable outside an inventory (a command's `--set NAME=VALUE`): one line per
+    problem, [] when the value may reach its file. Pure."""
+    out = [f"{path} holds {describe_control(text)}" for path, text in _walk(value, var) if _control_in(path, text)]
+    out += [f"{path} {problem} ({fmt})" for path, problem, fmt in _check_var(var, value)]
+    return out
+
+
 def _cluster_names(vc: Any) -> Iterator[tuple[str, str]]:
     if not isinstance(vc, Mapping):
         return

@@ -168,3 +168,17 @@ def test_templated_value_cannot_escape_the_sandbox(tmp_path: Path) -> None:
         "monitoring_scrape_interval": "{{ ''.__class__.__mro__[1].__subclasses__() }}"}}))
     with pytest.raises(UsageError, match="sandbox|unsafe"):
         render_monitoring(fleet)
+
+
+def test_monitoring_refuses_hostile_values_and_writes_nothing(tmp_path: Path) -> None:
+    from cli_inproc import provision
+
+    inv = write_inventory(tmp_path / "inv", group_vars={"all": {"monitoring_external_labels": {"site": "a\nb"}}})
+    p = provision("monitoring", str(inv), "--out", str(tmp_path / "out"), "--no-check")
+    assert p.returncode == 1 and "TXT001" in p.stderr and "nothing written" in p.stderr
+    assert not (tmp_path / "out").exists()
+    ok = write_inventory(tmp_path / "ok")
+    p = provision("monitoring", str(ok), "--out", str(tmp_path / "out2"), "--no-check",
+                  "--set", 'monitoring_external_labels={"a: b": "x"}')
+    assert p.returncode == 1 and "not a Prometheus label name" in p.stderr
+    assert not (tmp_path / "out2").exists()
