@@ -108,3 +108,11 @@ def test_probe_free_text_is_one_bounded_line() -> None:
                     "@@pv@@ begin arch\n" + "x" * 500 + "\n@@pv@@ end arch 0\n")
     assert f.kernel is not None and "\x1b" not in f.kernel and "\x07" not in f.kernel
     assert f.arch is not None and len(f.arch) == 64
+
+
+def test_inflight_reads_numbers_only() -> None:
+    from provisioner.drain import inflight
+
+    text = ('vllm:num_requests_running{model="m"} abc\nvllm:num_requests_waiting{model="m"} NaN\n'
+            'vllm:num_requests_running{model="m"} 3\nvllm:num_requests_waiting{model="m"} +Inf\n')
+    assert inflight(text) == 3
