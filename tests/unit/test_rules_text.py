@@ -125,9 +125,12 @@ def test_units_and_env_keep_their_shape(tmp_path: Path) -> None:
     files = _rendered(tmp_path, group_vars={
         **cluster(extra_args=["--x\nExecStartPost=/bin/id"], served_model_name="m\nExecStartPre=/bin/id"),
         **gpu_nodes(nccl_extra={"NCCL_DEBUG": "WARN\nNCCL_NET=Socket"},
-                    vllm_env_extra={"A": '1"\nVLLM_API_KEY=evil'})})
+                    vllm_env_extra={"A": '1"\nVLLM_API_KEY=evil'}, vllm_user="vllm\nExecStartPre=/bin/id",
+                    vllm_home="/h\rExecStopPost=/bin/id", vllm_after_units=["a.service\nExecReload=/bin/id"])})
     unit = files["/etc/systemd/system/vllm.service"]
     assert [ln.split("=")[0] for ln in unit.splitlines() if ln.startswith("Exec")] == ["ExecStart"]
+    assert [ln.split("=")[0] for ln in unit.splitlines() if ln.startswith(("User", "WorkingDirectory", "After"))] \
+        == ["After", "User", "WorkingDirectory"]
     nccl = files["/etc/nccl.conf"]
     assert not [ln for ln in nccl.splitlines() if ln.startswith("NCCL_NET")]
     env = env_keys(files["/etc/vllm/vllm.env"])
