@@ -26,7 +26,7 @@ import yaml
 from format_parsers import (env_assignments, exec_argv, nccl_keys, nginx_directives, nginx_tokens, unit_directives,
                             yaml_shape)
 from inventory_factory import write_inventory
-from provisioner import INVENTORIES, ROLES, TEMPLATES, defaults, plan, render
+from provisioner import INVENTORIES, PROJECT_ROOT, ROLES, TEMPLATES, defaults, plan, render
 from provisioner.inventory import load_fleet
 from provisioner.model import Fleet
 from provisioner.monitoring import render_lb_config, render_monitoring
@@ -87,21 +87,30 @@ CLUSTER_POINTS = ("extra_args", "served_model_name")
 
 
 # --- the bases: every example inventory, the factory's, every testbed shape ---------------------------------------
+SPECS = PROJECT_ROOT / "provisioner_testbed" / "specs"
+
+
 def _testbed(tmp: Path, shape: str) -> Path:
-    gw = "198.18.0.1"
-    if shape == "h100-ib":
-        hosts = [invw.InvHost(name=f"node{i:02d}", address=f"198.18.0.{10 + i}") for i in range(1, 5)]
-    elif shape == "p5-efa":
-        hosts = [invw.InvHost(name=f"p5n{i}", address=f"198.18.0.{20 + i}", ib_hcas=(), efa_devices=32)
-                 for i in (1, 2)]
-    elif shape == "gb200-nvl72":
-        hosts = [invw.InvHost(name=f"tray{i:02d}", address=f"198.18.0.{30 + i}", gpu_model="GB200-186GB",
-                              gpu_count=4, nvlink_domain=invw.NVL72_DOMAIN) for i in range(1, 5)]
-    else:
-        raise AssertionError(shape)
+    """The inventory `provision testbed up` writes for a rack of `shape` (the default H100 rack, or a spec file of
+    provisioner_testbed/specs/: each host's hardware from the spec, as provisioner_testbed.rack does), 4 GPU
+    hosts and a balancer."""
+    from provisioner_testbed import hwspec
+
+    spec: dict[str, Any] = {}
+    if shape != "default":
+        spec = yaml.safe_load((SPECS / f"{shape}.yaml").read_text())
+    hosts = []
+    for i in range(1, 5):
+        name = f"node{i:02d}"
+        r = hwspec.resolve({**(spec.get("defaults") or {}), **((spec.get("hosts") or {}).get(name) or {})})
+        hosts.append(invw.InvHost(name=name, address=f"198.18.0.{10 + i}", gpu_model=r["gpu_model"],
+                                  gpu_count=len(r["gpus"]), ib_hcas=tuple(x["name"] for x in r["hcas"]),
+                                  efa_devices=len(r["efa"]), nvlink_domain=invw.NVL72_DOMAIN if r["imex"] else None))
     hosts.append(invw.InvHost(name="lb01", address="198.18.0.99", group=invw.LB_GROUP))
+    efa = {"efa_installer_url": "http://198.18.0.1:8090/efa/aws-efa-installer.tar.gz",
+           "efa_installer_sha256": "0" * 64} if any(h.efa_devices for h in hosts) else {}  # as the rack's repo serves
     rack = invw.InvRack(name=shape, hosts=tuple(hosts), key_file="/k/id", known_hosts="/k/known_hosts",
-                        repo_url=f"http://{gw}:8090/nvidia/", proxy_url=f"http://{gw}:3128")
+                        repo_url="http://198.18.0.1:8090/nvidia/", proxy_url="http://198.18.0.1:3128", extra_vars=efa)
     return invw.write(rack, tmp / shape)
 
 
@@ -113,7 +122,8 @@ def _example(tmp: Path, name: str) -> Path:
     return p / "hosts.ini" if (p / "hosts.ini").exists() else p
 
 
-BASES = ["rack-a.ini", "b200-rack", "gb200-nvl72", "p5-pair", "factory", "tb:h100-ib", "tb:p5-efa", "tb:gb200-nvl72"]
+BASES = ["rack-a.ini", "b200-rack", "gb200-nvl72", "p5-pair", "factory", "tb:default",
+         *(f"tb:{p.stem}" for p in sorted(SPECS.glob("*.yaml")))]
 
 
 def base_inventory(tmp: Path, base: str) -> Path:
@@ -380,9 +390,9 @@ def test_templates_keep_their_shape_behind_the_rules(v: str, tmp_path: Path, bas
     format can quote or escape keeps the plain render's directives and passes its tool. Settings rendered as bare
     words (monitoring_scrape_interval, serving_lb_*_timeout) have only the rules."""
     bare = ("monitoring_scrape_interval", "serving_lb_keepalive_timeout")
-    plain = load(base_inventory(tmp_path / "plain", "tb:h100-ib"), *_points(PLAIN), tmp_path)
+    plain = load(base_inventory(tmp_path / "plain", "tb:default"), *_points(PLAIN), tmp_path)
     cluster_vals, extra = _points(v)
-    fleet = load(base_inventory(tmp_path / "v", "tb:h100-ib"), cluster_vals,
+    fleet = load(base_inventory(tmp_path / "v", "tb:default"), cluster_vals,
                  {k: (_points(PLAIN)[1][k] if k in bare else x) for k, x in extra.items()}, tmp_path)
     assert {f.code for f in run_rules(fleet)} >= {"TXT001"}  # refused, yet:
     files = render_all(fleet)
