@@ -278,8 +278,8 @@ def _check_var(var: str, value: Any) -> Iterator[tuple[str, str, str]]:
         return
     how, check, fmt = spec
     for path, text in _strings(value, how, var):
-        if _is_template(text) or CONTROL_RE.search(text):
-            continue  # a template resolves later (the templates escape it); TXT001 reports control characters
+        if not text or _is_template(text) or CONTROL_RE.search(text):
+            continue  # "" is unset; a template resolves later (the templates escape it); TXT001 reports controls
         problem = check(text)
         if problem:
             yield path, problem, fmt

@@ -185,3 +185,9 @@ def test_monitoring_refuses_hostile_values_and_writes_nothing(tmp_path: Path) ->
                   "--set", 'monitoring_external_labels={"a: b": "x"}')
     assert p.returncode == 1 and "not a Prometheus label name" in p.stderr
     assert not (tmp_path / "out2").exists()
+
+
+def test_empty_strings_are_unset_not_refused(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "TXT002", group_vars=gpu_nodes(vllm_host_ip="", serving_lb_default_model="",
+                                                           vllm_client_networks=[]))
+    assert fs == []
