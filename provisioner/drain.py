@@ -106,7 +106,14 @@ def rewrite_conf(conf: str, *, add: Iterable[str] = (), remove: Iterable[str] = 
 
 def inflight(metrics: str) -> int | None:
     """Requests running + waiting on a vLLM engine, from its /metrics text (None: no such gauge in it)."""
-    values = [float(m.group(1)) for m in _INFLIGHT.finditer(metrics)]
+    values = []
+    for m in _INFLIGHT.finditer(metrics[:4 * 1024 * 1024]):  # the node's text is data: bounded, numbers only
+        try:
+            v = float(m.group(1))
+        except ValueError:
+            continue
+        if v == v and abs(v) != float("inf"):
+            values.append(v)
     return int(sum(values)) if values else None
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 import yaml
 
 from provisioner import defaults
@@ -47,10 +48,12 @@ def ansible_bool(value: Any) -> bool:
     return str(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
 
 
-def _environment() -> jinja2.Environment:
+def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     # The settings of Ansible's template module: trim_blocks on, lstrip_blocks off, trailing newline kept.
     # Filters: plain Jinja2 plus Ansible's `bool` (the only Ansible filter the shared templates may use).
-    env = jinja2.Environment(
+    # Sandboxed: inventory strings are templated here (_resolve), so "{{ ''.__class__... }}" in a value reaches no
+    # Python internals (SecurityError, reported as a one-line usage error).
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         trim_blocks=True,
         keep_trailing_newline=True,
@@ -73,8 +76,11 @@ def _resolve(ctx: dict[str, Any], env: jinja2.Environment) -> dict[str, Any]:
             if isinstance(v, str) and _TEMPLATED.search(v):
                 try:
                     new = env.from_string(v).render(out)
-                except jinja2.UndefinedError:
+                except (jinja2.UndefinedError, jinja2.TemplateSyntaxError):
                     continue
+                except jinja2.sandbox.SecurityError as exc:
+                    raise UsageError(f"{k}: the value is a template that reaches outside the sandbox ({exc})"
+                                     ) from None
                 if new != v:
                     out[k] = new
                     changed = True
@@ -160,6 +166,8 @@ def render_template(name: str, ctx: Mapping[str, Any]) -> str:
         return env.get_template(name).render(dict(ctx))
     except jinja2.UndefinedError as exc:
         raise UsageError(f"cannot render {name}: {exc.message}") from None
+    except jinja2.sandbox.SecurityError as exc:
+        raise UsageError(f"cannot render {name}: {exc}") from None
 
 
 def render_lb_config(fleet: Fleet, *, host: str | None = None, overrides: Mapping[str, Any] | None = None) -> str:

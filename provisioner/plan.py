@@ -21,7 +21,8 @@ PLAN_VERSION = 1
 #: Roles whose defaults the plan reads (paths and watch settings of the units), in merge order.
 PLAN_ROLES = ("nccl_tuning", "vllm", "vllm_launch")
 WRAPPER = "vllm-group-run"
-_SAFE_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+\-]+$")  # an ExecStart= argument that needs no quoting
+_SAFE_ARG = re.compile(r"[A-Za-z0-9_./:=,@+\-]+")  # an ExecStart= argument that needs no quoting
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1, line/paragraph separators
 #: Groups the suite gives a meaning of their own: never a vLLM cluster (docs/inventory.md).
 STRUCTURAL_GROUPS = frozenset({"all", "ungrouped", "gpu_nodes", "vllm_clusters", "lb", "monitoring",
                                "execution_nodes"})
@@ -148,12 +149,24 @@ def fleet_from_vars(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[
 # --- the plan -----------------------------------------------------------------------------------------------------
 
 
+def _c_escape(m: re.Match[str]) -> str:
+    c = ord(m.group(0))
+    return f"\\x{c:02x}" if c < 0x80 else f"\\u{c:04x}"
+
+
 def systemd_quote(arg: str) -> str:
-    """One argument for an ExecStart= line: bare when plain, else double-quoted; % and $ escaped for systemd."""
+    """One argument for an ExecStart= line: bare when plain, else double-quoted with C escapes (systemd unescapes
+    them: a newline stays inside the argument); % and $ escaped for systemd's specifiers and variables."""
     s = str(arg).replace("%", "%%").replace("$", "$$")
-    if _SAFE_ARG.match(s):
+    if _SAFE_ARG.fullmatch(s):
         return s
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + _CONTROL.sub(_c_escape, s.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+def unit_text(value: Any) -> str:
+    """A value for free text in a unit file (Description=, a comment): one line (control characters shown as
+    \\xNN), % doubled (systemd specifiers)."""
+    return _CONTROL.sub(_c_escape, str(value).replace("%", "%%"))
 
 
 def systemd_exec(argv: Sequence[str]) -> str:
@@ -258,6 +271,9 @@ def vllm_facts(fleet: Fleet, host: str, variables: Mapping[str, Any] | None = No
         "ray_exec_start": ray_exec,
         "health_url": health_url,
         "units": units,
+        # the same values for a unit file's free text (Description=, comments): one line, % doubled
+        "text": {"cluster": unit_text(cluster.name), "host": unit_text(h.name), "head_address": unit_text(head_address),
+                 "served_model_name": unit_text(s.get("served_model_name") or s.get("model", ""))},
     }
 
 

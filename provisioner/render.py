@@ -63,8 +63,10 @@ def host_variables(fleet: Fleet, host: Host | str, *, redact: bool = True) -> di
 
 def _env(templates: Path):
     import jinja2
+    import jinja2.sandbox
 
-    env = jinja2.Environment(
+    # sandboxed like `provision monitoring`: the templates' inputs are inventory values
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,  # Ansible's template module default

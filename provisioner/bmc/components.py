@@ -46,7 +46,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((c, re.compile(p, re.
 ))
 
 # a version as firmware reports it: 7.00.00.00, 2.13.1-rc2, 96.00.89.00.01, 1.0(3), U46_v2.10, 28.39.1002
-_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:~()/-]*$")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:~()/-]*")
 VERSION_MAX = 64
 
 
@@ -69,6 +69,6 @@ def version_problem(v: object) -> str | None:
         return "an empty version string"
     if len(v) > VERSION_MAX:
         return f"{v[:20]!r}... is longer than {VERSION_MAX} characters"
-    if not _VERSION.match(v):
+    if not _VERSION.fullmatch(v):
         return f"{v!r} is not a version (letters, digits and . _ + : ~ ( ) / - only, no spaces)"
     return None

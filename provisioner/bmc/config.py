@@ -16,10 +16,10 @@ from typing import Any
 BMC_VARS = ("bmc_address", "bmc_scheme", "bmc_port", "bmc_username", "bmc_password", "bmc_password_env",
             "bmc_tls_verify", "bmc_ca_file", "bmc_system_id")
 SCHEMES = ("https", "http")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # a host name, IPv4 or [IPv6] / bare IPv6 address: no scheme, no path, no port
-ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]+|[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
-                     r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*)$")
+ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]+|[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+                     r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*)")
 
 
 class BmcConfigError(Exception):
@@ -63,7 +63,7 @@ def target(host: str, vars: Mapping[str, Any], *, password: str | None = None) -
     addr = vars.get("bmc_address")
     if not addr:
         raise BmcConfigError("no bmc_address in the inventory")
-    if not isinstance(addr, str) or not ADDRESS.match(addr):
+    if not isinstance(addr, str) or not ADDRESS.fullmatch(addr):
         raise BmcConfigError("bmc_address is not a host name or IP address (provision validate: BMC001)")
     scheme = vars.get("bmc_scheme", "https") or "https"
     if scheme not in SCHEMES:
@@ -98,7 +98,7 @@ def resolve_password(host: str, vars: Mapping[str, Any], environ: Mapping[str, s
     env = os.environ if environ is None else environ
     name = vars.get("bmc_password_env")
     if name:
-        if not isinstance(name, str) or not ENV_NAME.match(name):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise BmcConfigError("bmc_password_env is not an environment variable name")
         value = env.get(name)
         if not value:

@@ -96,8 +96,9 @@ def items_from_node(stdout: str) -> list[Item]:
     out = []
     for line in stdout.splitlines():
         parts = line.split()
-        if len(parts) != 3 or parts[0] not in NODE_COMPONENTS or version_problem(parts[2]):
-            continue
+        if len(parts) != 3 or parts[0] not in NODE_COMPONENTS or version_problem(parts[2]) \
+                or not _NODE_ID.fullmatch(parts[1]):
+            continue  # what a node sends is data: an unknown or odd line is skipped
         kind, ident, version = parts
         if kind == "hca" and (ident.startswith(("efa", "rdmap")) or version == "0.0.0.0"):
             continue
@@ -171,13 +172,14 @@ def merged(report: HostFirmware, node_items: list[Item], node_error: str | None)
 
 #: components `provision firmware --apply` can update (Redfish SimpleUpdate targets: the system, its manager)
 APPLY_COMPONENTS: tuple[str, ...] = ("bios", "bmc")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # a GPU index or an HCA name, as the node prints it
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 
 def sha256_problem(value: str) -> str | None:
     """Why `value` is not a sha256 hex digest (None when it is one)."""
-    return None if _SHA256.match(value.strip().lower()) else f"{value[:20]!r}... is not a sha256 (64 hex digits)"
+    return None if _SHA256.fullmatch(value.strip().lower()) else f"{value[:20]!r}... is not a sha256 (64 hex digits)"
 
 
 def acs_attributes(attrs: Mapping[str, Any]) -> list[tuple[str, str]]:

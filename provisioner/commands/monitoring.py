@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,8 +23,8 @@ time-to-first-token / inter-token latency, vLLM head down, slow model load, drif
 monitoring_* variables (roles/monitoring/defaults/main.yml), set in the inventory for groups `all` or `monitoring`,
 or with --set. docs/monitoring.md.
 
-Exit codes: 0 written (and checked), 1 promtool rejected a file, 2 usage (unreadable inventory, bad --set,
-unwritable DIR).""")
+Exit codes: 0 written (and checked), 1 promtool rejected a file, or a value rules TXT001/TXT002 refuse (in the
+inventory or a --set; nothing written), 2 usage (unreadable inventory, bad --set, unwritable DIR).""")
 
 
 def _parse_sets(sets: list[str]) -> dict[str, Any]:
@@ -39,13 +40,30 @@ def _parse_sets(sets: list[str]) -> dict[str, Any]:
     return out
 
 
+def _hostile(fleet: Any, overrides: dict[str, Any]) -> list[str]:
+    """Rules TXT001/TXT002's errors on the inventory, and on each --set value: what would change the files' shape."""
+    from provisioner.rules import run_rules
+    from provisioner.rules.text import value_problems
+
+    lines = [f.line() for f in run_rules(fleet) if f.code.startswith("TXT") and f.severity == "error"]
+    return lines + [f"--set {k}: {p}" for k, v in overrides.items() for p in value_problems(k, v)]
+
+
 def run(inventory: Path, out: Path, sets: list[str], check: bool | None) -> int:
     from provisioner.inventory import load_fleet
     from provisioner.monitoring import scrape_targets, write_monitoring
 
     console = Console(highlight=False)
     fleet = load_fleet(inventory)
-    written = write_monitoring(fleet, out, _parse_sets(sets))
+    overrides = _parse_sets(sets)
+    refused = _hostile(fleet, overrides)
+    if refused:
+        for line in refused:
+            sys.stderr.write(line + "\n")
+        sys.stderr.write(f"{inventory}: nothing written: no value may change the shape of prometheus.yml "
+                         "(provision validate lists every finding)\n")
+        return Exit.FAIL
+    written = write_monitoring(fleet, out, overrides)
     targets = scrape_targets(written[0].read_text(encoding="utf-8"))
     rules = yaml.safe_load(written[1].read_text(encoding="utf-8"))
     n_alerts = sum(len(g.get("rules") or []) for g in rules.get("groups") or [])

@@ -16,6 +16,7 @@ roles/node_health/defaults/main.yml).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable, Iterable
@@ -26,7 +27,8 @@ from provisioner.model import Fleet, Host
 from provisioner.paths import ROLES, data_file
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
 from provisioner.reports import count
-from provisioner.reports.textfile import escape_label as _esc
+from provisioner.reports.textfile import sample
+from provisioner.reports.untrusted import node_text
 
 PROGRAM = ROLES / "node_health" / "files" / "node_health.py"
 #: The files the program needs side by side (nodeparse.py: a symlink to provisioner/probes/nodeparse.py).
@@ -190,28 +192,88 @@ class HostHealth:
                 "summary": self.summary}
 
 
+#: What a node may send back (node_health.py's JSON lines): at most this much output is read, this many checks kept,
+#: each check name a word, each status one of STATUSES, each message one line of MAX_MESSAGE characters, each
+#: `found`/`expected` at most MAX_DETAIL bytes of JSON. Anything else makes the host's result an error (not ok).
+MAX_OUTPUT = 1024 * 1024
+MAX_CHECKS = 64
+MAX_MESSAGE = 500
+MAX_DETAIL = 16384
+STATUSES = frozenset({"pass", "fail", "warn", "skip"})
+_CHECK_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def _detail(v: Any) -> Any:
+    """A check's `found`/`expected`, kept when it is small JSON; else a note that it was dropped."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        return {"dropped": "not JSON"}
+    return v if len(text) <= MAX_DETAIL else {"dropped": f"{len(text)} bytes of JSON (over {MAX_DETAIL})"}
+
+
+def check_record(obj: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """One JSON line from the node -> (a typed, bounded check record, None) or (None, why it was refused). Pure."""
+    if not isinstance(obj, dict):
+        return None, f"a result line is a {type(obj).__name__}, not an object"
+    name, status = obj.get("check"), obj.get("status")
+    if not (isinstance(name, str) and _CHECK_NAME.fullmatch(name)):
+        return None, f"a check name {node_text(name, 40)!r} is not a word of [a-z0-9_]"
+    if name == "summary":
+        failed = obj.get("failed")
+        failed = [x for x in failed if isinstance(x, str) and _CHECK_NAME.fullmatch(x)][:MAX_CHECKS] \
+            if isinstance(failed, list) else []
+        if status not in ("pass", "fail"):
+            return None, f"the summary's status {node_text(status, 40)!r} is not pass/fail"
+        return {"check": "summary", "status": status, "failed": failed,
+                "host": node_text(obj.get("host", ""), 253)}, None
+    if status not in STATUSES:
+        return None, f"check {name}: status {node_text(status, 40)!r} is not one of {', '.join(sorted(STATUSES))}"
+    rec: dict[str, Any] = {"check": name, "status": status, "message": node_text(obj.get("message", ""), MAX_MESSAGE)}
+    for k in ("expected", "found"):
+        if k in obj:
+            rec[k] = _detail(obj[k])
+    return rec, None
+
+
 def parse_output(host: str, r: ExecResult) -> HostHealth:
-    """node_health.py's JSON lines (+ exit status) -> HostHealth. Pure."""
+    """node_health.py's JSON lines (+ exit status) -> HostHealth. Pure. What the node sends is data: typed and
+    bounded by `check_record`; a malformed line or too much output makes the result an error, never a crash."""
     if not r.ok:
-        return HostHealth(host, reachable=False, error=r.error, seconds=r.seconds)
+        return HostHealth(host, reachable=False, error=node_text(r.error, MAX_MESSAGE), seconds=r.seconds)
     h = HostHealth(host, reachable=True, rc=r.rc, seconds=r.seconds)
-    for line in r.stdout.splitlines():
+    problems: list[str] = []
+    stdout = r.stdout
+    if len(stdout) > MAX_OUTPUT:
+        problems.append(f"over {MAX_OUTPUT} bytes of output (the rest ignored)")
+        stdout = stdout[:MAX_OUTPUT]
+    for line in stdout.splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if obj.get("check") == "summary":
-            h.summary = obj
-        elif "check" in obj:
-            h.checks.append(obj)
-    if not h.summary:
+        if isinstance(obj, dict) and "check" not in obj:
+            continue
+        rec, why = check_record(obj)
+        if rec is None:
+            problems.append(str(why))
+        elif rec["check"] == "summary":
+            h.summary = rec
+        elif len(h.checks) >= MAX_CHECKS:
+            problems.append(f"more than {MAX_CHECKS} checks")
+            break
+        else:
+            h.checks.append(rec)
+    if problems:
+        h.error = node_text(f"node_health.py sent a malformed result: {problems[0]}", MAX_MESSAGE)
+    elif not h.summary:
         tail = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
         if "sudo" in tail and "password" in tail:
             tail += " (the login user needs passwordless sudo, or log in as root)"
-        h.error = f"node_health.py gave no result (rc {r.rc}): {tail[:300]}"
+        h.error = node_text(f"node_health.py gave no result (rc {r.rc}): {node_text(tail, 300)}", MAX_MESSAGE)
     return h
 
 
@@ -285,26 +347,33 @@ def render_prometheus(results: dict[str, HostHealth], *, now: float | None = Non
         "(skipped checks count as passed).",
         "# TYPE provisioner_node_health_ok gauge",
     ]
+    def add(name: str, labels: dict[str, Any], value: Any) -> None:
+        line = sample(name, labels, value)
+        if line is not None:
+            out.append(line)
+
     for n, h in results.items():
-        out.append(f'provisioner_node_health_ok{{host="{_esc(n)}"}} {1 if h.ok else 0}')
+        add("provisioner_node_health_ok", {"host": n}, 1 if h.ok else 0)
     out += ["# HELP provisioner_node_health_reachable 1 when the host answered over SSH and ran the program.",
             "# TYPE provisioner_node_health_reachable gauge"]
     for n, h in results.items():
-        out.append(f'provisioner_node_health_reachable{{host="{_esc(n)}"}} {1 if h.reachable and not h.error else 0}')
+        add("provisioner_node_health_reachable", {"host": n}, 1 if h.reachable and not h.error else 0)
     out += ["# HELP provisioner_node_health_check_ok Per check: 1 pass or skip, 0 fail.",
             "# TYPE provisioner_node_health_check_ok gauge"]
     for n, h in results.items():
         for c in h.checks:
-            out.append(f'provisioner_node_health_check_ok{{host="{_esc(n)}",check="{_esc(c["check"])}",'
-                       f'status="{_esc(c.get("status", ""))}"}} {0 if c.get("status") == "fail" else 1}')
-    bw = [(n, c) for n, h in results.items() for c in h.checks
-          if c["check"] == "allreduce" and isinstance(c.get("found"), dict) and "busbw_gbps" in c["found"]
-          and (c["found"].get("gpus") or 0) >= 2]
+            add("provisioner_node_health_check_ok", {"host": n, "check": c.get("check", ""),
+                                                     "status": c.get("status", "")},
+                0 if c.get("status") == "fail" else 1)
+    bw = [(n, c["found"]["busbw_gbps"]) for n, h in results.items() for c in h.checks
+          if c.get("check") == "allreduce" and isinstance(c.get("found"), dict)
+          and sample("x", {}, c["found"].get("busbw_gbps")) is not None
+          and isinstance(c["found"].get("gpus"), int) and c["found"]["gpus"] >= 2]
     if bw:
         out += ["# HELP provisioner_node_health_allreduce_busbw_gbps Single-node all-reduce bus bandwidth (GB/s).",
                 "# TYPE provisioner_node_health_allreduce_busbw_gbps gauge"]
-        for n, c in bw:
-            out.append(f'provisioner_node_health_allreduce_busbw_gbps{{host="{_esc(n)}"}} {c["found"]["busbw_gbps"]}')
+        for n, v in bw:
+            add("provisioner_node_health_allreduce_busbw_gbps", {"host": n}, v)
     out += ["# HELP provisioner_node_health_last_run_timestamp_seconds When the health gate last ran.",
             "# TYPE provisioner_node_health_last_run_timestamp_seconds gauge",
             f"provisioner_node_health_last_run_timestamp_seconds {ts:.0f}"]

@@ -49,6 +49,7 @@ from provisioner.probes.nodeparse import (  # noqa: F401  (re-exported: one copy
     select_interfaces,
     strip_ansi,
 )
+from provisioner.reports.untrusted import node_text
 
 
 def parse_file_dump(text: str) -> dict[str, str]:
@@ -188,6 +189,10 @@ class NodeFacts:
     firmware: str | None = None  # the node's firmware report (bmc/firmware.py NODE_COMMAND), when it was asked
 
 
+#: The most probe output parse_probe reads (lspci -vvv of a large node is a few MB).
+MAX_PROBE = 32 * 1024 * 1024
+
+
 def _numa_dump(text: str, pattern: str) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for path, content in parse_file_dump(text).items():
@@ -199,14 +204,15 @@ def _numa_dump(text: str, pattern: str) -> dict[str, int | None]:
 
 
 def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
-    """The whole batched probe output -> NodeFacts (see provisioner.probes.preflight.PROBE_SCRIPT)."""
-    s = parse_sections(text)
+    """The whole batched probe output -> NodeFacts (see provisioner.probes.preflight.PROBE_SCRIPT). The node's
+    output is data: read up to MAX_PROBE characters; its free-text lines are kept as one bounded line."""
+    s = parse_sections(text[:MAX_PROBE])
     f = NodeFacts(disk_path=disk_path)
     q = s.get("query-gpu")
     if q is None:
         f.gpu_error = "no nvidia-smi output"
     elif q.rc != 0:
-        f.gpu_error = (q.text.strip().splitlines() or ["nvidia-smi failed"])[-1][:200] + f" (rc {q.rc})"
+        f.gpu_error = node_text((q.text.strip().splitlines() or ["nvidia-smi failed"])[-1], 200) + f" (rc {q.rc})"
         f.smi_missing = q.rc == 127
     else:
         f.gpus = parse_query_gpu(q.text)
@@ -225,9 +231,9 @@ def parse_probe(text: str, disk_path: str | None = None) -> NodeFacts:
     if "os-release" in s:
         f.os_release = parse_os_release(s["os-release"].text)
     if "kernel" in s and s["kernel"].text.strip():
-        f.kernel = s["kernel"].text.strip().splitlines()[0]
+        f.kernel = node_text(s["kernel"].text.strip().splitlines()[0], 200)
     if "arch" in s and s["arch"].rc == 0 and s["arch"].text.strip():
-        f.arch = s["arch"].text.strip().splitlines()[0]
+        f.arch = node_text(s["arch"].text.strip().splitlines()[0], 64)
     if "df" in s:
         entries = parse_df(s["df"].text)
         f.disk = entries[0] if entries else None

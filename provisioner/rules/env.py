@@ -27,7 +27,7 @@ MANAGED_ENV: dict[str, str] = {
 # written on some fabrics only (elsewhere vllm_env_extra may set them)
 MANAGED_ENV_ON: dict[str, tuple[str, ...]] = {"LD_LIBRARY_PATH": ("efa",), "FI_PROVIDER": ("efa",),
                                               "FI_EFA_FORK_SAFE": ("efa",)}
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @rule("ENV001", "vllm_env_extra malformed or sets a key the suite manages")
@@ -46,7 +46,7 @@ def vllm_env_extra(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
         fabric = h.vars.get("fabric")
         for k in sorted(extra, key=str):
             v = extra[k]
-            if not (isinstance(k, str) and ENV_NAME_RE.match(k)):
+            if not (isinstance(k, str) and ENV_NAME_RE.fullmatch(k)):
                 yield Finding("ENV001", "error", f"vllm_env_extra key {show(k)} is not an environment variable name "
                               "(letters, digits, _; not starting with a digit)", host=h.name, var="vllm_env_extra")
                 continue

@@ -57,7 +57,7 @@ def _bmc_type_problems(var: str, v: Any) -> str | None:
             scheme, _, rest = v.partition("://")
             return (f"bmc_address = {v!r} holds a URL: write bmc_address: {rest.split('/')[0]!r} "
                     f"(and bmc_scheme: {scheme!r} if not https)")
-        if not ADDRESS.match(v):
+        if not ADDRESS.fullmatch(v):
             if v.count(":") == 1:
                 addr, _, port = v.partition(":")
                 return f"bmc_address = {v!r} holds a port: write bmc_address: {addr!r} and bmc_port: {port}"
@@ -74,7 +74,7 @@ def _bmc_type_problems(var: str, v: Any) -> str | None:
     elif var in ("bmc_username", "bmc_ca_file", "bmc_system_id"):
         if not isinstance(v, str) or not v:
             return f"{var} = {show(v)} is a {type_name(v)}: expected a non-empty string"
-    elif var == "bmc_password_env" and (not isinstance(v, str) or not ENV_NAME.match(v)):
+    elif var == "bmc_password_env" and (not isinstance(v, str) or not ENV_NAME.fullmatch(v)):
         return f"bmc_password_env = {show(v)}: expected an environment variable name, e.g. BMC_PASSWORD"
     return None
 

@@ -16,12 +16,12 @@ from provisioner.rules.context import RuleContext
 
 HARDWARE_VARS = ("gpu_model", "gpu_count", "fabric", "bootstrap_interface")
 FABRICS = ("infiniband", "roce", "ethernet", "efa")
-HCA_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*[0-9](:[1-9][0-9]?)?$")  # mlx5_0, mlx5_0:1, mlx5_bond_0
-IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux IFNAMSIZ - 1
+HCA_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*[0-9](:[1-9][0-9]?)?")  # mlx5_0, mlx5_0:1, mlx5_bond_0
+IFNAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # Linux IFNAMSIZ - 1
 MAX_HCAS = 32  # NCCL_IB_HCA takes at most 32 devices
-EFA_DEVICE_RE = re.compile(r"^rdmap[0-9]+s[0-9]+(f[0-9]+)?$")  # rdmap79s0 (PCI bus/slot naming of EFA devices)
+EFA_DEVICE_RE = re.compile(r"rdmap[0-9]+s[0-9]+(f[0-9]+)?")  # rdmap79s0 (PCI bus/slot naming of EFA devices)
 MAX_EFA = 32  # p5/p5e: 32 EFA devices, the most of any instance type
-SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+SHA256_RE = re.compile(r"[0-9a-fA-F]{64}")
 ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
@@ -64,7 +64,7 @@ def ill_typed_hardware_var(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             yield _err("HW002", h, "ib_hcas", f"ib_hcas = {show(hcas)} is a {type_name(hcas)}, "
                        f"expected a list of HCA names{hint}")
         iface = v.get("bootstrap_interface")
-        if isinstance(iface, str) and not IFNAME_RE.match(iface):
+        if isinstance(iface, str) and not IFNAME_RE.fullmatch(iface):
             yield _err("HW002", h, "bootstrap_interface",
                        f"bootstrap_interface = {iface!r} is not a network interface name (1-15 characters, "
                        "no spaces or '/'); use the interface name as `ip link` shows it, e.g. ens1f0")
@@ -105,7 +105,7 @@ def malformed_hca(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     for h in fleet.gpu_nodes:
         hcas = h.ib_hcas
         for x in hcas:
-            if not HCA_RE.match(x):
+            if not HCA_RE.fullmatch(x):
                 hint = ""
                 if x[:1] in "=^":
                     hint = " (leave out '=' / '^': nccl_ib_hca is rendered in the exact-match '=' form)"
@@ -189,7 +189,7 @@ def efa_device_names(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             yield _err("HW011", h, "efa_devices", f"efa_devices = {show(devs)} is a {type_name(devs)}, expected a "
                        "list of EFA device names like [rdmap79s0, rdmap80s0]")
             continue
-        bad = [x for x in devs if not EFA_DEVICE_RE.match(x)]
+        bad = [x for x in devs if not EFA_DEVICE_RE.fullmatch(x)]
         if bad:
             yield _err("HW011", h, "efa_devices", f"efa_devices entry {bad[0]!r} is not an EFA device name like "
                        "rdmap79s0 (ls /sys/class/infiniband on the node)")
@@ -222,14 +222,14 @@ def efa_installer(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
         if not url:
             yield _err("HW013", h, "efa_installer_url", "fabric is efa but efa_installer_url is not set: point it at "
                        "aws-efa-installer-<version>.tar.gz on the site's mirror")
-        elif not (isinstance(url, str) and re.match(r"^https?://[^\s/]+/\S+$", url)):
+        elif not (isinstance(url, str) and re.fullmatch(r"https?://[^\s/]+/\S+", url)):
             yield _err("HW013", h, "efa_installer_url", f"efa_installer_url = {show(url)} is not an http(s) URL of "
                        "the installer tarball, e.g. https://mirror.example/efa/aws-efa-installer-1.43.2.tar.gz")
         sha = h.vars.get("efa_installer_sha256")
         if not sha:
             yield _err("HW013", h, "efa_installer_sha256", "fabric is efa but efa_installer_sha256 is not set: give "
                        "the tarball's SHA-256 (sha256sum aws-efa-installer-*.tar.gz)")
-        elif not (isinstance(sha, str) and SHA256_RE.match(sha)):
+        elif not (isinstance(sha, str) and SHA256_RE.fullmatch(sha)):
             yield _err("HW013", h, "efa_installer_sha256", f"efa_installer_sha256 = {show(sha)} is not 64 hex "
                        "digits (sha256sum output, without the file name)")
 

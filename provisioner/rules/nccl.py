@@ -14,7 +14,7 @@ from provisioner.rules.context import RuleContext
 
 ALGOS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reducescatter", "sendrecv", "alltoall")
-NCCL_VAR_RE = re.compile(r"^NCCL_[A-Z0-9_]+$")
+NCCL_VAR_RE = re.compile(r"NCCL_[A-Z0-9_]+")
 
 # Every key templates/nccl.conf.j2 writes from another variable -> the variable to set instead. nccl.conf holds one
 # KEY=VALUE a line and NCCL reads the first line of a repeated key, so the same key in nccl_extra (rendered after
@@ -117,7 +117,7 @@ def nccl_types(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                           "like {NCCL_DEBUG: WARN}", host=h.name, var="nccl_extra")
         elif isinstance(extra, dict):
             for k, v in extra.items():
-                if not (isinstance(k, str) and NCCL_VAR_RE.match(k)):
+                if not (isinstance(k, str) and NCCL_VAR_RE.fullmatch(k)):
                     yield Finding("NCCL004", "error", f"nccl_extra key {k!r} is not an NCCL variable name "
                                   "(NCCL_ and capitals)", host=h.name, var="nccl_extra")
                 elif isinstance(v, (dict, list, tuple)) or v is None:

@@ -53,8 +53,8 @@ def new_run_dir(command: str, runs_dir: str | os.PathLike[str] | None = None) ->
 def _prune(base: Path, command: str, keep: int) -> None:
     if keep <= 0:
         return
-    pat = re.compile(rf"^\d{{8}}T\d{{6}}Z-{re.escape(command)}(-\d+)?$")
-    dirs = sorted(p for p in base.iterdir() if p.is_dir() and pat.match(p.name))
+    pat = re.compile(rf"\d{{8}}T\d{{6}}Z-{re.escape(command)}(-\d+)?")
+    dirs = sorted(p for p in base.iterdir() if p.is_dir() and pat.fullmatch(p.name))
     for old in dirs[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 

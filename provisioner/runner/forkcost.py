@@ -23,8 +23,8 @@ from pathlib import Path
 ENV = "PROVISION_ANSIBALLZ_CACHE"
 #: Payloads kept: ansible-core's own modules and this collection's, without extensions (coverage, debugger). Another
 #: collection's module can change without anything in the key changing, so its payload is rebuilt each run.
-KEPT = re.compile(r"^(ansible\.modules|ansible_collections\.provisioner\.gpu\.plugins\.modules)\.[A-Za-z0-9_]+"
-                  r"-ZIP_[A-Z]+-none$")
+KEPT = re.compile(r"(ansible\.modules|ansible_collections\.provisioner\.gpu\.plugins\.modules)\.[A-Za-z0-9_]+"
+                  r"-ZIP_[A-Z]+-none")
 #: Key directories not used for this long are removed when a run saves into another one.
 STALE_S = 30 * 86400
 
@@ -62,7 +62,7 @@ def restore(store: Path, local: Path) -> int:
     local.mkdir(parents=True, exist_ok=True)
     n = 0
     for f in store.iterdir():
-        if KEPT.match(f.name) and not (local / f.name).exists():
+        if KEPT.fullmatch(f.name) and not (local / f.name).exists():
             shutil.copyfile(f, local / f.name)
             n += 1
     os.utime(store)
@@ -74,7 +74,7 @@ def save(local: Path, store: Path) -> int:
     remove sibling key directories unused for STALE_S. How many were saved."""
     if not local.is_dir():
         return 0
-    new = [f for f in local.iterdir() if KEPT.match(f.name) and not (store / f.name).exists()]
+    new = [f for f in local.iterdir() if KEPT.fullmatch(f.name) and not (store / f.name).exists()]
     if not new:
         return 0
     store.mkdir(parents=True, exist_ok=True, mode=0o700)

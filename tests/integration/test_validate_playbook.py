@@ -222,3 +222,19 @@ def test_extra_vars_are_validated(tmp_path: Path) -> None:
     assert play(inv).returncode == 0
     p = play(inv, "-e", "nccl_ib_timeout=40")
     assert p.returncode != 0 and "NCCL001" in p.stdout, p.stdout[-3000:]
+
+
+def test_hostile_values_are_refused_in_the_play(tmp_path: Path) -> None:
+    """Rules TXT001/TXT002 run in the play as in the CLI: a newline in a group var or an -e value, a delimiter in
+    a served name (issue 43, class 2)."""
+    inv = write_inventory(tmp_path, group_vars={
+        **gpu_nodes(nccl_extra={"NCCL_DEBUG": "WARN\nNCCL_NET=Socket"}),
+        "c1": {"vllm_cluster": {"served_model_name": 'm" "@x'}}})
+    p = play(inv, "-e", '{"vllm_env_extra": {"A": "1\\nVLLM_API_KEY=evil"}}')
+    assert p.returncode != 0
+    out = p.stdout
+    assert "TXT001 n1 (nccl_extra): nccl_extra.NCCL_DEBUG holds a newline (U+000A)" in out, out[-3000:]
+    assert "TXT001 n1 (vllm_env_extra): vllm_env_extra.A holds a newline" in out, out[-3000:]
+    assert "TXT002 c1 (vllm_cluster.served_model_name)" in out, out[-3000:]
+    rc, cli = cli_result(inv)
+    assert rc == 1 and {f["code"] for f in cli["errors"]} >= {"TXT001", "TXT002"}
