@@ -200,7 +200,8 @@ def run_playbook(
     )
     from provisioner.ledger.record import Recorder
 
-    rec = Recorder(command, inventory, on_run_dir, targeted)  # indexes the run in the ledger (best effort)
+    # indexes the run in the ledger (best effort), in the inventory's site, every targeted host `running` until it ends
+    rec = Recorder(command, inventory, on_run_dir, targeted, fleet=fleet, limit=limit)
     on_run_dir = rec.on_run_dir
     if exec_nodes:
         from provisioner.inventory import load_fleet
