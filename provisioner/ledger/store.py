@@ -374,6 +374,12 @@ class Ledger:
         return "hmac-sha256:" + hmac.new(self._digest_key(), digest.encode(), "sha256").hexdigest()
 
     def _migrate(self) -> None:
+        try:  # a current schema needs no write lock (an open must not wait for another controller's transaction)
+            row = self._db.execute("SELECT version FROM schema_version").fetchone()
+            if row is not None and int(row[0]) == VERSION:
+                return
+        except LedgerError:
+            pass  # a new database: no table yet
         with self._tx() as db:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = db.execute("SELECT version FROM schema_version").fetchone()
@@ -638,8 +644,8 @@ class Ledger:
         """A resumed rollout: running again, under this process."""
         with self._tx() as db:
             db.execute("UPDATE rollouts SET status = 'running', detail = NULL, ended = NULL, pid = ?, node = ?, "
-                       "proc = ? WHERE id = ? AND site = ?", (os.getpid(), socket.gethostname(), proc_token(os.getpid()),
-                                                     rollout, self.site))
+                       "proc = ? WHERE id = ? AND site = ?",
+                       (os.getpid(), socket.gethostname(), proc_token(os.getpid()), rollout, self.site))
 
     def rollout_step(self, rollout: int, clusters: Iterable[str], status: str, *, step: str | None = None,
                      detail: str | None = None, seconds: float | None = None) -> None:
