@@ -13,12 +13,12 @@ from provisioner.errors import UsageError
 
 VAR = "provision_site"
 #: a site name: printable, no control characters, bounded
-_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]{1,200}")
 
 
 def site_name(value: Any, where: str = "") -> str:
     """A `provision_site` value checked: a non-empty string of at most 200 printable characters."""
-    if not isinstance(value, str) or not _NAME.fullmatch(value) or not value.strip():
+    if not isinstance(value, str) or not NAME.fullmatch(value) or not value.strip():
         raise UsageError(f"{VAR} must be a non-empty string of at most 200 printable characters, not {value!r}",
                          path=where or None)
     return value.strip()
