@@ -120,7 +120,8 @@ def power_cycle_without_bmc(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]
 def site_name(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """provision_site names the inventory's site in the ledger (docs/lifecycle.md, Sites): one non-empty printable
     string of at most 200 characters, the same for every host (set it in group all)."""
-    from provisioner.ledger.site import NAME, VAR as SITE
+    from provisioner.ledger.site import NAME
+    from provisioner.ledger.site import VAR as SITE
 
     for g, h, v in _places(fleet, SITE):
         if v is not None and not (isinstance(v, str) and NAME.fullmatch(v) and v.strip()):

@@ -81,7 +81,6 @@ def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
     shutil.copytree(Path(vllm_rack.inventory).parent, inv_dir)
     hosts = inv_dir / Path(vllm_rack.inventory).name
     from provisioner.inventory import load_fleet
-
     from provisioner.ledger.site import site_of
 
     fleet = load_fleet(hosts)
