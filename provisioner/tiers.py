@@ -307,7 +307,8 @@ def merge(tiers: Tiers, result: Any, targeted: list[str]) -> None:
                     "probe_seconds": round(tiers.probe_seconds, 3)}
 
 
-def probe_only_result(inventory: Any, playbook: Any, limit: str | None, started: float) -> Any:
+def probe_only_result(inventory: Any, playbook: Any, limit: str | None, started: float, *, site: str | None = None,
+                      targeted: list[str] | None = None) -> Any:
     """The RunResult of a drift in which no host needed Ansible (its own run directory, indexed in the ledger)."""
     import time
 
@@ -317,7 +318,7 @@ def probe_only_result(inventory: Any, playbook: Any, limit: str | None, started:
     from provisioner.runner.config import new_run_dir
 
     run_dir = new_run_dir("drift")
-    rec = Recorder("drift", inventory, limit=limit)
+    rec = Recorder("drift", inventory, targeted=targeted, limit=limit, site=site)
     rec.on_run_dir(run_dir)
     result = RunResult(command="drift", inventory=str(inventory),
                        playbook=str(playbook or paths.PLAYBOOKS / "site.yml"), run_dir=str(run_dir),
