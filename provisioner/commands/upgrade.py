@@ -165,7 +165,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         with open_ledger(fleet) as ledger:
             ops = Ops(inventory, fleet, ledger, actor=_user(), quiet=fmt is Format.json, extravars=xv,
                       command="upgrade")
-            ro = ledger.open_rollout(_key(inventory))
+            ro = ledger.open_rollout()  # the site's: a copy of the inventory (same provision_site) sees it too
             if ro is not None and ro.status == "running":
                 sys.stderr.write(f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})\n")
                 return int(Exit.FAIL)

@@ -688,8 +688,9 @@ class Ledger:
             raise LedgerError(f"no rollout {rollout} in the ledger")
         return self._rollout(row)
 
-    def open_rollout(self, inventory: str) -> Rollout | None:
-        """The inventory's newest rollout when it is not finished (running, stopped or interrupted)."""
+    def open_rollout(self, inventory: str | None = None) -> Rollout | None:
+        """The site's (with `inventory`: that inventory's) newest rollout when it is not finished (running, stopped
+        or interrupted)."""
         last = self.rollouts(inventory, limit=1)
         return last[0] if last and last[0].open else None
 
