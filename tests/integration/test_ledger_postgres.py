@@ -177,3 +177,41 @@ def test_two_drains_of_a_models_two_clusters_one_is_refused(pg_url: str, tmp_pat
     assert states(pg_url, inv)["node02"] == "in-service"
     for out in (a.stdout, a.stderr, b.stdout, b.stderr):
         assert PASSWORD not in out and "Traceback" not in out
+
+
+def test_a_ledger_from_before_sites_migrates_and_is_adopted(pg_url: str) -> None:
+    """A PostgreSQL ledger at schema version 5 (before sites): migration 6 keeps its runs and transitions, unowned
+    (site ''), drops the recorded states (plain digests); `adopt` gives them to one site."""
+    import psycopg
+
+    from provisioner.ledger import pg
+    from provisioner.ledger.schema import MIGRATIONS
+    from provisioner.ledger.store import _statements
+
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("DROP DATABASE IF EXISTS v5")
+        c.execute("CREATE DATABASE v5")
+    url = pg_url.rsplit("/", 1)[0] + "/v5"
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for step in MIGRATIONS[:5]:
+            for stmt in _statements(step):
+                c.execute(pg.ddl(stmt))
+        c.execute("INSERT INTO schema_version VALUES (5)")
+        c.execute("INSERT INTO runs (command, inventory, started, ended, status) VALUES ('run', 'hosts.ini', 1, 2, "
+                  "'ok')")
+        c.execute("INSERT INTO transitions (host, from_state, to_state, reason, at, actor) VALUES ('n1', 'new', "
+                  "'provisioning', 'x', 3, 't')")
+        c.execute("INSERT INTO host_state (host, run, recorded, inputs, digest, state) VALUES ('n1', NULL, 4, "
+                  "'plain', 'd', '\\x00')")
+    with Ledger.open(url, site="rack-a") as lg:
+        assert lg.version == VERSION and lg.unowned() == 2 and lg.state("n1")[0] == "new"
+        with pytest.raises(LedgerError, match="provision ledger adopt"):
+            lg.require_owned()
+        assert lg._db.execute("SELECT COUNT(*) FROM host_state").fetchone()[0] == 0
+        assert lg.adopt() == {"runs": 1, "transitions": 1, "remediations": 0, "rollouts": 0}
+        assert lg.state("n1")[0] == "provisioning" and [r.id for r in lg.runs()] == [1] and lg.unowned() == 0
+        lg.require_owned()
+    with Ledger.open(url, site="rack-b") as lg:
+        assert lg.state("n1")[0] == "new" and lg.runs() == []
+        assert [s["site"] for s in lg.sites()] == ["rack-a"]
