@@ -217,3 +217,20 @@ def test_a_dead_or_reused_pid_is_interrupted_in_the_database(tmp_path: Path) -> 
                                           for h in ("n1", "n2")}
         assert lg.last_outcome("n3")[1] == "interrupted" and lg.last_outcome("n4")[1] == "running"  # type: ignore
     assert socket.gethostname() != "other-controller"
+
+
+def test_a_locked_ledger_is_one_line_from_the_command(checkout: dict[str, object],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another controller holds the write lock past the wait: `provision node` says so in one line, exit 1."""
+    b, db, env = checkout["b"], checkout["db"], checkout["env"]
+    real = Ledger.open.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Ledger, "open", classmethod(lambda cls, path, **kw: real(cls, path, **{**kw, "timeout": 0.2})))
+    Ledger.open(db).close()  # type: ignore[arg-type]
+    other = sqlite3.connect(db, isolation_level=None)  # type: ignore[arg-type]
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        r = provision("node", str(b), "node01", "--state", "provisioning", "--reason", "x", env=env)  # type: ignore
+    finally:
+        other.execute("ROLLBACK")
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert r.stderr.splitlines() == [f"error: the ledger {db}: database is locked"], r.stderr
