@@ -39,6 +39,7 @@ COMMANDS = (
     "drain",
     "upgrade",
     "remediate",
+    "ledger",
     "bench",
     "monitoring",
     "testbed",

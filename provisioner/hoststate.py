@@ -7,8 +7,10 @@ runs the probe; provisioner/ledger keeps the records).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +157,22 @@ def parse_probe(stdout: str) -> dict[str, str]:
     if errors:
         raise StateError("; ".join(errors))
     return state
+
+
+_CONTENT = re.compile(r"([0-9a-f]{64})( .*)?", re.S)
+
+
+def seal(state: Mapping[str, str], key: bytes) -> dict[str, str]:
+    """A state map as the ledger records it: each file's content digest (the probe's sha256) replaced by its HMAC-SHA256
+    under the ledger's key, so that no plain digest of a file that holds a secret (the vLLM env file and its API key)
+    is kept, and a guess at the secret cannot be checked against a record without the key. Owner, mode, links,
+    packages and facts are kept as they are. Applying it twice with one key gives the same map (compare needs that)."""
+    out = {}
+    for k, v in state.items():
+        m = _CONTENT.fullmatch(v) if k.startswith("file:") else None
+        out[k] = ("hmac-sha256:" + hmac.new(key, m.group(1).encode(), "sha256").hexdigest() + (m.group(2) or "")
+                  if m else v)
+    return out
 
 
 def state_digest(state: Mapping[str, str]) -> str:

@@ -76,14 +76,25 @@ class Ops:
             out.append(res)
         return out
 
-    def record(self, results: Iterable[Any]) -> None:
+    def move(self, moves: Iterable[tuple[str, str]], reason: str, *, force: bool = False,
+             health_passed: bool = False, before: Callable[[], None] | None = None) -> list[Any]:
+        """`check` the moves and record them in one ledger transaction (Ledger.atomic): another controller's check
+        and write cannot come between (two drains of the two clusters of one model: the second one sees the first
+        one's and is refused). Refused: nothing recorded. `before` says what comes ahead of the transitions' lines."""
+        moves = list(moves)
+        with self.ledger.atomic():
+            results = self.check(moves, reason, force=force, health_passed=health_passed)
+            for res in results:
+                self.ledger.record_transition(res.host, res.from_state, res.to_state, reason=res.reason,
+                                              actor=self.actor, forced=res.forced)
+        if before is not None:
+            before()
         for res in results:
-            self.ledger.record_transition(res.host, res.from_state, res.to_state, reason=res.reason,
-                                          actor=self.actor, forced=res.forced)
             self.say("transition", f"{res.host}: {res.from_state} -> {res.to_state} ({res.reason})", host=res.host)
             for n in res.notes:
                 if "drains as a whole" not in n:
                     self.say("note", f"  note: {n}", host=res.host)
+        return results
 
     def state(self, host: str) -> str:
         return str(self.ledger.state(host)[0])
@@ -261,7 +272,7 @@ class Ops:
         hosts = list(hosts)
         t0, started = time.monotonic(), time.time()
         res = run_health(self.fleet, hosts, timeout=timeout)
-        record_health(res, self.inventory, started, time.monotonic() - t0, path=ledger_path())
+        record_health(res, self.inventory, started, time.monotonic() - t0, path=ledger_path(), site=self.ledger.site)
         bad = [h for h in hosts if not res[h].ok]
         for h in hosts:
             self.say("gate", f"{h}: health gate: {'pass' if res[h].ok else 'fail (' + res[h].message[:200] + ')'}",

@@ -116,7 +116,9 @@ def record_run(fleet: Any, result: Any, *, playbook: Any = None, tags: str | Non
         inputs = host_inputs(fleet, done, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=extra)
         probed = probe(fleet, done, via=via_nodes(fleet, done, exec_nodes))
         drop += [h for h in done if probed[h].state is None]
-        with Ledger.open(_ledger_path(result.run_dir)) as ledger:
+        from provisioner.ledger.site import site_of
+
+        with Ledger.open(_ledger_path(result.run_dir), site=site_of(fleet)) as ledger:
             run = _run_id(ledger, result.run_dir)
             ledger.put_states([(h, run, inputs[h], st, result.hosts[h].roles) for h in done
                                if (st := probed[h].state) is not None], drop=drop)
@@ -132,7 +134,8 @@ def record_run(fleet: Any, result: Any, *, playbook: Any = None, tags: str | Non
 def _run_id(ledger: Any, run_dir: str | None) -> int | None:
     if not run_dir:
         return None
-    row = ledger._db.execute("SELECT id FROM runs WHERE run_dir = ? ORDER BY id DESC LIMIT 1", (run_dir,)).fetchone()
+    row = ledger._db.execute("SELECT id FROM runs WHERE run_dir = ? AND site = ? ORDER BY id DESC LIMIT 1",
+                             (run_dir, ledger.site)).fetchone()
     return int(row[0]) if row else None
 
 
@@ -168,18 +171,23 @@ def sort_hosts(fleet: Any, hosts: list[str], *, full: bool, playbook: Any = None
         t.tier2 = {h: "--tags given (records are of whole runs)" for h in hosts}
         return t
     t.inputs = host_inputs(fleet, hosts, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=extra)
+    seal: Any = None
+    sealed: dict[str, str] = {}
     try:
+        from provisioner.ledger.site import site_of
         from provisioner.paths import ledger_path as default_path
 
-        with Ledger.open(ledger_path or default_path()) as ledger:
+        with Ledger.open(ledger_path or default_path(), site=site_of(fleet)) as ledger:
             records = ledger.records(hosts)
+            seal = ledger.sealer()  # the records hold keyed digests: the probe's are keyed the same way to compare
+            sealed = {h: ledger.seal_inputs(t.inputs[h]) for h in hosts}
     except Exception as exc:  # noqa: BLE001 (no ledger: everyone is checked by Ansible)
         sys.stderr.write(f"warning: ledger not readable ({exc}): every host is checked with Ansible\n")
         records = {}
     t.records = records
     candidates = []
     for h in hosts:
-        why = hoststate.tier2_reason(records.get(h), t.inputs[h])
+        why = hoststate.tier2_reason(records.get(h), sealed.get(h, t.inputs[h]))
         if why:
             t.tier2[h] = why
         else:
@@ -193,7 +201,7 @@ def sort_hosts(fleet: Any, hosts: list[str], *, full: bool, playbook: Any = None
         if p.state is None:
             t.tier2[h] = f"probe failed: {p.error}"
             continue
-        changes = hoststate.compare(records[h].state, p.state)
+        changes = hoststate.compare(records[h].state, seal(p.state))
         if changes:
             t.changes[h] = changes
             t.tier2[h] = f"probe found {len(changes)} change(s): " + "; ".join(c.text for c in changes[:3]) + (
@@ -219,7 +227,9 @@ def refresh(fleet: Any, tiers: Tiers, result: Any, ledger_path: Path) -> None:
         probed = {**tiers.probed, **(probe(fleet, missing, via=tiers.via) if missing else {})}
         rows = [(h, None, tiers.inputs[h], st, result.hosts[h].roles) for h in clean
                 if (st := probed[h].state) is not None]
-        with Ledger.open(ledger_path) as ledger:
+        from provisioner.ledger.site import site_of
+
+        with Ledger.open(ledger_path, site=site_of(fleet)) as ledger:
             ledger.put_states(rows)
     except Exception as exc:  # noqa: BLE001
         sys.stderr.write(f"warning: refreshed host states not recorded ({exc})\n")
@@ -297,7 +307,8 @@ def merge(tiers: Tiers, result: Any, targeted: list[str]) -> None:
                     "probe_seconds": round(tiers.probe_seconds, 3)}
 
 
-def probe_only_result(inventory: Any, playbook: Any, limit: str | None, started: float) -> Any:
+def probe_only_result(inventory: Any, playbook: Any, limit: str | None, started: float, *, site: str | None = None,
+                      targeted: list[str] | None = None) -> Any:
     """The RunResult of a drift in which no host needed Ansible (its own run directory, indexed in the ledger)."""
     import time
 
@@ -307,7 +318,7 @@ def probe_only_result(inventory: Any, playbook: Any, limit: str | None, started:
     from provisioner.runner.config import new_run_dir
 
     run_dir = new_run_dir("drift")
-    rec = Recorder("drift", inventory)
+    rec = Recorder("drift", inventory, targeted=targeted, limit=limit, site=site)
     rec.on_run_dir(run_dir)
     result = RunResult(command="drift", inventory=str(inventory),
                        playbook=str(playbook or paths.PLAYBOOKS / "site.yml"), run_dir=str(run_dir),

@@ -132,6 +132,9 @@ def render(rack: InvRack) -> dict[str, str]:
         "nvidia_driver_sysfs_root": HWSIM_MOUNT,
         "node_health_sysfs_root": HWSIM_MOUNT,
         "node_health_kmsg": f"{HWSIM_MOUNT}/kmsg",
+        # The rack's ledger site (docs/lifecycle.md, Sites): a copy of this inventory elsewhere (the tests make some)
+        # is the same site; two racks, both with a node01, are two.
+        "provision_site": f"testbed-{rack.name}",
         **rack.extra_vars,
     }
     files["group_vars/all.yml"] = _yaml(

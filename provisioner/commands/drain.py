@@ -62,12 +62,13 @@ def drain_clusters(ops: Any, p: Any, *, reason: str, force: bool, wait: float) -
 
     t0 = time.monotonic()
     moves, others = drain_moves(ops, p)
-    results = ops.check(moves, reason, force=force)  # Refused before anything changes
-    for n in p.notes:
-        ops.say("note", f"note: {n}")
-    for o in others:
-        ops.say("note", f"note: {o} is not in service: its lifecycle state stays")
-    ops.record(results)
+    def notes() -> None:
+        for n in p.notes:
+            ops.say("note", f"note: {n}")
+        for o in others:
+            ops.say("note", f"note: {o} is not in service: its lifecycle state stays")
+
+    ops.move(moves, reason, force=force, before=notes)  # checked and recorded at once; Refused: nothing changed
     if p.heads and not ops.balancer(add=[h.server for h in p.heads]):
         return False
     t_lb = time.monotonic()
@@ -80,7 +81,7 @@ def drain_clusters(ops: Any, p: Any, *, reason: str, force: bool, wait: float) -
     if not ops.mark(p.hosts, False, f"drained: {reason}"):
         return False
     finish = [(h, "maintenance") for h in p.hosts if ops.state(h) == "draining"]
-    ops.record(ops.check(finish, reason))
+    ops.move(finish, reason)
     ops.say("drained", f"drained {', '.join(p.clusters) or ', '.join(p.hosts)} in {time.monotonic() - t0:.1f} s "
             f"(balancer {t_lb - t0:.1f} s, in flight {t_wait - t_lb:.1f} s, stop {time.monotonic() - t_wait:.1f} s)",
             seconds=round(time.monotonic() - t0, 1))
@@ -103,14 +104,14 @@ def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_
             raise Refused(f"{h} is {s}: return brings back drained, maintenance, quarantined or burn-in nodes "
                           f"(onboard a new one with provision onboard)")
         moves += [(h, t) for t in path_to(s, "burn-in")]
-    ops.record(ops.check(moves, reason))
+    ops.move(moves, reason)
     back = [h for h in p.hosts if ops.state(h) != "in-service"]
     gated = [h for h in back if h not in passed]
     if gated and not ops.gate(gated, timeout=gate_timeout):
         ops.say("stopped", f"return stopped: the health gate failed; {', '.join(gated)} stay in burn-in, out of the "
                 "balancer", ok=False)
         return False
-    ops.record(ops.check([(h, "in-service") for h in back], reason, health_passed=True))
+    ops.move([(h, "in-service") for h in back], reason, health_passed=True)
     if not ops.mark(p.hosts, True, f"returned: {reason}"):
         return False
     for c in p.clusters:
@@ -127,9 +128,9 @@ def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_
 
 def run(inventory: Path, targets: list[str], *, back: bool, reason: str | None, force: bool = False,
         wait: float = 120.0, wait_healthy: float = 900.0, fmt: Format = Format.text) -> int:
-    from provisioner.ledger import Ledger, LedgerError
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.view import open_ledger
     from provisioner.lifecycle import Refused
-    from provisioner.paths import ledger_path
     from provisioner.serving_ops import Ops, dumps
 
     if wait < 0 or wait_healthy <= 0:
@@ -139,7 +140,7 @@ def run(inventory: Path, targets: list[str], *, back: bool, reason: str | None, 
         raise UsageError("--reason must say why (it is kept in the ledger)")
     fleet, p = _prepare(inventory, targets)
     try:
-        with Ledger.open(ledger_path()) as ledger:
+        with open_ledger(fleet) as ledger:
             ops = Ops(inventory, fleet, ledger, actor=_user(), quiet=fmt is Format.json,
                       command="return" if back else "drain")
             ok = (return_clusters(ops, p, reason=why, wait_healthy=wait_healthy) if back

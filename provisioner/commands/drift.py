@@ -125,6 +125,7 @@ def run(inventory: Path, *, report: Report = Report.text, output: Path | None = 
     import time
 
     from provisioner import tiers as tiering
+    from provisioner.ledger.site import site_of
     from provisioner.paths import ledger_path
 
     started = time.time()
@@ -150,13 +151,14 @@ def run(inventory: Path, *, report: Report = Report.text, output: Path | None = 
                               check=True, diff=True, extravars=xv, targeted=tier2, progress=progress,
                               accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
                               amend=lambda r: tiering.merge(tiers, r, targeted),
-                              idle_roles=idle_roles(fleet, tier2, xv))
+                              idle_roles=idle_roles(fleet, tier2, xv), ledger_site=site_of(fleet))
         if not full:
             tiering.refresh(fleet, tiers, result, ledger_path(Path(result.run_dir).parent))
         elif limit_abs is None and not tags and not result.error:
             tiering.full_done(str(inventory), ledger_path(Path(result.run_dir).parent))
     else:
-        result, rec = tiering.probe_only_result(inventory, playbook, limit_abs, started)
+        result, rec = tiering.probe_only_result(inventory, playbook, limit_abs, started, site=site_of(fleet),
+                                                targeted=targeted)
         tiering.merge(tiers, result, targeted)
         rec.finish(result)
     # every format is kept with the run's artifacts (.runs/<time>-drift/drift.{txt,json,xml,prom})

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         seconds = time.monotonic() - t0
         from provisioner.ledger.record import record_health
 
-        record_health(results, inventory, started, seconds)  # the ledger (best effort: one warning line at most)
+        record_health(results, inventory, started, seconds, fleet=fleet)  # the ledger (best effort: one line at most)
         sys.stdout.write(render_json(results, seconds) if fmt is Format.json else render_text(results, seconds))
         if prometheus is not None:
             try:

@@ -14,24 +14,43 @@ from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show HOST's lifecycle transitions (oldest first) and the runs that touched it (newest first).
 
-Read from the ledger (docs/lifecycle.md). With --inventory, HOST must be one of its hosts (a typo is a usage error
-instead of an empty history).
+Read from the ledger (docs/lifecycle.md), for one site: the site of --inventory (HOST must be one of its hosts: a
+typo is a usage error instead of an empty history), or --site; with neither, the one site that has records of
+HOST (a usage error when several do: two racks that both have a node01).
 
 Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
 
 
-def run(host: str, inventory: Path | None = None, fmt: Format = Format.text) -> int:
+def run(host: str, inventory: Path | None = None, fmt: Format = Format.text, site: str | None = None) -> int:
     from provisioner.ledger import LedgerError
-    from provisioner.ledger.view import history, read_ledger, when
+    from provisioner.ledger.site import site_name, site_of
+    from provisioner.ledger.view import history, read_ledger, unowned_warning, when
 
+    if inventory is not None and site is not None:
+        raise UsageError("give --inventory or --site, not both")
     if inventory is not None:
         from provisioner.inventory import load_fleet
 
-        if host not in load_fleet(inventory).hosts:
+        fleet = load_fleet(inventory)
+        if host not in fleet.hosts:
             raise UsageError(f"{host} is not a host of the inventory", path=str(inventory))
+        site = site_of(fleet)
+    elif site is not None:
+        site = site_name(site)
     try:
         with read_ledger() as ledger:
+            if site is None:
+                found = ledger.sites_of(host)
+                if len(found) > 1:
+                    raise UsageError(f"{host} has records in {len(found)} sites ({', '.join(found)}): name one with "
+                                     "--inventory or --site")
+                site = found[0] if found else ""
+            ledger.site = site
             h = history(ledger, host)
+            warning = unowned_warning(ledger)
+        if warning:
+            sys.stderr.write(warning + "\n")
+        h = {"site": site, **h}
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
@@ -63,5 +82,8 @@ def register(app: typer.Typer) -> None:
         inventory: Annotated[Path | None, typer.Option(
             "--inventory", "-i", help="Check HOST against this inventory.", show_default=False)] = None,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
+        site: Annotated[str | None, typer.Option(
+            "--site", help="The site to read (as `provision status --all-sites` names it).", show_default=False)]
+        = None,
     ) -> None:
-        raise typer.Exit(run(host, inventory, fmt))
+        raise typer.Exit(run(host, inventory, fmt, site))

@@ -37,10 +37,9 @@ def actor() -> str:
 def run(inventory: Path, host: str, state: str, reason: str, *, force: bool = False,
         fmt: Format = Format.text) -> int:
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import Ledger, LedgerError
-    from provisioner.ledger.view import lifecycle_context
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.view import lifecycle_context, open_ledger
     from provisioner.lifecycle import Refused, transition
-    from provisioner.paths import ledger_path
 
     if not reason.strip():
         raise UsageError("--reason must say why (it is kept in the ledger)")
@@ -48,7 +47,7 @@ def run(inventory: Path, host: str, state: str, reason: str, *, force: bool = Fa
     if host not in fleet.hosts:
         raise UsageError(f"{host} is not a host of the inventory", path=str(inventory))
     try:
-        with Ledger.open(ledger_path()) as ledger:
+        with open_ledger(fleet) as ledger, ledger.atomic():  # the check (last cluster serving a model) and its write
             current = ledger.state(host)[0]
             res = transition(current, state, reason=reason, host=host, force=force,
                              context=lifecycle_context(fleet, ledger, host))

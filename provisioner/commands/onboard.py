@@ -105,13 +105,12 @@ def record_lifecycle(fleet: Fleet, out: dict[str, Outcome], warn: Any) -> None:
     step (reason: the gates passed, or the stage it was left out at). A ledger that cannot be written is a warning."""
     from dataclasses import replace
 
-    from provisioner.ledger import Ledger, LedgerError
-    from provisioner.ledger.view import lifecycle_context
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.view import lifecycle_context, open_ledger
     from provisioner.lifecycle import Refused, path_to, transition
-    from provisioner.paths import ledger_path
 
     try:
-        with Ledger.open(ledger_path()) as ledger:
+        with open_ledger(fleet) as ledger:  # the inventory's site: another rack's node01 is not this one
             for h, o in out.items():
                 state = ledger.state(h)[0]
                 target = lifecycle_target(state, o.in_service)

@@ -88,9 +88,10 @@ class Runner:
             from dataclasses import replace
 
             ctx = replace(ctx, health_passed=True)
-        res = transition(self.ledger.state(host)[0], to, reason=reason, host=host, force=True, context=ctx)
-        self.ledger.record_transition(host, res.from_state, res.to_state, reason=res.reason, actor=ACTOR,
-                                      forced=res.forced)
+        with self.ledger.atomic():
+            res = transition(self.ledger.state(host)[0], to, reason=reason, host=host, force=True, context=ctx)
+            self.ledger.record_transition(host, res.from_state, res.to_state, reason=res.reason, actor=ACTOR,
+                                          forced=res.forced)
         self.say(host, "transition", f"{host}: {res.from_state} -> {res.to_state} ({res.reason})")
         for n in res.notes:
             self.say(host, "note", f"  note: {n}")
@@ -114,7 +115,7 @@ class Runner:
 
         t0, started = time.monotonic(), time.time()
         res = run_health(self.fleet, [host], timeout=self.timeout)
-        record_health(res, self.inventory, started, time.monotonic() - t0, path=ledger_path())
+        record_health(res, self.inventory, started, time.monotonic() - t0, path=ledger_path(), site=self.ledger.site)
         h = res[host]
         self.say(host, "gate", f"{host}: health gate: {'pass' if h.ok else 'fail'}" +
                  ("" if h.ok else f" ({h.message[:200]})"))
@@ -140,7 +141,7 @@ class Runner:
         ops, start = self.ops(), len(self.ops().lines)
         p = plan(self.fleet, [a.host])
         why = f"quarantine: {a.reason}"
-        ops.record(ops.check([(h, "draining") for h in p.hosts if ops.state(h) == "in-service"], why, force=True))
+        ops.move([(h, "draining") for h in p.hosts if ops.state(h) == "in-service"], why, force=True)
         for n in p.notes:
             ops.say("note", f"  note: {n}")
         if p.heads and ops.balancer(add=[h.server for h in p.heads]):
@@ -148,9 +149,9 @@ class Runner:
         for c in p.clusters:
             ops.stop(c, p.members[c])
         ops.mark(p.hosts, False, why)
-        ops.record(ops.check([(a.host, "quarantined")], a.reason, force=True))
-        ops.record(ops.check([(h, "maintenance") for h in p.hosts if h != a.host and ops.state(h) == "draining"],
-                             f"cluster out: {a.host} quarantined ({a.reason})", force=True))
+        ops.move([(a.host, "quarantined")], a.reason, force=True)
+        ops.move([(h, "maintenance") for h in p.hosts if h != a.host and ops.state(h) == "draining"],
+                 f"cluster out: {a.host} quarantined ({a.reason})", force=True)
         self.relay(a.host, start)
 
     def cluster_out(self, host: str) -> bool:
@@ -242,10 +243,10 @@ def run(inventory: Path, *, limit: str | None = None, dry_run: bool = False, app
         fmt: Format = Format.text, timeout: float = 900.0) -> int:
     from provisioner.commands.common import select
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import Ledger, LedgerError
-    from provisioner.ledger.view import read_ledger
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.site import site_of
+    from provisioner.ledger.view import open_ledger, read_ledger
     from provisioner.lifecycle import Refused
-    from provisioner.paths import ledger_path
     from provisioner.remediation import decide, policy_of
     from provisioner.rules import run_rules
 
@@ -266,7 +267,7 @@ def run(inventory: Path, *, limit: str | None = None, dry_run: bool = False, app
     policies = {h: policy_of(fleet.hosts[h].vars.get("lifecycle_policy")) for h in hosts}
     quiet = ("healthy", "no health result")
     try:
-        with (read_ledger() if dry_run else Ledger.open(ledger_path())) as ledger:
+        with (read_ledger(site=site_of(fleet)) if dry_run else open_ledger(fleet)) as ledger:
             rn = Runner(inventory, fleet, ledger, timeout)
             for h in hosts:
                 for _ in range(12):  # each step is tried once per quarantine: a few rounds always end it

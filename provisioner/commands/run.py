@@ -105,6 +105,7 @@ def register(app: typer.Typer) -> None:
                 err.print("refusing to run: preflight failed (fix the hosts, narrow --limit, or --skip-preflight)")
                 raise typer.Exit(int(Exit.FAIL))
 
+        from provisioner.ledger.site import site_of
         from provisioner.role_gates import idle_roles
 
         progress = make_progress("none" if (json_out or quiet) else "auto")
@@ -113,7 +114,7 @@ def register(app: typer.Typer) -> None:
             inventory, command="run", playbook=playbook, limit=limit_abs, tags=tags, skip_tags=skip_tags,
             check=check, serial=serial, max_fail_percent=max_fail_percent, extravars=xv, targeted=targeted,
             progress=progress, accelerate=accelerate, exec_nodes=nodes, fleet=fleet if nodes else None,
-            on_event=seen, idle_roles=idle_roles(fleet, targeted, xv),
+            on_event=seen, idle_roles=idle_roles(fleet, targeted, xv), ledger_site=site_of(fleet),
         )
         if not check:
             from provisioner.tiers import record_run

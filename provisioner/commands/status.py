@@ -24,19 +24,54 @@ The mark, driver and vllm columns say what was seen of the in-service mark, the 
 the mark `recorded` when that state holds /etc/provisioner/in-service; `-` unknown). --nodes reads all three on
 every node, one SSH exec each, in parallel; a node that does not answer reads `unreachable`.
 
+Only the records of the inventory's site are shown (`provision_site`, else the inventory's resolved path): another
+inventory's node01 is another host. --all-sites (no INVENTORY) lists every site in the ledger instead.
+
 Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
+
+
+def all_sites(fmt: Format = Format.text) -> int:
+    """`provision status --all-sites`: one row per site of the ledger."""
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.view import read_ledger, when
+
+    try:
+        with read_ledger() as ledger:
+            sites = ledger.sites()
+    except LedgerError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.FAIL)
+    if fmt is Format.json:
+        sys.stdout.write(json.dumps({"sites": sites}, indent=2) + "\n")
+        return int(Exit.OK)
+    if not sites:
+        sys.stdout.write("no sites: the ledger is empty\n")
+        return int(Exit.OK)
+    for s in sites:  # one block per site: the name is never cut, whatever the width
+        last = s["last_run"]
+        states = ", ".join(f"{n} {k}" for k, n in s["states"].items()) or "-"
+        sys.stdout.write(f"{s['site'] or '(unowned: from before sites, provision ledger adopt INVENTORY)'}\n"
+                         f"  hosts {s['hosts']} ({states}); runs {s['runs']}" + (
+                             f"; last {last['command']} #{last['id']} {when(last['started'])}: {last['status']}"
+                             if last else "") + "\n")
+    return int(Exit.OK)
 
 
 def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, nodes: bool = False) -> int:
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
-    from provisioner.ledger.view import history, read_ledger, status_rows, when
+    from provisioner.ledger.site import site_of
+    from provisioner.ledger.view import history, read_ledger, status_rows, unowned_warning, when
 
     fleet = load_fleet(inventory)
+    site = site_of(fleet)
     try:
-        with read_ledger() as ledger:
+        with read_ledger(site=site) as ledger:
             rows = status_rows(fleet, ledger)
             histories = {r["host"]: history(ledger, r["host"]) for r in rows} if html is not None else {}
+            warning = unowned_warning(ledger)
+        if warning:
+            sys.stderr.write(warning + "\n")
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
@@ -57,7 +92,7 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
         except OSError as exc:
             raise UsageError(f"cannot write the HTML page: {exc.strerror or exc}", path=str(html)) from None
     if fmt is Format.json:
-        sys.stdout.write(json.dumps({"inventory": str(inventory), "hosts": rows}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"inventory": str(inventory), "site": site, "hosts": rows}, indent=2) + "\n")
         return int(Exit.OK)
     from rich.console import Console
     from rich.table import Table
@@ -85,7 +120,8 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
 def register(app: typer.Typer) -> None:
     @app.command("status", help=HELP)
     def status_cmd(
-        inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
+        inventory: Annotated[Path | None, typer.Argument(help="Inventory file or directory.", show_default=False)]
+        = None,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Table (text) or JSON.")] = Format.text,
         html: Annotated[Path | None, typer.Option(
             "--html", help="Also write a self-contained HTML page (table + each node's timeline) here.",
@@ -93,5 +129,13 @@ def register(app: typer.Typer) -> None:
         nodes: Annotated[bool, typer.Option(
             "--nodes", help="Read the in-service mark, driver and vLLM versions on every node (one SSH exec each).",
         )] = False,
+        every_site: Annotated[bool, typer.Option(
+            "--all-sites", help="List every site in the ledger (no INVENTORY).")] = False,
     ) -> None:
+        if every_site:
+            if inventory is not None or html is not None or nodes:
+                raise UsageError("--all-sites lists the sites of the ledger: it takes no INVENTORY, --html or --nodes")
+            raise typer.Exit(all_sites(fmt))
+        if inventory is None:
+            raise UsageError("name an INVENTORY (or --all-sites)")
         raise typer.Exit(run(inventory, fmt, html, nodes))

@@ -134,8 +134,8 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     from provisioner.commands.common import extra_vars, validate
     from provisioner.commands.drain import _user
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import Ledger, LedgerError
-    from provisioner.paths import ledger_path
+    from provisioner.ledger import LedgerError
+    from provisioner.ledger.view import open_ledger
     from provisioner.rollout import members_that_balance, single_model_clusters, spec_digest
     from provisioner.serving_ops import Ops, dumps
     from provisioner.tiers import host_inputs
@@ -162,10 +162,10 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     digest = spec_digest(host_inputs(fleet, members, code=False), xv)
     ok = True
     try:
-        with Ledger.open(ledger_path()) as ledger:
+        with open_ledger(fleet) as ledger:
             ops = Ops(inventory, fleet, ledger, actor=_user(), quiet=fmt is Format.json, extravars=xv,
                       command="upgrade")
-            ro = ledger.open_rollout(_key(inventory))
+            ro = ledger.open_rollout()  # the site's: a copy of the inventory (same provision_site) sees it too
             if ro is not None and ro.status == "running":
                 sys.stderr.write(f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})\n")
                 return int(Exit.FAIL)

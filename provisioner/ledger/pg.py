@@ -11,7 +11,7 @@ from typing import Any
 
 SCHEMES = ("postgresql://", "postgres://")
 #: the primary key of each table `INSERT OR REPLACE` writes (the upsert's conflict target)
-KEYS = {"host_outcomes": ("run", "host"), "health_results": ("run", "host", '"check"'), "host_state": ("host",),
+KEYS = {"host_outcomes": ("run", "host"), "health_results": ("run", "host", '"check"'), "host_state": ("site", "host"),
         "full_drifts": ("inventory",)}
 LOCK = 0x70726F76  # pg_advisory_xact_lock key of every write transaction
 _REPLACE = re.compile(r"^INSERT OR REPLACE INTO (\w+) \(([^)]*)\)", re.S)

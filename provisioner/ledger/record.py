@@ -1,8 +1,9 @@
 """Recording runs into the ledger, best effort: a ledger that cannot be written prints one warning line on stderr
 and never fails the run (the run directory stays the artifact of record).
 
-- `Recorder`: the runner's hook (`run_playbook`): opens the run's row when its run directory is made, its targeted
-  hosts `running` (so a CLI killed mid-run leaves a row that reads `interrupted`), and closes it with the
+- `Recorder`: the runner's hook (`run_playbook`): opens the run's row (in the inventory's site) when its run directory
+  is made, with every targeted host `running` (the inventory and --limit resolved when the caller did not name them,
+  so a CLI killed mid-run leaves a row, and an outcome per host, that read `interrupted`), and closes it with the
   RunResult's per-host outcomes and drift items.
 - `record_result(ledger, result)`: a finished RunResult in one go. `record_health(...)`: a `provision health` pass.
 """
@@ -59,17 +60,43 @@ class Recorder:
     hands the result back. Any ledger failure: one warning, then the recorder stays quiet."""
 
     def __init__(self, command: str, inventory: Any, on_run_dir: Callable[[Path], None] | None = None,
-                 targeted: Iterable[str] | None = None, path: Path | None = None) -> None:
+                 targeted: Iterable[str] | None = None, path: Path | None = None, *, fleet: Any = None,
+                 limit: str | None = None, site: str | None = None) -> None:
         self.command, self.inventory, self.inner, self.path = command, str(inventory), on_run_dir, path
-        self.targeted = list(targeted or ())
+        self.targeted = list(targeted) if targeted is not None else None
+        self.fleet, self.limit, self.site = fleet, limit, site
         self.run: int | None = None
         self.broken = False
+
+    def _resolve(self) -> None:
+        """The site and the targeted hosts, from the inventory when the caller did not give them."""
+        if self.site is not None and self.targeted is not None:
+            return
+        from provisioner.errors import UsageError
+        from provisioner.ledger.site import path_site, site_of
+
+        if self.fleet is None:
+            from provisioner.inventory import load_fleet
+
+            try:
+                self.fleet = load_fleet(self.inventory)
+            except UsageError:  # the run itself reports an unreadable inventory; its record goes to the path's site
+                self.site = path_site(self.inventory) if self.site is None else self.site
+                self.targeted = self.targeted or []
+                return
+        if self.site is None:
+            self.site = site_of(self.fleet)
+        if self.targeted is None:
+            from provisioner.runner.config import target_hosts
+
+            self.targeted = target_hosts(self.fleet, self.limit)
 
     def _do(self, fn: Callable[[Ledger], Any]) -> Any:
         if self.broken:
             return None
         try:
-            with Ledger.open(self.path or _path()) as ledger:
+            self._resolve()
+            with Ledger.open(self.path or _path(), site=self.site or "") as ledger:
                 return fn(ledger)
         except Exception as exc:  # noqa: BLE001 (best effort: nothing of the ledger may fail a run)
             self.broken = True
@@ -82,7 +109,7 @@ class Recorder:
 
             self.path = ledger_path(run_dir.parent)
         self.run = self._do(lambda lg: lg.run_started(self.command, self.inventory, run_dir=str(run_dir),
-                                                      hosts=self.targeted))
+                                                      hosts=self.targeted or ()))
         if self.inner:
             self.inner(run_dir)
 
@@ -92,9 +119,10 @@ class Recorder:
 
 
 def record_health(results: Mapping[str, Any], inventory: Any, started: float, seconds: float,
-                  path: Path | None = None) -> int | None:
-    """A `provision health` pass (HostHealth per host): a run `health` with an outcome per host (ok / failed /
-    unreachable) and every check's result. Best effort, like the runner's hook."""
+                  path: Path | None = None, *, site: str | None = None, fleet: Any = None) -> int | None:
+    """A `provision health` pass (HostHealth per host): a run `health` in the inventory's site (`site`, else that of
+    `fleet`, else of the inventory read here) with an outcome per host (ok / failed / unreachable) and every check's
+    result. Best effort, like the runner's hook."""
     hosts, checks = [], []
     for name, h in sorted(results.items()):
         status = "ok" if h.ok else ("unreachable" if not h.reachable else "failed")
@@ -104,7 +132,15 @@ def record_health(results: Mapping[str, Any], inventory: Any, started: float, se
         if h.error:
             checks.append((name, "error", "fail", h.error))
     try:
-        with Ledger.open(path or _path()) as ledger:
+        if site is None:
+            from provisioner.errors import UsageError
+            from provisioner.ledger.site import path_site, site_for
+
+            try:
+                site = site_for(inventory, fleet)
+            except UsageError:
+                site = path_site(inventory)
+        with Ledger.open(path or _path(), site=site) as ledger:
             run = ledger.run_started("health", str(inventory), started=started)
             ledger.run_finished(run, "ok" if all(h.ok for h in results.values()) else "failed", hosts=hosts,
                                 health=checks, ended=started + seconds)

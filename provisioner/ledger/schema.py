@@ -119,6 +119,39 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (rollout, cluster)
     );
     """,
+    # 6: sites (issue 43): every record belongs to the site of the inventory that wrote it (`provision_site`, else the
+    # inventory's resolved path); rows from before get site '' (unowned) until `provision ledger adopt INVENTORY`
+    # gives them to one site. host_state is keyed by (site, host) and starts empty: its old rows held plain sha256
+    # digests of files (the vLLM env file with its API key among them); records are keyed digests from now on
+    # (HMAC-SHA256 with ledger_meta.digest_key). `proc`: the controller's boot id and the process start time, so a
+    # reused pid (or a reboot) does not keep a dead run `running`.
+    """
+    ALTER TABLE runs ADD COLUMN site TEXT NOT NULL DEFAULT '';
+    ALTER TABLE runs ADD COLUMN proc TEXT;
+    CREATE INDEX runs_site ON runs (site, id);
+    ALTER TABLE transitions ADD COLUMN site TEXT NOT NULL DEFAULT '';
+    CREATE INDEX transitions_site_host ON transitions (site, host, id);
+    ALTER TABLE remediations ADD COLUMN site TEXT NOT NULL DEFAULT '';
+    CREATE INDEX remediations_site_host ON remediations (site, host, id);
+    ALTER TABLE rollouts ADD COLUMN site TEXT NOT NULL DEFAULT '';
+    ALTER TABLE rollouts ADD COLUMN proc TEXT;
+    DROP TABLE host_state;
+    CREATE TABLE host_state (
+        site     TEXT NOT NULL,
+        host     TEXT NOT NULL,
+        run      INTEGER REFERENCES runs (id) ON DELETE SET NULL,
+        recorded REAL NOT NULL,
+        inputs   TEXT NOT NULL,              -- keyed digest (HMAC) of hoststate.inputs_digest
+        digest   TEXT NOT NULL,
+        state    BLOB NOT NULL,              -- file contents as keyed digests (hoststate.seal)
+        roles    TEXT NOT NULL DEFAULT '[]',
+        PRIMARY KEY (site, host)
+    );
+    CREATE TABLE ledger_meta (
+        name  TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
 )
 
 #: The version a database opened by this code ends at.

@@ -3,10 +3,13 @@ provisioner/ledger/pg.py adapts the connection)."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
+import secrets
 import socket
 import sqlite3
+import stat
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -96,25 +99,134 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def proc_token(pid: int) -> str | None:
+    """`<boot id>:<start time>` of process `pid` on this machine (None where /proc cannot tell): a pid reused by a
+    later process, or the same pid after a reboot, has another token."""
+    boot = _boot_id()
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()
+    if boot is None or len(fields) < 20:
+        return None
+    return f"{boot}:{fields[19]}"  # field 22 of proc(5): starttime, in clock ticks since boot
+
+
+def process_gone(pid: int | None, node: str | None, token: str | None) -> bool:
+    """Is the controller process of a run or rollout gone? Only decidable on the controller that wrote it: there,
+    gone when its token (boot id and start time) no longer matches, or (no token) its pid is not alive."""
+    if pid is None or node != socket.gethostname():
+        return False
+    boot = _boot_id()
+    if not token or boot is None:
+        return not _pid_alive(int(pid))
+    if not token.startswith(boot + ":"):
+        return True  # the controller rebooted since
+    return proc_token(int(pid)) != token
+
+
+class _Guarded:
+    """The connection with every database error turned into one LedgerError line (a locked or read-only file, a
+    lost server): the commands print it, never a traceback."""
+
+    def __init__(self, conn: Any, where: str) -> None:
+        self._conn, self._where = conn, where
+
+    def _fail(self, exc: BaseException) -> LedgerError:
+        from provisioner.ledger import pg
+
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        where = pg.redact(self._where) if pg.is_url(self._where) else self._where
+        return LedgerError(f"the ledger {where}: {text}")
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        try:
+            return self._conn.execute(sql, params)
+        except LedgerError:
+            raise
+        except Exception as exc:
+            if _db_error(exc):
+                raise self._fail(exc) from None
+            raise
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        try:
+            return self._conn.executemany(sql, rows)
+        except LedgerError:
+            raise
+        except Exception as exc:
+            if _db_error(exc):
+                raise self._fail(exc) from None
+            raise
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except Exception as exc:  # noqa: BLE001 (closing: nothing left to say)
+            if not _db_error(exc):
+                raise
+
+
+def _db_error(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.Error) or type(exc).__module__.split(".")[0] == "psycopg"
+
+
+def _private_file(where: str) -> None:
+    """The SQLite file created 0600 (an existing one of ours narrowed to it), its directory created 0700."""
+    path = Path(where)
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        st = path.stat()
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            path.chmod(0o600)
+        return
+    os.close(fd)
+    try:
+        from provisioner.paths import runs_dir
+
+        d = path.parent
+        if d.resolve() == runs_dir().resolve() and d.stat().st_uid == os.getuid():
+            d.chmod(0o700)  # the default place: the runs directory it indexes
+    except OSError:
+        pass
+
+
 class Ledger:
     """One open ledger. `Ledger.open(path)` creates the file and migrates the schema; use as a context manager or
     call close(). Every write method is one transaction."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
-        self._db = conn
+    def __init__(self, conn: Any, path: str, site: str = "") -> None:
+        self._db = _Guarded(conn, path)
         self.path = path
+        self.site = site  # every read and write is of this site; '' = the records from before sites (unowned)
+        self._depth = 0
+        self._key: bytes | None = None
 
     # -- opening ------------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> Ledger:
-        """Open (create) the ledger at `path` (":memory:" for a throwaway one) and bring its schema up to VERSION."""
+    def open(cls, path: str | os.PathLike[str], *, site: str = "", timeout: float = 10.0) -> Ledger:
+        """Open (create) the ledger at `path` (":memory:" for a throwaway one) for `site` (provisioner/ledger/site.py)
+        and bring its schema up to VERSION. Runs and rollouts whose controller process is gone are marked
+        `interrupted` here (best effort: a read-only file is read as it is)."""
         where = str(path)
         from provisioner.ledger import pg
 
         if pg.is_url(where):
             try:
-                ledger = cls(pg.Connection(where, timeout), where)  # type: ignore[arg-type]
+                ledger = cls(pg.Connection(where, timeout), where, site)  # type: ignore[arg-type]
                 ledger._migrate()
+                ledger._sweep()
             except ImportError:
                 raise LedgerError("a postgresql:// ledger needs psycopg: pip install 'provisioner[postgresql]'") \
                     from None
@@ -126,21 +238,148 @@ class Ledger:
             return ledger
         try:
             if where != ":memory:":
-                Path(where).parent.mkdir(parents=True, exist_ok=True)
+                _private_file(where)
             # isolation_level=None: we issue BEGIN/COMMIT ourselves (BEGIN IMMEDIATE: writers queue, never deadlock)
             conn = sqlite3.connect(where, timeout=timeout, isolation_level=None)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA secure_delete = ON")  # what is deleted (the old plain digests) is overwritten
             if where != ":memory:":
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
-            ledger = cls(conn, where)
+            ledger = cls(conn, where, site)
             ledger._migrate()
         except (OSError, sqlite3.Error) as exc:
             raise LedgerError(f"cannot open the ledger {where}: {exc}") from None
+        except LedgerError as exc:
+            raise LedgerError(f"cannot open the ledger {where}: {str(exc).removeprefix(f'the ledger {where}: ')}") \
+                from None
+        ledger._sweep()
         return ledger
 
+    def _sweep(self) -> None:
+        """Mark `interrupted` every run and rollout of this controller whose process is gone, with the targeted hosts'
+        outcomes still `running` (best effort: a read-only or locked ledger is left as it is and read so)."""
+        try:
+            here = socket.gethostname()
+            runs = [r["id"] for r in self._db.execute(
+                "SELECT id, pid, node, proc FROM runs WHERE ended IS NULL AND status = 'running' AND node = ?",
+                (here,)).fetchall() if process_gone(r["pid"], r["node"], r["proc"])]
+            ros = [r["id"] for r in self._db.execute(
+                "SELECT id, pid, node, proc FROM rollouts WHERE status = 'running' AND node = ?",
+                (here,)).fetchall() if process_gone(r["pid"], r["node"], r["proc"])]
+            if not runs and not ros:
+                return
+            with self._tx() as db:
+                for run in runs:
+                    db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ? AND ended IS NULL "
+                               "AND status = 'running'", (run,))
+                    db.execute("UPDATE host_outcomes SET status = 'interrupted' WHERE run = ? AND status = 'running'",
+                               (run,))
+                for ro in ros:
+                    db.execute("UPDATE rollouts SET status = 'interrupted' WHERE id = ? AND status = 'running'",
+                               (ro,))
+        except LedgerError:
+            pass
+
+    # -- sites --------------------------------------------------------------------------------------------------
+    def unowned(self) -> int:
+        """How many records predate sites (site ''): runs, transitions, remediation steps, rollouts."""
+        return sum(int(self._db.execute(f"SELECT COUNT(*) FROM {t} WHERE site = ''").fetchone()[0])
+                   for t in ("runs", "transitions", "remediations", "rollouts"))
+
+    def require_owned(self) -> None:
+        """Refuse (LedgerError) to change lifecycle states while records from before sites are unowned: their hosts'
+        states would be ignored (a serving cluster read as `new`, the last-cluster guard blind)."""
+        n = self.unowned() if self.site else 0
+        if n:
+            raise LedgerError(f"the ledger {self.where} holds {n} record(s) from before sites, owned by no site: "
+                              "give them to their inventory with `provision ledger adopt INVENTORY` first "
+                              "(docs/lifecycle.md, Sites)")
+
+    def adopt(self) -> dict[str, int]:
+        """Give every unowned record (site '') to this ledger's site, in one transaction: {table: rows moved}."""
+        if not self.site:
+            raise LedgerError("adopt needs a site")
+        out = {}
+        with self._tx() as db:
+            for t in ("runs", "transitions", "remediations", "rollouts"):
+                out[t] = int(db.execute(f"SELECT COUNT(*) FROM {t} WHERE site = ''").fetchone()[0])
+                db.execute(f"UPDATE {t} SET site = ? WHERE site = ''", (self.site,))
+        return out
+
+    def sites(self) -> list[dict[str, Any]]:
+        """Every site with a record: its hosts (from transitions and run outcomes), their states, its runs and its
+        newest run. '' is the unowned records' (from before sites)."""
+        names = sorted({r[0] for t in ("runs", "transitions", "remediations", "rollouts")
+                        for r in self._db.execute(f"SELECT DISTINCT site FROM {t}")})
+        out = []
+        for name in names:
+            view = Ledger.__new__(Ledger)
+            view.__dict__.update(self.__dict__)
+            view.site = name
+            states = view.states()
+            hosts = sorted(set(states) | {r[0] for r in self._db.execute(
+                "SELECT DISTINCT host FROM host_outcomes JOIN runs ON runs.id = host_outcomes.run WHERE runs.site = ?",
+                (name,))})
+            counts: dict[str, int] = {}
+            for h in hosts:
+                s = states.get(h, ("new", None))[0]
+                counts[s] = counts.get(s, 0) + 1
+            n = int(self._db.execute("SELECT COUNT(*) FROM runs WHERE site = ?", (name,)).fetchone()[0])
+            last = view.runs(limit=1)
+            out.append({"site": name, "hosts": len(hosts), "states": dict(sorted(counts.items())), "runs": n,
+                        "last_run": None if not last else {"id": last[0].id, "command": last[0].command,
+                                                           "started": last[0].started, "status": last[0].status}})
+        return out
+
+    def sites_of(self, host: str) -> list[str]:
+        """The sites with a record of `host` (a transition, a run outcome, a health result, a remediation step)."""
+        rows = self._db.execute(
+            "SELECT site FROM transitions WHERE host = ? UNION SELECT site FROM remediations WHERE host = ? "
+            "UNION SELECT runs.site FROM runs JOIN host_outcomes ON host_outcomes.run = runs.id WHERE "
+            "host_outcomes.host = ? UNION SELECT runs.site FROM runs JOIN health_results ON health_results.run = "
+            "runs.id WHERE health_results.host = ?", (host, host, host, host))
+        return sorted({r[0] for r in rows})
+
+    @property
+    def where(self) -> str:
+        from provisioner.ledger import pg
+
+        return pg.redact(self.path) if pg.is_url(self.path) else self.path
+
+    # -- keyed digests (no plain digest of a file that may hold a secret) ---------------------------------------
+    def _digest_key(self) -> bytes:
+        if self._key is None:
+            row = self._db.execute("SELECT value FROM ledger_meta WHERE name = 'digest_key'").fetchone()
+            if row is None:
+                with self._tx() as db:
+                    row = db.execute("SELECT value FROM ledger_meta WHERE name = 'digest_key'").fetchone()
+                    if row is None:
+                        db.execute("INSERT INTO ledger_meta (name, value) VALUES ('digest_key', ?)",
+                                   (secrets.token_hex(32),))
+                        row = db.execute("SELECT value FROM ledger_meta WHERE name = 'digest_key'").fetchone()
+            self._key = bytes.fromhex(str(row[0]))
+        return self._key
+
+    def sealer(self) -> Any:
+        """The function that turns a probed state map into what this ledger records (hoststate.seal with its key)."""
+        from provisioner.hoststate import seal
+
+        key = self._digest_key()
+        return lambda state: seal(state, key)
+
+    def seal_inputs(self, digest: str) -> str:
+        """An input digest as recorded: keyed with this ledger's key."""
+        return "hmac-sha256:" + hmac.new(self._digest_key(), digest.encode(), "sha256").hexdigest()
+
     def _migrate(self) -> None:
+        try:  # a current schema needs no write lock (an open must not wait for another controller's transaction)
+            row = self._db.execute("SELECT version FROM schema_version").fetchone()
+            if row is not None and int(row[0]) == VERSION:
+                return
+        except LedgerError:
+            pass  # a new database: no table yet
         with self._tx() as db:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = db.execute("SELECT version FROM schema_version").fetchone()
@@ -170,28 +409,47 @@ class Ledger:
         self.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Iterator[Any]:
+        if self._depth:  # inside atomic(): part of its transaction
+            yield self._db
+            return
         self._db.execute("BEGIN IMMEDIATE")
+        self._depth += 1
         try:
             yield self._db
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._depth -= 1
+            try:
+                self._db.execute("ROLLBACK")
+            except LedgerError:
+                pass
             raise
+        self._depth -= 1
         self._db.execute("COMMIT")
+
+    @contextmanager
+    def atomic(self) -> Iterator[Ledger]:
+        """One write transaction around whatever the block reads and writes (SQLite: BEGIN IMMEDIATE; PostgreSQL:
+        the advisory lock every write transaction takes): a check and the write it allows cannot interleave with
+        another controller's (the last-cluster guard of drain and upgrade)."""
+        with self._tx():
+            yield self
 
     # -- runs ---------------------------------------------------------------------------------------------------
     def run_started(self, command: str, inventory: str, *, run_dir: str | None = None, hosts: Iterable[str] = (),
                     started: float | None = None, pid: int | None = None) -> int:
         """A run begins: its row, status `running`, with this process's pid (so a kill reads `interrupted`), and an
         outcome `running` for each of `hosts` (the targeted ones; run_finished replaces them)."""
+        pid = os.getpid() if pid is None else pid
         with self._tx() as db:
             row = db.execute(
-                "INSERT INTO runs (command, inventory, started, run_dir, pid, node) VALUES (?, ?, ?, ?, ?, ?) "
-                "RETURNING id", (command, inventory, time.time() if started is None else started, run_dir,
-                                 os.getpid() if pid is None else pid, socket.gethostname())).fetchone()
+                "INSERT INTO runs (command, inventory, started, run_dir, pid, node, site, proc) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (command, inventory, time.time() if started is None else started, run_dir, pid, socket.gethostname(),
+                 self.site, proc_token(pid))).fetchone()
             run = int(row[0])
             db.executemany("INSERT INTO host_outcomes (run, host, status) VALUES (?, ?, 'running')",
-                           [(run, h) for h in hosts])
+                           [(run, h) for h in dict.fromkeys(hosts)])
             return run
 
     def run_finished(self, run: int, status: str, *, hosts: Iterable[dict[str, Any]] = (),
@@ -211,10 +469,9 @@ class Ledger:
             db.execute("UPDATE runs SET ended = ?, status = ? WHERE id = ?",
                        (time.time() if ended is None else ended, status, run))
 
-    def _run(self, row: sqlite3.Row) -> Run:
+    def _run(self, row: Any) -> Run:
         status = row["status"]
-        if row["ended"] is None and status == "running" and row["node"] == socket.gethostname() \
-                and row["pid"] is not None and not _pid_alive(int(row["pid"])):
+        if row["ended"] is None and status == "running" and process_gone(row["pid"], row["node"], row["proc"]):
             status = "interrupted"
         return Run(id=row["id"], command=row["command"], inventory=row["inventory"], started=row["started"],
                    ended=row["ended"], status=status, run_dir=row["run_dir"])
@@ -222,16 +479,17 @@ class Ledger:
     def runs(self, *, host: str | None = None, limit: int = 50) -> list[Run]:
         """The newest runs first; with `host`, only the runs that had an outcome for it (or are still open)."""
         if host is None:
-            rows = self._db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+            rows = self._db.execute("SELECT * FROM runs WHERE site = ? ORDER BY id DESC LIMIT ?",
+                                    (self.site, limit)).fetchall()
         else:
             rows = self._db.execute(
-                "SELECT * FROM runs WHERE id IN (SELECT run FROM host_outcomes WHERE host = ?) "
-                "OR id IN (SELECT run FROM health_results WHERE host = ?) ORDER BY id DESC LIMIT ?",
-                (host, host, limit)).fetchall()
+                "SELECT * FROM runs WHERE site = ? AND (id IN (SELECT run FROM host_outcomes WHERE host = ?) "
+                "OR id IN (SELECT run FROM health_results WHERE host = ?)) ORDER BY id DESC LIMIT ?",
+                (self.site, host, host, limit)).fetchall()
         return [self._run(r) for r in rows]
 
     def run(self, run: int) -> Run | None:
-        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run,)).fetchone()
+        row = self._db.execute("SELECT * FROM runs WHERE id = ? AND site = ?", (run, self.site)).fetchone()
         return self._run(row) if row else None
 
     def host_outcomes(self, run: int) -> dict[str, dict[str, Any]]:
@@ -242,10 +500,11 @@ class Ledger:
         """(the newest run with an outcome for `host`, that outcome's status)."""
         row = self._db.execute(
             "SELECT runs.*, host_outcomes.status AS outcome FROM host_outcomes JOIN runs ON runs.id = "
-            "host_outcomes.run WHERE host_outcomes.host = ? ORDER BY runs.id DESC LIMIT 1", (host,)).fetchone()
+            "host_outcomes.run WHERE host_outcomes.host = ? AND runs.site = ? ORDER BY runs.id DESC LIMIT 1",
+            (host, self.site)).fetchone()
         return self._with_outcome(row) if row else None
 
-    def _with_outcome(self, row: sqlite3.Row) -> tuple[Run, str]:
+    def _with_outcome(self, row: Any) -> tuple[Run, str]:
         run = self._run(row)
         outcome = row["outcome"]
         return run, ("interrupted" if outcome == "running" and run.status == "interrupted" else outcome)
@@ -254,14 +513,15 @@ class Ledger:
         """(the newest `command` run with an outcome for `host`, that outcome's status)."""
         row = self._db.execute(
             "SELECT runs.*, host_outcomes.status AS outcome FROM host_outcomes JOIN runs ON runs.id = "
-            "host_outcomes.run WHERE host_outcomes.host = ? AND runs.command = ? ORDER BY runs.id DESC LIMIT 1",
-            (host, command)).fetchone()
+            "host_outcomes.run WHERE host_outcomes.host = ? AND runs.command = ? AND runs.site = ? "
+            "ORDER BY runs.id DESC LIMIT 1", (host, command, self.site)).fetchone()
         return self._with_outcome(row) if row else None
 
     def health(self, host: str, run: int | None = None) -> list[dict[str, Any]]:
         """Health results of `host`: of run `run`, else of its newest health run."""
         if run is None:
-            row = self._db.execute("SELECT MAX(run) FROM health_results WHERE host = ?", (host,)).fetchone()
+            row = self._db.execute("SELECT MAX(run) FROM health_results WHERE host = ? AND run IN "
+                                   "(SELECT id FROM runs WHERE site = ?)", (host, self.site)).fetchone()
             run = row[0] if row else None
             if run is None:
                 return []
@@ -280,41 +540,43 @@ class Ledger:
         controller moved it meanwhile): the check and the write are one transaction."""
         when = time.time() if at is None else at
         with self._tx() as db:
-            row = db.execute("SELECT to_state FROM transitions WHERE host = ? ORDER BY id DESC LIMIT 1",
-                             (host,)).fetchone()
+            row = db.execute("SELECT to_state FROM transitions WHERE site = ? AND host = ? ORDER BY id DESC LIMIT 1",
+                             (self.site, host)).fetchone()
             now = row[0] if row else "new"
             if now != from_state:
                 raise LedgerError(f"{host} is {now} now, not {from_state} (changed meanwhile): look again")
-            db.execute("INSERT INTO transitions (host, from_state, to_state, reason, at, actor, run, forced) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (host, from_state, to_state, reason, when, actor, run,
-                                                          int(forced)))
+            db.execute("INSERT INTO transitions (host, from_state, to_state, reason, at, actor, run, forced, site) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (host, from_state, to_state, reason, when, actor, run,
+                                                             int(forced), self.site))
         return Transition(host, from_state, to_state, reason, when, actor, run, forced)
 
     def transitions(self, host: str | None = None) -> list[Transition]:
         """Oldest first."""
-        q = "SELECT * FROM transitions" + (" WHERE host = ?" if host else "") + " ORDER BY id"
+        q = "SELECT * FROM transitions WHERE site = ?" + (" AND host = ?" if host else "") + " ORDER BY id"
         return [Transition(r["host"], r["from_state"], r["to_state"], r["reason"], r["at"], r["actor"], r["run"],
-                           bool(r["forced"])) for r in self._db.execute(q, (host,) if host else ())]
+                           bool(r["forced"])) for r in self._db.execute(q, (self.site, host) if host else
+                                                                        (self.site,))]
 
     def record_step(self, host: str, step: str, outcome: str, *, actor: str, detail: str | None = None,
                     run: int | None = None, at: float | None = None) -> Remediation:
         """Append one remediation record (a step tried on `host`, or a replacement mark)."""
         when = time.time() if at is None else at
         with self._tx() as db:
-            db.execute("INSERT INTO remediations (host, step, outcome, detail, at, actor, run) VALUES (?, ?, ?, ?, ?, "
-                       "?, ?)", (host, step, outcome, detail, when, actor, run))
+            db.execute("INSERT INTO remediations (host, step, outcome, detail, at, actor, run, site) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (host, step, outcome, detail, when, actor, run, self.site))
         return Remediation(host, step, outcome, detail, when, actor)
 
     def remediations(self, host: str | None = None) -> list[Remediation]:
         """Oldest first."""
-        q = "SELECT * FROM remediations" + (" WHERE host = ?" if host else "") + " ORDER BY id"
+        q = "SELECT * FROM remediations WHERE site = ?" + (" AND host = ?" if host else "") + " ORDER BY id"
         return [Remediation(r["host"], r["step"], r["outcome"], r["detail"], r["at"], r["actor"])
-                for r in self._db.execute(q, (host,) if host else ())]
+                for r in self._db.execute(q, (self.site, host) if host else (self.site,))]
 
     def states(self) -> dict[str, tuple[str, float]]:
         """{host: (lifecycle state, since)} for every host with a transition (the others are `new`)."""
         rows = self._db.execute(
-            "SELECT host, to_state, at FROM transitions WHERE id IN (SELECT MAX(id) FROM transitions GROUP BY host)")
+            "SELECT host, to_state, at FROM transitions WHERE id IN (SELECT MAX(id) FROM transitions WHERE site = ? "
+            "GROUP BY host)", (self.site,))
         return {r[0]: (r[1], r[2]) for r in rows}
 
     def state(self, host: str) -> tuple[str, float | None]:
@@ -325,20 +587,24 @@ class Ledger:
     def put_states(self, rows: Iterable[tuple[str, int | None, str, dict[str, str]]
                                         | tuple[str, int | None, str, dict[str, str], Iterable[str]]], *,
                    drop: Iterable[str] = ()) -> None:
-        """In one transaction: record (host, run, inputs digest, state map[, roles that ran]) per host (replacing its
-        last record) and forget the records of `drop` (hosts whose run failed: their state is no longer converged)."""
+        """In one transaction: record (host, run, inputs digest, state map[, roles that ran]) per host of this site
+        (replacing its last record) and forget the records of `drop` (hosts whose run failed: their state is no
+        longer converged). The inputs digest and every file's content digest are recorded keyed (sealer,
+        seal_inputs): the ledger holds no plain digest of a file that may hold a secret."""
         from provisioner.hoststate import state_digest
 
         now = time.time()
+        seal = self.sealer()
+        rows = [(row[0], row[1], self.seal_inputs(row[2]), seal(row[3]), list(row[4]) if len(row) > 4 else [])
+                for row in rows]
         with self._tx() as db:
-            db.executemany("DELETE FROM host_state WHERE host = ?", [(h,) for h in drop])
+            db.executemany("DELETE FROM host_state WHERE site = ? AND host = ?", [(self.site, h) for h in drop])
             db.executemany(
-                "INSERT OR REPLACE INTO host_state (host, run, recorded, inputs, digest, state, roles) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(row[0], row[1], now, row[2], state_digest(row[3]),
-                  zlib.compress(json.dumps(row[3], sort_keys=True).encode(), 6),
-                  json.dumps(list(row[4])) if len(row) > 4 else "[]")
-                 for row in rows])
+                "INSERT OR REPLACE INTO host_state (site, host, run, recorded, inputs, digest, state, roles) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(self.site, host, run, now, inputs, state_digest(state),
+                  zlib.compress(json.dumps(state, sort_keys=True).encode(), 6), json.dumps(roles))
+                 for host, run, inputs, state, roles in rows])
 
     def records(self, hosts: Iterable[str]) -> dict[str, Any]:
         """{host: hoststate.Record} for the hosts that have one; a row that cannot be decoded comes back with an empty
@@ -347,7 +613,7 @@ class Ledger:
 
         out: dict[str, Any] = {}
         for h in hosts:
-            r = self._db.execute("SELECT * FROM host_state WHERE host = ?", (h,)).fetchone()
+            r = self._db.execute("SELECT * FROM host_state WHERE site = ? AND host = ?", (self.site, h)).fetchone()
             if r is None:
                 continue
             try:
@@ -363,11 +629,12 @@ class Ledger:
     def rollout_started(self, inventory: str, spec: dict[str, Any], digest: str, clusters: Iterable[str], *,
                         pid: int | None = None) -> int:
         """A rollout begins (status running, this process's pid) with every cluster pending, in rollout order."""
+        pid = os.getpid() if pid is None else pid
         with self._tx() as db:
-            row = db.execute("INSERT INTO rollouts (inventory, spec, digest, started, pid, node) "
-                             "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                             (inventory, json.dumps(spec, sort_keys=True), digest, time.time(),
-                              os.getpid() if pid is None else pid, socket.gethostname())).fetchone()
+            row = db.execute("INSERT INTO rollouts (inventory, spec, digest, started, pid, node, site, proc) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                             (inventory, json.dumps(spec, sort_keys=True), digest, time.time(), pid,
+                              socket.gethostname(), self.site, proc_token(pid))).fetchone()
             rid = int(row[0])
             db.executemany("INSERT INTO rollout_clusters (rollout, cluster, position) VALUES (?, ?, ?)",
                            [(rid, c, i) for i, c in enumerate(clusters)])
@@ -376,8 +643,9 @@ class Ledger:
     def rollout_claimed(self, rollout: int) -> None:
         """A resumed rollout: running again, under this process."""
         with self._tx() as db:
-            db.execute("UPDATE rollouts SET status = 'running', detail = NULL, ended = NULL, pid = ?, node = ? "
-                       "WHERE id = ?", (os.getpid(), socket.gethostname(), rollout))
+            db.execute("UPDATE rollouts SET status = 'running', detail = NULL, ended = NULL, pid = ?, node = ?, "
+                       "proc = ? WHERE id = ? AND site = ?",
+                       (os.getpid(), socket.gethostname(), proc_token(os.getpid()), rollout, self.site))
 
     def rollout_step(self, rollout: int, clusters: Iterable[str], status: str, *, step: str | None = None,
                      detail: str | None = None, seconds: float | None = None) -> None:
@@ -392,10 +660,9 @@ class Ledger:
             db.execute("UPDATE rollouts SET status = ?, detail = ?, ended = ? WHERE id = ?",
                        (status, detail, time.time(), rollout))
 
-    def _rollout(self, row: sqlite3.Row) -> Rollout:
+    def _rollout(self, row: Any) -> Rollout:
         status = row["status"]
-        if status == "running" and row["node"] == socket.gethostname() and row["pid"] is not None \
-                and not _pid_alive(int(row["pid"])):
+        if status == "running" and process_gone(row["pid"], row["node"], row["proc"]):
             status = "interrupted"
         clusters = tuple(RolloutCluster(r["cluster"], r["position"], r["status"], r["step"], r["detail"], r["at"],
                                         r["seconds"]) for r in self._db.execute(
@@ -410,17 +677,20 @@ class Ledger:
 
     def rollouts(self, inventory: str | None = None, limit: int = 20) -> list[Rollout]:
         """Newest first."""
-        q = "SELECT * FROM rollouts" + (" WHERE inventory = ?" if inventory else "") + " ORDER BY id DESC LIMIT ?"
-        return [self._rollout(r) for r in self._db.execute(q, ((inventory,) if inventory else ()) + (limit,))]
+        q = "SELECT * FROM rollouts WHERE site = ?" + (" AND inventory = ?" if inventory else "") + \
+            " ORDER BY id DESC LIMIT ?"
+        return [self._rollout(r) for r in self._db.execute(
+            q, (self.site,) + ((inventory,) if inventory else ()) + (limit,))]
 
     def rollout(self, rollout: int) -> Rollout:
-        row = self._db.execute("SELECT * FROM rollouts WHERE id = ?", (rollout,)).fetchone()
+        row = self._db.execute("SELECT * FROM rollouts WHERE id = ? AND site = ?", (rollout, self.site)).fetchone()
         if row is None:
             raise LedgerError(f"no rollout {rollout} in the ledger")
         return self._rollout(row)
 
-    def open_rollout(self, inventory: str) -> Rollout | None:
-        """The inventory's newest rollout when it is not finished (running, stopped or interrupted)."""
+    def open_rollout(self, inventory: str | None = None) -> Rollout | None:
+        """The site's (with `inventory`: that inventory's) newest rollout when it is not finished (running, stopped
+        or interrupted)."""
         last = self.rollouts(inventory, limit=1)
         return last[0] if last and last[0].open else None
 

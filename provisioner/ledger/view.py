@@ -14,12 +14,36 @@ if TYPE_CHECKING:
     from provisioner.model import Fleet
 
 
-def read_ledger(path: Path | None = None) -> Ledger:
-    """The ledger for reading: an empty in-memory one when the file does not exist yet (reading creates nothing)."""
+def read_ledger(path: Path | None = None, *, site: str = "") -> Ledger:
+    """The ledger of `site` for reading: an empty in-memory one when the file does not exist yet (reading creates
+    nothing)."""
     from provisioner.paths import ledger_path
 
     p = path or ledger_path()
-    return Ledger.open(p if p.exists() else ":memory:")
+    return Ledger.open(p if p.exists() else ":memory:", site=site)
+
+
+def open_ledger(fleet: Fleet, *, lifecycle: bool = True) -> Ledger:
+    """The ledger of the inventory's site (provisioner/ledger/site.py) for a command that writes; `lifecycle`: one
+    that moves lifecycle states, refused while records from before sites are unowned (Ledger.require_owned)."""
+    from provisioner.ledger.site import site_of
+    from provisioner.paths import ledger_path
+
+    ledger = Ledger.open(ledger_path(), site=site_of(fleet))
+    if lifecycle:
+        try:
+            ledger.require_owned()
+        except BaseException:
+            ledger.close()
+            raise
+    return ledger
+
+
+def unowned_warning(ledger: Ledger) -> str | None:
+    """The one line a reading command prints while the ledger holds records from before sites."""
+    n = ledger.unowned() if ledger.site else 0
+    return (f"warning: the ledger {ledger.where} holds {n} record(s) from before sites, shown for no inventory: "
+            "`provision ledger adopt INVENTORY` gives them to theirs (docs/lifecycle.md, Sites)") if n else None
 
 
 def when(ts: float | None) -> str:

@@ -114,3 +114,20 @@ def power_cycle_without_bmc(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]
             yield Finding("LC005", "warning", f"{VAR}.remediation has power_cycle but the host has no bmc_address: "
                           "the step is skipped there (set bmc_address and its credentials, docs/bmc.md)",
                           host=h.name, var=VAR)
+
+
+@rule("LC006", "provision_site is not a site name, or differs between hosts")
+def site_name(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """provision_site names the inventory's site in the ledger (docs/lifecycle.md, Sites): one non-empty printable
+    string of at most 200 characters, the same for every host (set it in group all)."""
+    from provisioner.ledger.site import NAME
+    from provisioner.ledger.site import VAR as SITE
+
+    for g, h, v in _places(fleet, SITE):
+        if v is not None and not (isinstance(v, str) and NAME.fullmatch(v) and v.strip()):
+            yield Finding("LC006", "error", f"{SITE} = {show(v)}: expected a non-empty string of at most 200 "
+                          "printable characters (no control characters)", host=h, group=g, var=SITE)
+    seen = sorted({repr(h.vars.get(SITE)) for h in fleet.hosts.values()})
+    if len(seen) > 1:
+        yield Finding("LC006", "error", f"{SITE} differs between hosts ({', '.join(seen)}): one inventory is one "
+                      "site; set it once, in group all", group="all", var=SITE)

@@ -186,11 +186,13 @@ def run_playbook(
     exec_nodes: list[str] | None = None,
     amend: Callable[[RunResult], None] | None = None,
     idle_roles: tuple[str, ...] = (),
+    ledger_site: str | None = None,
 ) -> RunResult:
     """Run `playbook` (default playbooks/site.yml) on `inventory`: `execute(RunConfig(...))` with these options
     (RunConfig documents them) and callbacks. With `exec_nodes` (and the `fleet`), the targeted hosts are sharded
     across those execution nodes (provisioner/runner/stream.py) and folded into the same result. `amend(result)` runs
-    before the ledger records it."""
+    before the ledger records it. `ledger_site`: the inventory's ledger site (provisioner/ledger/site.py) when the
+    caller knows it (else read from the inventory)."""
     config = RunConfig(
         inventory=Path(inventory), command=command, playbook=Path(playbook) if playbook else None, limit=limit,
         tags=tags, skip_tags=skip_tags, check=check, diff=diff, serial=serial, max_fail_percent=max_fail_percent,
@@ -200,7 +202,8 @@ def run_playbook(
     )
     from provisioner.ledger.record import Recorder
 
-    rec = Recorder(command, inventory, on_run_dir, targeted)  # indexes the run in the ledger (best effort)
+    # indexes the run in the ledger (best effort), in the inventory's site, every targeted host `running` until it ends
+    rec = Recorder(command, inventory, on_run_dir, targeted, fleet=fleet, limit=limit, site=ledger_site)
     on_run_dir = rec.on_run_dir
     if exec_nodes:
         from provisioner.inventory import load_fleet

@@ -60,7 +60,7 @@ def pg_url() -> Iterator[str]:
 
 
 def test_schema_writes_and_reads(pg_url: str) -> None:
-    with Ledger.open(pg_url) as lg:
+    with Ledger.open(pg_url, site="api") as lg:
         assert lg.version == VERSION
         run = lg.run_started("run", "inv.ini", run_dir="/tmp/r", hosts=["n1", "n2"])
         assert lg.run(run).status == "running"  # type: ignore[union-attr]
@@ -78,7 +78,8 @@ def test_schema_writes_and_reads(pg_url: str) -> None:
         lg.put_states([("n1", run, "digest-1", {"file:/etc/nccl.conf": "sha256:ab"}, ["nccl_tuning"])])
         lg.put_states([("n1", run, "digest-2", {"file:/etc/nccl.conf": "sha256:cd"}, ["nccl_tuning"])])
         rec = lg.records(["n1", "n2"])
-        assert list(rec) == ["n1"] and rec["n1"].inputs == "digest-2" and rec["n1"].roles == ("nccl_tuning",)
+        assert rec["n1"].inputs == lg.seal_inputs("digest-2")  # recorded keyed (no plain digest in the ledger)
+        assert list(rec) == ["n1"] and rec["n1"].roles == ("nccl_tuning",)
         assert rec["n1"].state == {"file:/etc/nccl.conf": "sha256:cd"}
         lg.full_drift_done("inv.ini", at=1.0)
         lg.full_drift_done("inv.ini", at=2.0)
@@ -93,7 +94,7 @@ def test_schema_writes_and_reads(pg_url: str) -> None:
         dead.wait()
         killed = lg.run(lg.run_started("drift", "inv.ini", pid=dead.pid))
         assert killed is not None and killed.status == "interrupted"
-    with Ledger.open(pg_url) as lg:  # reopening migrates nothing again
+    with Ledger.open(pg_url, site="api") as lg:  # reopening migrates nothing again
         assert lg.version == VERSION and lg.state("n1")[0] == "provisioning"
 
 
@@ -102,7 +103,7 @@ def test_two_controllers_racing_for_one_transition_one_wins(pg_url: str) -> None
     start = threading.Barrier(2)
 
     def controller(name: str) -> None:
-        with Ledger.open(pg_url) as lg:
+        with Ledger.open(pg_url, site="api") as lg:
             start.wait()
             try:
                 lg.record_transition("n2", "new", "provisioning", reason=name, actor=name)
@@ -116,7 +117,7 @@ def test_two_controllers_racing_for_one_transition_one_wins(pg_url: str) -> None
     for t in threads:
         t.join()
     assert sorted(results) == ["n2 is provisioning now, not new (changed meanwhile): look again", "won"]
-    with Ledger.open(pg_url) as lg:
+    with Ledger.open(pg_url, site="api") as lg:
         assert [t.to_state for t in lg.transitions("n2")] == ["provisioning"]
 
 
@@ -129,13 +130,15 @@ def _cli(*args: str, ledger: str, cwd: Path) -> subprocess.CompletedProcess[str]
 def test_the_commands_on_a_postgresql_ledger(pg_url: str, tmp_path: Path) -> None:
     inv = tmp_path / "hosts.ini"
     inv.write_text(INI)
+    p = _cli("node", str(inv), "n2", "--state", "provisioning", "--reason", "racked", ledger=pg_url, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr  # its own site: the API tests' n2 above is another host
     p = _cli("node", str(inv), "n2", "--state", "burn-in", "--reason", "cabled", ledger=pg_url, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     p = _cli("status", str(inv), "--format", "json", ledger=pg_url, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     states = {h["host"]: h["state"] for h in json.loads(p.stdout)["hosts"]}
     assert states["n2"] == "burn-in"
-    p2 = _cli("history", "n2", "--format", "json", ledger=pg_url, cwd=tmp_path)
+    p2 = _cli("history", "n2", "-i", str(inv), "--format", "json", ledger=pg_url, cwd=tmp_path)
     assert p2.returncode == 0 and "cabled" in p2.stdout, p2.stdout + p2.stderr
     bad = _cli("status", str(inv), ledger=pg_url.replace(PASSWORD, "wrong"), cwd=tmp_path)
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
@@ -144,3 +147,71 @@ def test_the_commands_on_a_postgresql_ledger(pg_url: str, tmp_path: Path) -> Non
     for out in (p.stdout, p.stderr, p2.stdout, p2.stderr, bad.stdout, bad.stderr):
         assert PASSWORD not in out and "wrong" not in out
     assert not (tmp_path / "runs" / "ledger.sqlite3").exists()  # nothing went to a file
+
+
+def test_two_drains_of_a_models_two_clusters_one_is_refused(pg_url: str, tmp_path: Path) -> None:
+    """The last-cluster guard across two real `provision drain` processes on PostgreSQL (issue 43; the harness:
+    tests/support/ledger_race.py): while A is held between its check and its write, B is seen waiting for the
+    advisory lock in pg_locks; released, A drains c1 and B, seeing it, is refused."""
+    import psycopg
+    from inventory_factory import write_inventory
+    from ledger_race import GROUP_VARS, race, seed_serving, states
+    from ledger_race import INI as RACE_INI
+
+    inv = write_inventory(tmp_path / "inv", ini=RACE_INI, group_vars=GROUP_VARS, base=False)
+    seed_serving(pg_url, inv)
+
+    def b_waits_for_the_lock() -> bool:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            return bool(c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                        .fetchone()[0])  # type: ignore[index]
+
+    a, b, how = race(tmp_path, inv, pg_url, blocked=b_waits_for_the_lock)
+    assert "node01: in-service -> draining (race A)" in a.stdout, a.stdout + a.stderr
+    drained = states(pg_url, inv)
+    assert drained["node02"] == "in-service", f"both clusters of the model drained without --force: {drained}"
+    assert how == "locking", "B made its check while A was between its check and its write"
+    assert b.returncode == 1 and b.stderr.strip().splitlines() == [
+        "refused: node02: cluster c2 is the last one serving /models/tiny: draining it stops the model "
+        "(add --force to drain it anyway)"], b.stdout + b.stderr
+    assert states(pg_url, inv)["node02"] == "in-service"
+    for out in (a.stdout, a.stderr, b.stdout, b.stderr):
+        assert PASSWORD not in out and "Traceback" not in out
+
+
+def test_a_ledger_from_before_sites_migrates_and_is_adopted(pg_url: str) -> None:
+    """A PostgreSQL ledger at schema version 5 (before sites): migration 6 keeps its runs and transitions, unowned
+    (site ''), drops the recorded states (plain digests); `adopt` gives them to one site."""
+    import psycopg
+
+    from provisioner.ledger import pg
+    from provisioner.ledger.schema import MIGRATIONS
+    from provisioner.ledger.store import _statements
+
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("DROP DATABASE IF EXISTS v5")
+        c.execute("CREATE DATABASE v5")
+    url = pg_url.rsplit("/", 1)[0] + "/v5"
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for step in MIGRATIONS[:5]:
+            for stmt in _statements(step):
+                c.execute(pg.ddl(stmt))
+        c.execute("INSERT INTO schema_version VALUES (5)")
+        c.execute("INSERT INTO runs (command, inventory, started, ended, status) VALUES ('run', 'hosts.ini', 1, 2, "
+                  "'ok')")
+        c.execute("INSERT INTO transitions (host, from_state, to_state, reason, at, actor) VALUES ('n1', 'new', "
+                  "'provisioning', 'x', 3, 't')")
+        c.execute("INSERT INTO host_state (host, run, recorded, inputs, digest, state) VALUES ('n1', NULL, 4, "
+                  "'plain', 'd', '\\x00')")
+    with Ledger.open(url, site="rack-a") as lg:
+        assert lg.version == VERSION and lg.unowned() == 2 and lg.state("n1")[0] == "new"
+        with pytest.raises(LedgerError, match="provision ledger adopt"):
+            lg.require_owned()
+        assert lg._db.execute("SELECT COUNT(*) FROM host_state").fetchone()[0] == 0
+        assert lg.adopt() == {"runs": 1, "transitions": 1, "remediations": 0, "rollouts": 0}
+        assert lg.state("n1")[0] == "provisioning" and [r.id for r in lg.runs()] == [1] and lg.unowned() == 0
+        lg.require_owned()
+    with Ledger.open(url, site="rack-b") as lg:
+        assert lg.state("n1")[0] == "new" and lg.runs() == []
+        assert [s["site"] for s in lg.sites()] == ["rack-a"]

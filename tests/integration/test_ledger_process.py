@@ -89,3 +89,55 @@ def test_a_killed_run_reads_interrupted_and_a_finished_one_its_outcome(site: dic
     assert (last["status"], last["outcome"], last["command"]) == ("ok", "ok", "run"), last
     runs = json.loads(provision(site, "history", "alpha", "--format", "json").stdout)["runs"]
     assert [r["status"] for r in runs] == ["ok", "interrupted"]
+
+
+UPGRADE_RUN = """
+import sys
+from pathlib import Path
+from provisioner.runner import make_progress, run_playbook
+# what `provision upgrade` does for a batch: the roles on the members by --limit, no `targeted` list given
+run_playbook(Path(sys.argv[1]), command="upgrade", limit="alpha,beta", playbook=Path(sys.argv[2]),
+             skip_tags="vllm", extravars={"provision_allow_reboot": True}, progress=make_progress("none"))
+"""
+
+
+def test_a_killed_upgrade_run_is_interrupted_for_every_host_it_targeted(site: dict[str, Path]) -> None:
+    """Issue 43: a SIGKILLed `provision upgrade` left its run `running` with no per-host rows, and `history` showed
+    nothing of it. The upgrade's playbook run (run_playbook with a --limit, as upgrade.py calls it) is killed: both
+    members read `interrupted` in `status` and `history`, and the next open writes it into the ledger."""
+    (site["inv"]).write_text("[gpu_nodes]\nalpha ansible_connection=local\nbeta ansible_connection=local\n")
+    script = site["tmp"] / "upgrade_run.py"
+    script.write_text(UPGRADE_RUN)
+    proc = subprocess.Popen([sys.executable, str(script), str(site["inv"]), str(site["tmp"] / "slow.yml")],
+                            env=env(site), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the run's row is open and its playbook is under way
+            if site["db"].exists() and list((site["tmp"] / "runs").glob("*-upgrade/artifacts/ansible/job_events/*")):
+                db = sqlite3.connect(site["db"])
+                if db.execute("SELECT COUNT(*) FROM runs WHERE ended IS NULL").fetchone()[0]:
+                    break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.5)
+        else:
+            pytest.fail("the run never started")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    p = provision(site, "status", str(site["inv"]), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {h["host"]: h["last_run"] for h in json.loads(p.stdout)["hosts"]}
+    for host in ("alpha", "beta"):
+        assert rows[host] is not None and rows[host]["command"] == "upgrade", rows
+        assert rows[host]["status"] == rows[host]["outcome"] == "interrupted", rows
+        h = json.loads(provision(site, "history", host, "-i", str(site["inv"]), "--format", "json").stdout)
+        assert [(r["command"], r["status"], r["outcome"]) for r in h["runs"]] == [
+            ("upgrade", "interrupted", "interrupted")], h
+    db = sqlite3.connect(site["db"])  # written, not only read so: another controller sees it too
+    assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    assert sorted(db.execute("SELECT host, status FROM host_outcomes").fetchall()) == [
+        ("alpha", "interrupted"), ("beta", "interrupted")]

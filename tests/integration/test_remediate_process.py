@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from provisioner.ledger import Ledger
+from provisioner.ledger.site import path_site
 
 INI = """\
 [gpu_nodes]
@@ -40,6 +41,11 @@ CLUSTER = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_para
 REMAP = "GPU 3: row remap pending (reset the GPU)"
 
 
+def _open(db: Path) -> Ledger:
+    """The ledger of the fixture's inventory's site (its resolved path)."""
+    return Ledger.open(db, site=path_site(db.parent / "inv" / "hosts.ini"))
+
+
 @pytest.fixture()
 def site(tmp_path: Path) -> dict[str, Path]:
     inv = tmp_path / "inv"
@@ -54,7 +60,7 @@ def site(tmp_path: Path) -> dict[str, Path]:
     (inv / "host_vars" / "n4.yml").write_text(yaml.safe_dump(
         {"lifecycle_policy": {**POLICY, "replace_after": {"quarantines": 1, "window_days": 30}}}))
     db = tmp_path / "ledger.sqlite3"
-    with Ledger.open(db) as lg:
+    with _open(db) as lg:
         for h in ("n1", "n2", "n3", "n4"):
             for a, b in (("new", "provisioning"), ("provisioning", "burn-in"), ("burn-in", "in-service")):
                 lg.record_transition(h, a, b, reason="setup", actor="test", at=time.time() - 3600)
@@ -64,7 +70,7 @@ def site(tmp_path: Path) -> dict[str, Path]:
 
 def health(db: Path, **fails: tuple[str, str]) -> None:
     """A `provision health` pass as record_health writes it: every host, the failing checks given."""
-    with Ledger.open(db) as lg:
+    with _open(db) as lg:
         run = lg.run_started("health", "inv")
         rows, checks = [], []
         for h in ("n1", "n2", "n3", "n4"):
@@ -83,7 +89,7 @@ def provision(site: dict[str, Path], *args: str) -> subprocess.CompletedProcess[
 
 
 def transitions(db: Path, host: str) -> list[tuple[str, str, str, str]]:
-    with Ledger.open(db) as lg:
+    with _open(db) as lg:
         return [(t.from_state, t.to_state, t.reason, t.actor) for t in lg.transitions(host) if t.actor != "test"]
 
 
@@ -118,7 +124,7 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     assert transitions(site["db"], "n1") == [
         ("in-service", "draining", f"quarantine: ecc: {REMAP}", "policy:remediate"),
         ("draining", "quarantined", f"ecc: {REMAP}", "policy:remediate")]
-    with Ledger.open(site["db"]) as lg:
+    with _open(site["db"]) as lg:
         assert [(r.step, r.outcome) for r in lg.remediations("n1")] == [("gpu_reset", "failed"), ("reboot", "failed")]
         assert [(r.step, r.outcome) for r in lg.remediations("n4")] == [("replace", "marked")]
         assert lg.state("n4")[0] == "quarantined" and lg.remediations("n2") == []
@@ -165,7 +171,7 @@ def test_upgrade_abort_with_a_cluster_out_tries_its_return_and_closes_the_rollou
     # upgrade validates the inventory first (remediate does not): each host its own loopback address (HW007)
     inv.write_text(re.sub(r"^n(\d) ansible_host=127\.0\.0\.1",
                           lambda m: f"n{m[1]} ansible_host=127.0.0.{int(m[1]) + 1}", inv.read_text(), flags=re.M))
-    with Ledger.open(db) as lg:
+    with _open(db) as lg:
         for h in ("n1", "n2"):
             for a, b in (("in-service", "draining"), ("draining", "maintenance")):
                 lg.record_transition(h, a, b, reason="upgrade: test", actor="test")
@@ -177,7 +183,7 @@ def test_upgrade_abort_with_a_cluster_out_tries_its_return_and_closes_the_rollou
     assert "abort: returning c1" in r.stdout, r.stdout
     assert f"rollout {rid} aborted: 0 cluster(s) had been upgraded (none); what could not return stays drained" in (
         r.stdout), r.stdout
-    with Ledger.open(db) as lg:
+    with _open(db) as lg:
         ro = lg.rollout(rid)
         assert ro.status == "aborted" and ro.detail.startswith("aborted: ") and lg.open_rollout(
             str(inv.resolve())) is None, ro

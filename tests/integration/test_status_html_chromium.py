@@ -19,6 +19,7 @@ from pathlib import Path
 from inventory_factory import write_inventory
 
 from provisioner.ledger import Ledger
+from provisioner.ledger.site import path_site
 
 SIZE = (1400, 1000)
 HOSTS = ("gpu-a01", "gpu-a02", "gpu-b01", "gpu-b02", "gpu-c01")
@@ -47,10 +48,10 @@ def chromium() -> str:
     raise AssertionError("no headless Chromium (chromium-headless-shell): run .ci/install-deps.sh")
 
 
-def ledger(db: Path) -> None:
+def ledger(db: Path, inv: Path) -> None:
     """Five hosts: two in service (one cluster), one quarantined after a failed health check and a failed GPU reset,
     one in burn-in, one never seen (new)."""
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         t = T0
         for host in HOSTS[:4]:
             for a, b in (("new", "provisioning"), ("provisioning", "burn-in")):
@@ -114,7 +115,7 @@ def test_status_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     browser = chromium()
     inv = write_inventory(tmp_path / "inventory", ini=INI, group_vars={"qwen_a": CLUSTER})
     db = tmp_path / "ledger.sqlite3"
-    ledger(db)
+    ledger(db, inv)
     env = dict(os.environ, PROVISION_LEDGER=str(db), PROVISION_RUNS_DIR=str(tmp_path / "runs"), COLUMNS="300")
     page = tmp_path / "page.html"
     p = subprocess.run([sys.executable, "-m", "provisioner.cli", "status", str(inv.relative_to(tmp_path)), "--html",

@@ -13,6 +13,7 @@ from provisioner.drain import drained_list, inflight, plan
 from provisioner.errors import UsageError
 from provisioner.inventory import load_fleet
 from provisioner.ledger import Ledger
+from provisioner.ledger.site import path_site
 
 INI = """\
 [gpu_nodes]
@@ -65,8 +66,8 @@ def test_drained_list_and_inflight_count() -> None:
     assert inflight("process_cpu_seconds_total 1.0\n") is None
 
 
-def _serve(db: Path, *hosts: str) -> None:
-    with Ledger.open(db) as lg:
+def _serve(db: Path, inv: Path, *hosts: str) -> None:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         for h in hosts:
             for a, b in (("new", "provisioning"), ("provisioning", "burn-in"), ("burn-in", "in-service")):
                 lg.record_transition(h, a, b, reason="test", actor="test")
@@ -74,9 +75,9 @@ def _serve(db: Path, *hosts: str) -> None:
 
 def test_drain_of_the_last_serving_cluster_is_refused_before_anything_changes(inv: Path, tmp_path: Path) -> None:
     db = tmp_path / "ledger.sqlite3"
-    _serve(db, "n1", "n2", "n3")
+    _serve(db, inv, "n1", "n2", "n3")
     env = {"PROVISION_LEDGER": str(db)}
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         before = len(lg.transitions("n1")) + len(lg.transitions("n3"))
     # both clusters serve `tiny`: draining both at once would stop the model; the second is refused, the first too
     r = provision("drain", str(inv), "pp", "single", "--reason", "upgrade", env=env)
@@ -85,7 +86,7 @@ def test_drain_of_the_last_serving_cluster_is_refused_before_anything_changes(in
         "refused: n3: cluster single is the last one serving /models/tiny: draining it stops the model "
         "(add --force to drain it anyway)"]
     assert "balancer" not in r.stdout
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         assert len(lg.transitions("n1")) + len(lg.transitions("n3")) == before
         assert lg.state("n1")[0] == lg.state("n3")[0] == "in-service"
 

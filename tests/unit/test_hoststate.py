@@ -130,11 +130,41 @@ def test_ledger_keeps_one_record_per_host_and_drops_failed_ones() -> None:
     lg.put_states([("n1", None, "i1", {"file:/a": "1"}), ("n2", None, "i2", {"file:/b": "2"})])
     lg.put_states([("n1", None, "i3", {"file:/a": "3"}, ["", "nvidia_driver", "nccl_tuning"])], drop=["n2"])
     recs = lg.records(["n1", "n2", "n3"])
-    assert list(recs) == ["n1"] and recs["n1"].inputs == "i3" and recs["n1"].state == {"file:/a": "3"}
+    assert list(recs) == ["n1"] and recs["n1"].state == {"file:/a": "3"}
+    assert recs["n1"].inputs == lg.seal_inputs("i3")
+    assert recs["n1"].inputs != "i3"  # the input digest is recorded keyed, not as given
     assert recs["n1"].roles == ("", "nvidia_driver", "nccl_tuning")
-    assert tier2_reason(recs["n1"], "i3") is None
+    assert tier2_reason(recs["n1"], lg.seal_inputs("i3")) is None
     lg._db.execute("UPDATE host_state SET state = X'00'")
-    assert tier2_reason(lg.records(["n1"])["n1"], "i3").startswith("recorded state corrupted")
+    assert tier2_reason(lg.records(["n1"])["n1"], lg.seal_inputs("i3")).startswith("recorded state corrupted")
+
+
+def test_no_plain_digest_of_a_file_is_recorded(tmp_path: Path) -> None:
+    """The vLLM env file holds the API key: its sha256 (the probe's) never reaches the ledger, only an HMAC under a
+    random per-ledger key; two ledgers record the same file differently; a fresh probe sealed by the same ledger
+    compares equal (tier 1 still works) and a changed file does not."""
+    import hashlib
+    import sqlite3
+    import zlib
+
+    env = b"VLLM_API_KEY=sk-guessable-1234\n"
+    plain = hashlib.sha256(env).hexdigest()
+    state = {"file:/etc/vllm/env": f"{plain} 600 0 0", "file:/etc/vllm": "dir 755 0 0",
+             "package:nginx": "1.24 install ok installed"}
+    sealed = []
+    for name in ("a", "b"):
+        db = tmp_path / f"{name}.sqlite3"
+        with Ledger.open(db, site="s") as lg:
+            lg.put_states([("n1", None, "inputs-digest", state)])
+            rec = lg.records(["n1"])["n1"]
+            assert hoststate.compare(rec.state, lg.sealer()(state)) == []
+            assert hoststate.compare(rec.state, lg.sealer()({**state, "file:/etc/vllm/env": "0" * 64 + " 600 0 0"}))
+            sealed.append(rec.state["file:/etc/vllm/env"])
+        raw = sqlite3.connect(db).execute("SELECT inputs, state FROM host_state").fetchone()
+        text = raw[0] + zlib.decompress(raw[1]).decode()
+        assert plain not in text and "inputs-digest" not in text
+        assert rec.state["file:/etc/vllm"] == "dir 755 0 0" and rec.state["package:nginx"] == state["package:nginx"]
+    assert sealed[0] != sealed[1] and all(v.endswith(" 600 0 0") for v in sealed)
 
 
 def test_full_every_is_due_without_a_full_drift_and_after_the_days(tmp_path: Path) -> None:

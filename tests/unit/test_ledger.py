@@ -12,6 +12,7 @@ import pytest
 from provisioner.ledger import Ledger, LedgerError
 from provisioner.ledger import schema as ledger_schema
 from provisioner.ledger.record import Recorder, record_health, record_result, run_status
+from provisioner.ledger.site import path_site
 from provisioner.results import DriftItem, RunResult
 
 DEAD_PID = 2**31 - 2  # above any pid_max: no such process
@@ -76,7 +77,7 @@ def test_a_run_never_closed_reads_interrupted_once_its_process_is_gone(tmp_path:
 def test_run_finished_is_one_transaction(tmp_path: Path) -> None:
     with Ledger.open(tmp_path / "l.sqlite3") as lg:
         run = lg.run_started("run", "inv")
-        with pytest.raises(sqlite3.Error):  # the second row breaks a constraint: nothing of the run is written
+        with pytest.raises(LedgerError):  # the second row breaks a constraint: nothing of the run is written
             lg.run_finished(run, "ok", hosts=[{"host": "n1", "status": "ok"}, {"host": None, "status": "ok"}])
         assert lg.host_outcomes(run) == {} and lg.run(run).ended is None
 
@@ -131,13 +132,13 @@ def test_recorder_opens_at_the_run_dir_and_closes_with_the_result(tmp_path: Path
     rec = Recorder("run", "inv.ini", seen.append, ["n1", "n2"], path=tmp_path / "l.sqlite3")
     rec.on_run_dir(tmp_path / "run")
     assert seen == [tmp_path / "run"]
-    with Ledger.open(tmp_path / "l.sqlite3") as lg:
+    with Ledger.open(tmp_path / "l.sqlite3", site=path_site("inv.ini")) as lg:  # an unreadable inventory: its path
         assert lg.run(rec.run).status == "running"  # a kill here leaves it to read `interrupted`
         assert lg.last_outcome("n2")[1] == "running"
     result = result_with(tmp_path)
     result.check = False
     assert rec.finish(result) is result
-    with Ledger.open(tmp_path / "l.sqlite3") as lg:
+    with Ledger.open(tmp_path / "l.sqlite3", site=path_site("inv.ini")) as lg:
         assert lg.run(rec.run).status == "ok" and set(lg.host_outcomes(rec.run)) == {"n1", "n2"}
         assert len(lg.runs()) == 1
 
@@ -173,7 +174,7 @@ def test_record_health(tmp_path: Path) -> None:
                          "n2": _Health(False, [{"check": "ecc", "status": "fail", "message": "row remap pending"}])},
                         "inv.ini", started=50.0, seconds=2.0, path=path)
     assert run is not None
-    with Ledger.open(path) as lg:
+    with Ledger.open(path, site=path_site("inv.ini")) as lg:
         assert lg.run(run).status == "failed" and lg.run(run).command == "health"
         assert lg.host_outcomes(run)["n1"]["status"] == "ok"
         assert lg.health("n2") == [{"run": run, "host": "n2", "check": "ecc", "result": "fail",
@@ -203,14 +204,14 @@ def test_run_playbook_records_through_its_hook(tmp_path: Path, monkeypatch: pyte
 
     def fake_execute(config, *, progress=None, on_event=None, on_run_dir=None, fleet=None):  # type: ignore[no-untyped-def]
         on_run_dir(tmp_path / "run")
-        with Ledger.open(tmp_path / "l.sqlite3") as lg:
+        with Ledger.open(tmp_path / "l.sqlite3", site=path_site(tmp_path / "inv.ini")) as lg:
             seen.append(lg.runs()[0].status)
         return result
 
     monkeypatch.setattr(runner, "execute", fake_execute)
     got = runner.run_playbook(tmp_path / "inv.ini", command="run", on_run_dir=lambda d: seen.append(d.name))
     assert got is result and seen == ["run", "running"]
-    with Ledger.open(tmp_path / "l.sqlite3") as lg:
+    with Ledger.open(tmp_path / "l.sqlite3", site=path_site(tmp_path / "inv.ini")) as lg:
         (run,) = lg.runs()
         assert (run.command, run.status, run.run_dir) == ("run", "ok", str(tmp_path / "run"))
         assert set(lg.host_outcomes(run.id)) == {"n1", "n2"}

@@ -12,6 +12,7 @@ from cli_inproc import provision
 from inventory_factory import write_inventory
 from provisioner.ledger import Ledger
 from provisioner.ledger.record import record_result
+from provisioner.ledger.site import path_site
 from provisioner.results import RunResult
 
 INI_2 = """\
@@ -29,6 +30,7 @@ n2 node_rank=1
 n3 node_rank=0
 n4 node_rank=1
 """
+INV: list[Path] = []  # the fixture's inventory (its site is its resolved path)
 C = {"vllm_cluster": {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8,
                       "pipeline_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 64}}
 
@@ -36,6 +38,7 @@ C = {"vllm_cluster": {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "
 @pytest.fixture
 def site(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
     inv = write_inventory(tmp_path / "inv", ini=INI_2, group_vars={"c2": C})
+    INV[:] = [inv]
     db = tmp_path / "ledger.sqlite3"
     return inv, {"PROVISION_LEDGER": str(db)}, db
 
@@ -46,8 +49,8 @@ def node(site: tuple[Path, dict[str, str], Path], host: str, state: str, *extra:
     return r.returncode, r.stdout, r.stderr
 
 
-def healthy(db: Path, *hosts: str) -> None:
-    with Ledger.open(db) as lg:
+def healthy(db: Path, *hosts: str, inv: Path | None = None) -> None:
+    with Ledger.open(db, site=path_site(inv or INV[0])) as lg:
         run = lg.run_started("health", "inv")
         lg.run_finished(run, "ok", hosts=[{"host": h, "status": "ok"} for h in hosts])
 
@@ -55,7 +58,7 @@ def healthy(db: Path, *hosts: str) -> None:
 def to_service(site: tuple[Path, dict[str, str], Path], host: str) -> None:
     for s in ("provisioning", "burn-in"):
         assert node(site, host, s)[0] == 0
-    healthy(site[2], host)
+    healthy(site[2], host, inv=site[0])
     rc, out, err = node(site, host, "in-service")
     assert rc == 0, err
 
@@ -97,11 +100,11 @@ def test_refusals_exit_1_with_one_line(site: tuple[Path, dict[str, str], Path]) 
 
 
 def test_a_health_pass_before_the_present_state_does_not_count(site: tuple[Path, dict[str, str], Path]) -> None:
-    healthy(site[2], "n1")
+    healthy(site[2], "n1", inv=site[0])
     node(site, "n1", "provisioning")
     node(site, "n1", "burn-in")
     assert node(site, "n1", "in-service")[0] == 1
-    healthy(site[2], "n1")
+    healthy(site[2], "n1", inv=site[0])
     assert node(site, "n1", "in-service")[0] == 0
 
 
@@ -144,7 +147,7 @@ def test_status_shows_the_last_run_and_an_interrupted_one(site: tuple[Path, dict
         result.host(h).seen = True
     result.host("n2").failed = 1
     result.status, result.rc = "failed", 2
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         record_result(lg, result)
         lg.run_started("run", str(inv), pid=2**31 - 2, hosts=["n3"])  # never finished, its process gone
     rows = {x["host"]: x["last_run"] for x in json.loads(
@@ -160,7 +163,7 @@ def test_status_shows_the_last_run_and_an_interrupted_one(site: tuple[Path, dict
 
 def test_status_shows_last_health_and_drift(site: tuple[Path, dict[str, str], Path]) -> None:
     inv, env, db = site
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         h = lg.run_started("health", str(inv), started=100.0)
         lg.run_finished(h, "failed", hosts=[{"host": "n1", "status": "failed"}, {"host": "n2", "status": "ok"}],
                         health=[("n1", "ecc", "fail", "row remap pending"), ("n1", "gpus", "pass", None)])
@@ -218,7 +221,7 @@ def test_status_html_is_the_table_and_each_nodes_timeline(site: tuple[Path, dict
                                                           tmp_path: Path) -> None:
     inv, env, db = site
     evil = "<script>alert('x')</script> & more"
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         for a, b in (("new", "provisioning"), ("provisioning", "burn-in")):
             lg.record_transition("n1", a, b, reason=evil if b == "burn-in" else "racked", actor="user:t", at=100.0)
         h = lg.run_started("health", str(inv), started=200.0)

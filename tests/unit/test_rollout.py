@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from provisioner.ledger import Ledger
+from provisioner.ledger.site import path_site
 from provisioner.rollout import members_that_balance, next_batch, progress, single_model_clusters, spec_digest
 
 DEAD_PID = 2**31 - 2
@@ -111,7 +112,7 @@ def test_upgrade_refuses_a_model_served_by_one_cluster(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stdout + r.stderr
     assert "is the only one serving" in r.stderr and "--force" in r.stderr, r.stderr
     with Ledger.open(db) as lg:
-        assert lg.rollouts() == []
+        assert lg.rollouts() == [] and all(s["site"] == "" for s in lg.sites())
 
 
 def test_upgrade_refuses_another_change_while_one_is_open_and_a_running_one(tmp_path: Path) -> None:
@@ -121,14 +122,14 @@ def test_upgrade_refuses_another_change_while_one_is_open_and_a_running_one(tmp_
 
     inv, db = _inv(tmp_path), tmp_path / "ledger.sqlite3"
     env = {"PROVISION_LEDGER": str(db)}
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         rid = lg.rollout_started(str(inv.resolve()), {}, "another-digest", ["pp", "pp2"], pid=DEAD_PID)
         lg.rollout_step(rid, ["pp"], "upgrading")
     r = provision("upgrade", str(inv), "-e", "{\"nccl_ib_timeout\": 23}", env=env)
     assert r.returncode == 1 and r.stderr.startswith(
         f"refused: rollout {rid} of another change is interrupted at cluster pp (upgrading)"), r.stderr
     assert "--abort" in r.stderr
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         lg.rollout_ended(rid, "aborted")
         live = lg.rollout_started(str(inv.resolve()), {}, "x", ["pp", "pp2"], pid=os.getpid())
     r = provision("upgrade", str(inv), env=env)
@@ -142,11 +143,11 @@ def test_abort_closes_a_rollout_with_nothing_out_and_usage_errors(tmp_path: Path
     env = {"PROVISION_LEDGER": str(db)}
     r = provision("upgrade", str(inv), "--abort", env=env)
     assert r.returncode == 0 and "no rollout of" in r.stdout, r.stdout + r.stderr
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         rid = lg.rollout_started(str(inv.resolve()), {}, "d", ["pp", "pp2"], pid=DEAD_PID)
     r = provision("upgrade", str(inv), "--abort", env=env)
     assert r.returncode == 0 and f"rollout {rid} aborted: 0 cluster(s) had been upgraded" in r.stdout, r.stdout
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         assert lg.rollout(rid).status == "aborted" and lg.open_rollout(str(inv.resolve())) is None
     r = provision("upgrade", str(inv), "--max-unavailable", "0", env=env)
     assert r.returncode == 2 and "--max-unavailable" in r.stderr

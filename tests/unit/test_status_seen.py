@@ -15,6 +15,7 @@ from cli_inproc import ROOT, provision
 from inventory_factory import write_inventory
 
 from provisioner.ledger import Ledger
+from provisioner.ledger.site import path_site
 from provisioner.probes import seen
 from provisioner.probes.ssh import ExecResult
 
@@ -144,10 +145,10 @@ def site(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
     return inv, {"PROVISION_LEDGER": str(db)}, db
 
 
-def fill(db: Path) -> None:
+def fill(db: Path, inv: Path) -> None:
     """n1: recorded state with the mark and the loaded module, then a newer health pass (another driver);
     n2: recorded state with only the driver package; n3: a health pass only; n4: nothing."""
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         run = lg.run_started("run", "inv", hosts=["n1", "n2"], started=100.0)
         lg.run_finished(run, "ok", hosts=[{"host": "n1", "status": "ok"}, {"host": "n2", "status": "ok"}],
                         ended=200.0)
@@ -172,7 +173,7 @@ def rows(site: tuple[Path, dict[str, str], Path], *extra: str) -> dict[str, dict
 
 
 def test_without_nodes_the_ledgers_values(site: tuple[Path, dict[str, str], Path]) -> None:
-    fill(site[2])
+    fill(site[2], site[0])
     got = rows(site)
     n1, n2, n3, n4 = (got[h] for h in ("n1", "n2", "n3", "n4"))
     assert n1["driver"] | {"age_s": None} == {"value": "580.95.05", "source": "health", "run": 2, "at": 4e9,
@@ -192,8 +193,8 @@ def test_without_nodes_the_ledgers_values(site: tuple[Path, dict[str, str], Path
 
 
 def test_a_newer_record_wins_over_an_older_health_pass(site: tuple[Path, dict[str, str], Path]) -> None:
-    _, _, db = site
-    with Ledger.open(db) as lg:
+    inv, _, db = site
+    with Ledger.open(db, site=path_site(inv)) as lg:
         h = lg.run_started("health", "inv", started=10.0)
         lg.run_finished(h, "ok", hosts=[{"host": "n1", "status": "ok"}],
                         health=[("n1", "reboot", "pass", "no /run/reboot-required; loaded kernel module 570.1.2 == "
@@ -202,7 +203,7 @@ def test_a_newer_record_wins_over_an_older_health_pass(site: tuple[Path, dict[st
         lg.run_finished(run, "ok", hosts=[{"host": "n1", "status": "ok"}])
         lg.put_states([("n1", run, "i", {"other:fact /var/lib/hwsim/sys/module/nvidia/version": "580.95.05"})])
     assert rows(site)["n1"]["driver"]["value"] == "580.95.05"
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         lg.put_states([], drop=["n1"])  # the record gone: the older health pass is what is left
     d = rows(site)["n1"]["driver"]
     assert (d["value"], d["source"], d["detail"]) == ("570.1.2", "health", "reboot check of health #1")
@@ -210,7 +211,7 @@ def test_a_newer_record_wins_over_an_older_health_pass(site: tuple[Path, dict[st
 
 def test_nodes_reads_every_node_in_parallel(site: tuple[Path, dict[str, str], Path],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    fill(site[2])
+    fill(site[2], site[0])
     import provisioner.probes.ssh as ssh
 
     calls: dict[str, str] = {}
@@ -282,7 +283,7 @@ class _Cells(HTMLParser):
 
 def test_html_has_the_columns(site: tuple[Path, dict[str, str], Path], tmp_path: Path,
                               monkeypatch: pytest.MonkeyPatch) -> None:
-    fill(site[2])
+    fill(site[2], site[0])
     inv, env, _ = site
     page = tmp_path / "status.html"
     assert provision("status", str(inv), "--html", str(page), env=env).returncode == 0

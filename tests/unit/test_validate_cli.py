@@ -272,6 +272,10 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "LC005": ([{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["gpu_reset", "power_cycle"]})}],
               [{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["gpu_reset", "power_cycle"]}),
                 "host_vars": {"n1": BMC, "n2": {**BMC, "bmc_address": "10.1.0.2"}}}]),
+    "LC006": ([{"group_vars": {"all": {"provision_site": "rack-a\nExecStartPost=/bin/sh"}}},
+               {"group_vars": {"all": {"provision_site": ""}}},
+               {"host_vars": {"n1": {"provision_site": "rack-a"}}}],
+              [{"group_vars": {"all": {"provision_site": "dc1 rack-a"}}}]),
 }
 
 WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005"}

@@ -66,6 +66,9 @@ def access_log(rack: VllmRack) -> str:
     return r.stdout
 
 
+SITE: list[str] = []  # the rack's ledger site, set by `edge`
+
+
 @pytest.fixture(scope="module")
 def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
     for cluster in vllm_rack.heads:
@@ -78,8 +81,11 @@ def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
     shutil.copytree(Path(vllm_rack.inventory).parent, inv_dir)
     hosts = inv_dir / Path(vllm_rack.inventory).name
     from provisioner.inventory import load_fleet
+    from provisioner.ledger.site import site_of
 
-    address = load_fleet(hosts).hosts[LB_HOST].address
+    fleet = load_fleet(hosts)
+    SITE[:] = [site_of(fleet)]  # the rack's ledger site (provision_site of its generated inventory)
+    address = fleet.hosts[LB_HOST].address
     yield Edge(vllm_rack, f"http://{address}:{LB_PORT}", hosts)
 
 
@@ -210,7 +216,7 @@ def lifecycle_state(host: str) -> str:
     from provisioner.ledger import Ledger
     from provisioner.paths import ledger_path
 
-    with Ledger.open(ledger_path()) as ledger:
+    with Ledger.open(ledger_path(), site=SITE[0]) as ledger:
         return str(ledger.state(host)[0])
 
 
@@ -221,7 +227,7 @@ def _rollout(inventory: Path) -> Any:
     from provisioner.ledger import Ledger
     from provisioner.paths import ledger_path
 
-    with Ledger.open(ledger_path()) as ledger:
+    with Ledger.open(ledger_path(), site=SITE[0]) as ledger:
         last = ledger.rollouts(str(inventory.resolve()), limit=1)
         return last[0] if last else None
 
@@ -334,7 +340,7 @@ def test_drain_then_a_rolling_upgrade_through_a_gpu_holder_a_kill_and_a_resume(e
         from provisioner.paths import ledger_path
 
         windows = {}
-        with Ledger.open(ledger_path()) as ledger:
+        with Ledger.open(ledger_path(), site=SITE[0]) as ledger:
             for c in order:
                 h = fleet.clusters[c].members[0]
                 ts = [t for t in ledger.transitions(h) if t.at >= t_start]

@@ -1,0 +1,29 @@
+"""The last-cluster guard across two real `provision drain` processes on one SQLite ledger (issue 43): c1 and c2
+both serve the model; draining both at once must leave one serving unless --force. The interleaving is forced
+(tests/support/ledger_race.py): A is held between its check and its write while B runs. With the check and its
+write in one BEGIN IMMEDIATE transaction, B waits for A's and then sees c1 draining: refused, nothing changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inventory_factory import write_inventory
+from ledger_race import GROUP_VARS, INI, race, seed_serving, states
+
+
+def test_two_drains_of_a_models_two_clusters_one_is_refused(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path / "inv", ini=INI, group_vars=GROUP_VARS, base=False)
+    db = str(tmp_path / "ledger.sqlite3")
+    seed_serving(db, inv)
+    a, b, how = race(tmp_path, inv, db)
+    assert "node01: in-service -> draining (race A)" in a.stdout, a.stdout + a.stderr
+    drained = states(db, inv)
+    assert drained["node02"] == "in-service", f"both clusters of the model drained without --force: {drained}"
+    assert how == "locking", "B made its check while A was between its check and its write"
+    assert b.returncode == 1, b.stdout + b.stderr
+    assert b.stderr.strip().splitlines() == [
+        "refused: node02: cluster c2 is the last one serving /models/tiny: draining it stops the model "
+        "(add --force to drain it anyway)"], b.stderr
+    assert "draining" not in b.stdout
+    assert states(db, inv)["node02"] == "in-service"
+    assert "Traceback" not in a.stderr + b.stderr
