@@ -1,4 +1,5 @@
-"""What every Prometheus textfile report shares: label escaping and the atomic write node_exporter needs."""
+"""What every Prometheus textfile report shares: label escaping and the atomic write node_exporter needs (also the
+one atomic write of every other file a command writes: `render --out`, `status --html`)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ def escape_label(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory + rename (node_exporter never reads a half-written file)."""
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write via a temporary file in the same directory + rename (node_exporter never reads a half-written file);
+    the file gets `mode` before it appears. A symlink at `path` is replaced, never followed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
