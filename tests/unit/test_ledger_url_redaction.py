@@ -58,7 +58,7 @@ def test_a_driver_message_echoing_a_piece_of_the_password_is_scrubbed() -> None:
     url = f"postgresql://u:{SECRET[:2]}@{SECRET[2:]}@db.example/prov"  # libpq: password "Su", host "p3rSecretPw@..."
     msg = f'could not translate host name "{SECRET[2:]}@db.example" to address: Name or service not known'
     out = pg.scrub(msg, url)
-    assert SECRET[2:] not in out and f'"***@db.example"' in out and "translate host name" in out
+    assert SECRET[2:] not in out and '"***@db.example"' in out and "translate host name" in out
 
 
 def test_the_recorder_warning_is_scrubbed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
