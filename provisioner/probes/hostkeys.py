@@ -58,6 +58,10 @@ class Entry:
     where: str  # FILE:LINE
 
 
+#: a host field item that is a plain name (no pattern, negation or hash): matched by a dict lookup
+_PLAIN = re.compile(r"[^*?!|]+")
+
+
 def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern))
 
@@ -135,6 +139,9 @@ class KnownHosts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._files: dict[str, list[Entry]] = {}
+        # per file list: plain names -> their lines, and the lines with patterns or hashes (matched one by one), so
+        # a fleet's lookups stay O(pattern lines) each, not O(all lines)
+        self._index: dict[tuple[str, ...], tuple[dict[str, list[tuple[int, Entry]]], list[tuple[int, Entry]]]] = {}
 
     def entries(self, files: Iterable[str]) -> list[Entry]:
         out: list[Entry] = []
@@ -146,10 +153,31 @@ class KnownHosts:
                 out.extend(self._files[p])
         return out
 
+    def matching(self, name: str, files: Iterable[str]) -> list[Entry]:
+        """The lines of `files` whose host field matches `name`, in file order."""
+        files = tuple(files)
+        with self._lock:
+            idx = self._index.get(files)
+        if idx is None:
+            exact: dict[str, list[tuple[int, Entry]]] = {}
+            other: list[tuple[int, Entry]] = []
+            for i, e in enumerate(self.entries(files)):
+                if all(_PLAIN.fullmatch(p) for p in e.patterns):
+                    for p in dict.fromkeys(p.lower() for p in e.patterns):
+                        exact.setdefault(p, []).append((i, e))
+                else:
+                    other.append((i, e))
+            idx = (exact, other)
+            with self._lock:
+                self._index[files] = idx
+        exact, other = idx
+        found = exact.get(name.lower(), []) + [(i, e) for i, e in other if host_matches(name, e.patterns)]
+        return [e for _, e in sorted(found, key=lambda x: x[0])]
+
     def lookup(self, name: str, key: Any, files: Iterable[str]) -> Lookup:
         """hostfile.c's check_hostkeys_by_key_or_type: revoked wins; an equal key is ok; another key for the host
         (any type) is changed; no line for the host is unknown."""
-        mine = [e for e in self.entries(files) if host_matches(name, e.patterns)]
+        mine = self.matching(name, files)
         for e in mine:
             if e.marker == "@revoked" and e.key == key:
                 return Lookup("revoked", e.where)
@@ -163,8 +191,8 @@ class KnownHosts:
     def known_types(self, name: str, files: Iterable[str]) -> list[str]:
         """Key types known for `name` (to offer first, as ssh(1) orders its host key algorithms)."""
         out: list[str] = []
-        for e in self.entries(files):
-            if not e.marker and host_matches(name, e.patterns) and e.key.get_name() not in out:
+        for e in self.matching(name, files):
+            if not e.marker and e.key.get_name() not in out:
                 out.append(e.key.get_name())
         return out
 
@@ -184,4 +212,5 @@ class KnownHosts:
             except OSError as exc:
                 return f"{path}: {exc.strerror or exc}"
             self._files.setdefault(p, []).append(Entry((name.lower(),), key, "", f"{path}:+"))
+            self._index.clear()
         return None

@@ -219,3 +219,18 @@ def test_host_patterns() -> None:
     assert host_matches("[10.0.0.1]:2222", ["[10.0.0.1]:2222"]) and not host_matches("10.0.0.1", ["[10.0.0.1]:22"])
     hashed = paramiko.HostKeys.hash_host("node07")
     assert host_matches("NODE07", [hashed]) and not host_matches("node08", [hashed])
+
+
+def test_known_hosts_lookup_reads_plain_pattern_and_hashed_lines(tmp_path: Path) -> None:
+    from provisioner.probes.hostkeys import KnownHosts
+
+    a, b, c = (paramiko.ECDSAKey.generate() for _ in range(3))
+    f = tmp_path / "kh"
+    f.write_text(_line(a, "node01,10.0.0.1") + _line(b, "*.rack,!bad.rack") + _line(c, paramiko.HostKeys.hash_host("n9"))
+                 + "@revoked * " + _line(c, "").lstrip())
+    kh = KnownHosts()
+    assert kh.lookup("10.0.0.1", a, [str(f)]).status == "ok"
+    assert kh.lookup("NODE01", b, [str(f)]).status == "changed"
+    assert kh.lookup("x.rack", b, [str(f)]).status == "ok" and kh.lookup("bad.rack", b, [str(f)]).status == "unknown"
+    assert kh.lookup("n9", c, [str(f)]).status == "revoked"  # @revoked wins over the hashed line with that key
+    assert kh.known_types("x.rack", [str(f)]) == [b.get_name()]
