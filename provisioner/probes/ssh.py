@@ -216,10 +216,11 @@ class _HostKeyPolicy:
             _warn(self.res, f"{t.name}: host key for {hostname} CHANGED (possible MITM; {fp}, known key at "
                             f"{found.where}): connecting anyway because StrictHostKeyChecking=no")
             return
-        user = next((f for f in t.known_hosts if f != "/dev/null"), None)
+        # ssh(1) adds it to the FIRST user file (UserKnownHostsFile=/dev/null: nowhere)
+        user = t.known_hosts[0] if t.known_hosts and t.known_hosts[0] != "/dev/null" else None
         why = self.known.add(user, hostname, key) if user else None
         saved = (f"added to {user}" if user and why is None else f"not saved ({why})" if why
-                 else "not saved (no user known_hosts file)")
+                 else "not saved (the user known_hosts file is /dev/null or none)")
         _warn(self.res, f"{t.name}: host key for {hostname} not in known_hosts: accepted ({fp}), {saved}, because "
                         f"StrictHostKeyChecking={mode}")
 
