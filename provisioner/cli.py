@@ -155,7 +155,7 @@ def main() -> None:
         # standalone_mode=False: a command's `raise typer.Exit(code)` comes back as the return value
         rc = app(standalone_mode=False)
     except UsageError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(Exit.USAGE)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -104,3 +104,33 @@ def host_files(fleet: Fleet, host: Host | str, *, redact: bool = True,
             out.append(RenderedFile(u["dest"], u["template"], render_template(u["template"], v, templates),
                                     "0644", "root", "root"))
     return out
+
+
+def out_paths(files: list[RenderedFile], out: Path) -> list[tuple[RenderedFile, Path]]:
+    """Where `render --out DIR` writes each file: DIR + its absolute host path. UsageError (nothing written yet)
+    when a destination is not absolute or would land outside DIR: `..` in `vllm_env_file`/`vllm_unit_dir` (or any
+    other path variable), or a directory under DIR that is a symlink out of it."""
+    import os
+
+    from provisioner.errors import UsageError
+
+    root = os.path.realpath(out)
+    placed: list[tuple[RenderedFile, Path]] = []
+    for f in files:
+        if not f.dest.startswith("/"):
+            raise UsageError(f"{f.dest!r} (from templates/{f.template}) is not an absolute path: not written",
+                             path=str(out))
+        rel = os.path.normpath(f.dest.lstrip("/"))
+        dest = os.path.join(root, rel)
+        if rel in (".", "") or rel == ".." or rel.startswith("../") or os.path.commonpath([root, dest]) != root:
+            raise UsageError(f"{f.dest!r} (from templates/{f.template}) lies outside --out: nothing written",
+                             path=str(out))
+        # the deepest directory that exists already must resolve inside DIR (no symlink out of it)
+        probe = os.path.dirname(dest)
+        while probe != root and not os.path.lexists(probe):
+            probe = os.path.dirname(probe)
+        real = os.path.realpath(probe)
+        if os.path.commonpath([root, real]) != root:
+            raise UsageError(f"{f.dest!r}: {probe} resolves outside --out ({real}): nothing written", path=str(out))
+        placed.append((f, Path(dest)))
+    return placed

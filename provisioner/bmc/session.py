@@ -86,13 +86,15 @@ def before_after_table(title: str, rows: list[dict[str, Any]], last: str,
     """Print the host / before / after / `last` table of `provision power` and `firmware --apply` (one row per
     host; `status` gives the last column's cell, rich markup allowed)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
     for col in ("host", "before", "after", last):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["host"], r["before"] or "-", r["after"] or "-", status(r))
+        table.add_row(escape(str(r["host"])), escape(str(r["before"] or "-")), escape(str(r["after"] or "-")),
+                      status(r))
     Console(highlight=False, soft_wrap=True).print(table)
 
 

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from provisioner.commands.common import unwrap
@@ -181,7 +182,7 @@ def register(app: typer.Typer) -> None:
                           concurrency=concurrency, result_dir="/tmp/provision-bench", seed=seed)
         where = "this machine" if local else f"{head.name} (over SSH)"
         err.print(f"bench {cluster_name}: {num_prompts} prompts, {input_len}->{output_len} tokens, concurrency "
-                  f"{concurrency}, client on {where}, server {address}:{port}")
+                  f"{concurrency}, client on {where}, server {address}:{port}", markup=False)
         try:
             if local:
                 exe = vllm or shutil.which("vllm")
@@ -194,13 +195,13 @@ def register(app: typer.Typer) -> None:
             else:
                 result = _run_on_head(fleet, cluster, args, str(hv["vllm_venv"]), str(hv["vllm_env_file"]), timeout)
         except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError, OSError) as exc:
-            err.print(f"[bold red]bench failed:[/] {exc}")
+            err.print(f"[bold red]bench failed:[/] {escape(str(exc))}")
             raise typer.Exit(int(Exit.FAIL)) from None
 
         rows = judge(result, s)
         completed, failed = int(result.get("completed") or 0), int(result.get("failed") or 0)
         breached = [r for r in rows if r["ok"] is False]
-        table = Table(title=f"vllm bench serve · {cluster_name} · {completed} completed, {failed} failed")
+        table = Table(title=f"vllm bench serve · {escape(cluster_name)} · {completed} completed, {failed} failed")
         for col in ("metric", "value", "SLO", "status"):
             table.add_column(col)
         for r in rows:
@@ -219,8 +220,8 @@ def register(app: typer.Typer) -> None:
         if failed or not completed:
             err.print(f"[bold red]{failed} request(s) failed, {completed} completed[/]")
         for r in breached:
-            err.print(f"[bold red]SLO breach:[/] {r['metric']} = {r['value']} {r['unit']} "
-                      f"({r['slo_var']} {r['slo']})")
+            err.print(f"[bold red]SLO breach:[/] {escape(str(r['metric']))} = {r['value']} {r['unit']} "
+                      f"({escape(str(r['slo_var']))} {r['slo']})")
         if not report["ok"]:
             raise typer.Exit(int(Exit.FAIL))
         sys.stdout.flush()

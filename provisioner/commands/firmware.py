@@ -214,15 +214,15 @@ def _print_text(hosts: list[str], reports: dict[str, Any], wanted: dict[str, Any
     for h in hosts:
         rep = reports[h]
         if rep.error and not rep.items:
-            table.add_row(h, "-", "-", "-", "-", "[red]unreadable[/]")
+            table.add_row(escape(h), "-", "-", "-", "-", "[red]unreadable[/]")
             continue
         comps = rep.versions()
         for c in sorted(set(comps) | set(wanted[h])):
             want = wanted[h].get(c)
             status = "[red]mismatch[/]" if (h, c) in bad else ("ok" if want else "-")
             src = sorted({"node" if i.source == "node" else "bmc" for i in rep.items if i.component == c})
-            table.add_row(h, c, ", ".join(comps.get(c, [])) or "(not reported)", "+".join(src) or "-",
-                          " or ".join(want or ()) or "-", status)
+            table.add_row(escape(h), escape(c), escape(", ".join(comps.get(c, [])) or "(not reported)"),
+                          "+".join(src) or "-", escape(" or ".join(want or ()) or "-"), status)
     out.print(table)
     for line in invalid:
         out.print(escape(line))

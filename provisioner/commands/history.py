@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import Format, printable, unwrap
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show HOST's lifecycle transitions (oldest first) and the runs that touched it (newest first).
@@ -71,7 +71,7 @@ def run(host: str, inventory: Path | None = None, fmt: Format = Format.text, sit
             extra += f"  drift: {len(r['drift'])} item(s)"
         out.append(f"  #{r['id']} {when(r['started'])}  {r['command']}  {r['outcome'] or '-'} (run {r['status']})"
                    f"{extra}" + (f"  {r['run_dir']}" if r["run_dir"] else ""))
-    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.write("\n".join(printable(line) for line in out) + "\n")  # a reason's ESC [ ... shows as text
     return int(Exit.OK)
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from provisioner.commands.common import unwrap
 from provisioner.errors import Exit, UsageError
@@ -68,8 +69,9 @@ def run(inventory: Path, out: Path, sets: list[str], check: bool | None) -> int:
     rules = yaml.safe_load(written[1].read_text(encoding="utf-8"))
     n_alerts = sum(len(g.get("rules") or []) for g in rules.get("groups") or [])
     for p in written:
-        console.print(f"wrote {p}")
-    console.print(", ".join(f"{job}: {len(cfgs)} target(s)" for job, cfgs in targets.items()) + f"; {n_alerts} alerts")
+        console.print(f"wrote {p}", markup=False)
+    console.print(", ".join(f"{job}: {len(cfgs)} target(s)" for job, cfgs in targets.items()) + f"; {n_alerts} alerts",
+                  markup=False)
 
     promtool = shutil.which("promtool")
     if check is None:
@@ -79,7 +81,7 @@ def run(inventory: Path, out: Path, sets: list[str], check: bool | None) -> int:
             raise UsageError("--check: promtool is not installed (Debian: apt-get install prometheus)")
         r = subprocess.run([promtool, "check", "config", str(written[0])], capture_output=True, text=True)
         if r.returncode != 0:
-            console.print(f"[bold red]promtool check config failed[/]\n{r.stdout}{r.stderr}")
+            console.print(f"[bold red]promtool check config failed[/]\n{escape(r.stdout + r.stderr)}")
             return Exit.FAIL
         console.print("promtool check config: ok (rules included)")
     return Exit.OK

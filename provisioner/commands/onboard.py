@@ -263,7 +263,7 @@ def register(app: typer.Typer) -> None:
         hosts = list(dict.fromkeys(hosts))
         out = {h: Outcome(h, clusters=fleet.cluster_of(h)) for h in hosts}
         t0 = time.monotonic()
-        say = (lambda m: None) if fmt is Format.json else (lambda m: err.print(m))
+        say = (lambda m: None) if fmt is Format.json else (lambda m: err.print(m, markup=False))
 
         # 0. out of band: power on from the BMC, the firmware gate
         oob = out_of_band(fleet, hosts, out, min(timeout, 600.0), say)
@@ -364,5 +364,5 @@ def register(app: typer.Typer) -> None:
                 try:
                     path.write_text(json.dumps(doc, indent=2) + "\n")
                 except OSError as exc:
-                    err.print(f"[yellow]warning:[/] cannot write {path}: {exc.strerror or exc}")
+                    err.print(f"[yellow]warning:[/] {escape(f'cannot write {path}: {exc.strerror or exc}')}")
         raise typer.Exit(int(Exit.OK if doc["ok"] else Exit.FAIL))

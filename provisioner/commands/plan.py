@@ -101,8 +101,9 @@ def register(app: typer.Typer) -> None:
         errors, _ = validate(fleet)
         if errors:
             for f in errors:
-                err.print(finding_line(f))
-            err.print(f"{inventory}: {len(errors)} validation error(s): no plan (provision validate {inventory})")
+                err.print(finding_line(f), markup=False)
+            err.print(f"{inventory}: {len(errors)} validation error(s): no plan (provision validate {inventory})",
+                      markup=False)
             raise typer.Exit(int(Exit.FAIL))
         plan = compute(fleet)
         names = list(host) if host else list(fleet.hosts)

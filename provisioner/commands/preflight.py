@@ -31,7 +31,9 @@ inventory: GPU count and model, the HCAs of `ib_hcas` present, ACTIVE/LinkUp at 
 default 400), GPU-NIC NUMA affinity, the network interface NCCL_SOCKET_IFNAME names (`bootstrap_interface`, as
 /etc/nccl.conf renders it), OS and kernel, free disk for models.
 
-Host keys are checked against known_hosts (the inventory's UserKnownHostsFile included); unknown keys are refused.
+Host keys are checked as ssh checks them (UserKnownHostsFile and GlobalKnownHostsFile of the inventory's ssh args);
+unknown or changed keys are refused unless StrictHostKeyChecking=accept-new/no says otherwise (a warning names the
+host).
 
 Exit codes: 0 every host matches, 1 a mismatch or an unreachable host, 2 usage.""")
 

@@ -13,9 +13,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from provisioner.commands.common import unwrap
-from provisioner.errors import UsageError
+from provisioner.commands.common import finding_line, unwrap, validate
+from provisioner.errors import Exit, UsageError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
 
@@ -24,7 +25,11 @@ HELP = unwrap("""Print the exact files a host gets from templates/ (secrets reda
 Prints (or writes under --out DIR, at their host paths) the files HOST gets: /etc/nccl.conf, the vLLM env file and
 systemd units, byte for byte what the roles write. Secrets show as <redacted>.
 
-Exit codes: 0 ok, 2 usage (unknown host, unreadable inventory).""")
+An inventory that fails validation for HOST is refused (exit 1), and with --out every destination must lie under
+DIR (a `..` in vllm_env_file or vllm_unit_dir is refused, exit 2) before anything is written; each file is written
+atomically (temporary file + rename).
+
+Exit codes: 0 ok, 1 validation errors, 2 usage (unknown host, unreadable inventory, a path outside DIR).""")
 
 
 def register(app: typer.Typer) -> None:
@@ -37,15 +42,23 @@ def register(app: typer.Typer) -> None:
             "--out", help="Write the files under DIR (DIR/etc/...) instead.")] = None,
     ) -> None:
         from provisioner.inventory import load_fleet
-        from provisioner.render import host_files
+        from provisioner.render import host_files, out_paths
+        from provisioner.reports.textfile import write_atomic
 
         fleet = load_fleet(inventory)
         if host not in fleet.hosts:
             known = ", ".join(sorted(fleet.hosts)[:10])
             raise UsageError(f"unknown host {host!r} (hosts: {known})", path=str(inventory))
+        errors, _ = validate(fleet, {host})
+        if errors:  # what validate (and `run`) refuses is never rendered, to stdout or to files
+            for e in errors:
+                err.print(f"[red]error[/] {escape(finding_line(e))}")
+            err.print(f"refusing to render: {len(errors)} validation error(s) (see `provision validate "
+                      f"{escape(str(inventory))}`)")
+            raise typer.Exit(int(Exit.FAIL))
         files = host_files(fleet, host)
         if not files:
-            err.print(f"{host}: no templated files (not a GPU node, in no vLLM cluster)")
+            err.print(f"{escape(host)}: no templated files (not a GPU node, in no vLLM cluster)")
             return
         if out is None:
             for i, f in enumerate(files):
@@ -55,9 +68,6 @@ def register(app: typer.Typer) -> None:
                 sys.stdout.write(f.content)
             sys.stdout.flush()
             return
-        for f in files:
-            dest = out / f.dest.lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(f.content)
-            dest.chmod(int(f.mode, 8))
-            err.print(f"wrote {dest} ({f.mode})")
+        for f, dest in out_paths(files, out):  # every destination checked before the first write
+            write_atomic(dest, f.content, int(f.mode, 8))
+            err.print(f"wrote {escape(str(dest))} ({f.mode})")

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from provisioner.commands.common import (
     EXEC_NODE_HELP,
@@ -88,11 +89,12 @@ def register(app: typer.Typer) -> None:
         errors, warnings = validate(fleet, set(targeted))
         for w in warnings:
             if getattr(w, "severity", "") == "warning" and not quiet and not json_out:
-                err.print(f"[yellow]warning[/] {finding_line(w)}")
+                err.print(f"[yellow]warning[/] {escape(finding_line(w))}")
         if errors:
             for e in errors:
-                err.print(f"[red]error[/] {finding_line(e)}")
-            err.print(f"refusing to run: {len(errors)} validation error(s) (see `provision validate {inventory}`)")
+                err.print(f"[red]error[/] {escape(finding_line(e))}")
+            err.print(f"refusing to run: {len(errors)} validation error(s) (see `provision validate {inventory}`)",
+                      markup=False)
             raise typer.Exit(int(Exit.FAIL))
 
         if not skip_preflight:
@@ -100,7 +102,7 @@ def register(app: typer.Typer) -> None:
             if ok and not (quiet or json_out):
                 err.print(f"preflight: ok ({count(len(targeted), 'host')} targeted)")
             for p in problems:
-                err.print(f"[red]preflight[/] {p}")
+                err.print(f"[red]preflight[/] {escape(p)}")
             if not ok:
                 err.print("refusing to run: preflight failed (fix the hosts, narrow --limit, or --skip-preflight)")
                 raise typer.Exit(int(Exit.FAIL))
@@ -123,10 +125,10 @@ def register(app: typer.Typer) -> None:
             warning = record_run(fleet, result, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=xv,
                                  exec_nodes=nodes)
             if warning:
-                err.print(warning)
+                err.print(warning, markup=False)
         if not (json_out or quiet):
             for line in shard_lines(result):
-                err.print(line)
+                err.print(line, markup=False)
         if json_out:
             sys.stdout.write(run_json.render(result))
         else:

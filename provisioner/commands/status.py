@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import Format, printable, unwrap
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since, cluster, last run, health and drift.
@@ -95,11 +95,12 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
         sys.stdout.write(json.dumps({"inventory": str(inventory), "site": site, "hosts": rows}, indent=2) + "\n")
         return int(Exit.OK)
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from provisioner.probes.seen import cell
 
-    table = Table(title=f"fleet status: {inventory}", title_justify="left")
+    table = Table(title=f"fleet status: {escape(str(inventory))}", title_justify="left")
     for col in ("host", "state", "since", "cluster", "last run", "health", "drift", "mark", "driver", "vllm"):
         table.add_column(col)
     for r in rows:
@@ -111,8 +112,9 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
             f" ({', '.join(health['failed'])})" if health["failed"] else "")
         dr = "-" if drift is None else f"{when(drift['started'])}: {drift['items']} item(s)" + (
             "" if drift["outcome"] in ("ok", "changed") else f" ({drift['outcome']})")
-        table.add_row(r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr, hl, dr,
-                      cell(r.get("mark"), "mark"), cell(r.get("driver")), cell(r.get("vllm")))
+        cells = (r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr, hl, dr, cell(r.get("mark"), "mark"),
+                 cell(r.get("driver")), cell(r.get("vllm")))
+        table.add_row(*(escape(printable(str(v))) for v in cells))  # a value is text, never markup or a control
     Console(highlight=False, soft_wrap=True).print(table)
     return int(Exit.OK)
 

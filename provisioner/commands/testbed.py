@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from provisioner.commands.common import unwrap
@@ -29,12 +30,12 @@ HostName = Annotated[str, typer.Argument(help="Host name, e.g. node02.", show_de
 
 
 def _log(msg: str) -> None:
-    err.print(f"[dim]testbed:[/] {msg}", highlight=False, soft_wrap=True)  # paths stay whole in logs
+    err.print(f"[dim]testbed:[/] {escape(msg)}", highlight=False, soft_wrap=True)  # paths stay whole in logs
 
 
 def _fail(exc: Exception) -> None:
     # one line whatever the terminal's width (a failed wheel download names URL, CA and the fix in one line)
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(Exit.FAIL)
 
 
@@ -64,15 +65,15 @@ def _table(name: str) -> Table:
 
     st = rack.load(name)
     rows = rack.status(name)
-    t = Table(title=f"testbed rack '{name}' · {st.bridge} {st.gateway}/24", title_justify="left")
+    t = Table(title=escape(f"testbed rack '{name}' · {st.bridge} {st.gateway}/24"), title_justify="left")
     for col in ("host", "address", "state", "ssh", "GPUs", "HCAs up", "faults", "mem MiB"):
         t.add_column(col, justify="right" if col in ("HCAs up", "mem MiB") else "left", no_wrap=col != "faults")
     for r in rows:
         t.add_row(
-            r.name, r.address,
+            escape(r.name), escape(r.address),
             "[green]running[/]" if r.running else "[red]stopped[/]",
             "[green]up[/]" if r.ssh else "[red]down[/]",
-            r.gpus, str(r.hcas), _faults_text(r.faults),
+            escape(str(r.gpus)), str(r.hcas), escape(_faults_text(r.faults)),
             f"{r.memory_mib:.0f}" if r.memory_mib is not None else "-",
         )
     return t
@@ -117,7 +118,8 @@ def register(app: typer.Typer) -> None:
         out.print(_table(name))
         what = "created" if res.created else ("repaired: " + ", ".join(res.repaired) if res.repaired else
                                                "already up (no-op)")
-        out.print(f"rack '{name}' {what} in {res.seconds:.1f} s · inventory: {res.rack.inventory}", highlight=False)
+        out.print(f"rack '{name}' {what} in {res.seconds:.1f} s · inventory: {res.rack.inventory}", highlight=False,
+                  markup=False)
 
     @tb.command()
     def status(name: RackName = "rack",
@@ -142,8 +144,8 @@ def register(app: typer.Typer) -> None:
         for r in rack.list_racks():
             state = "[green]up[/]" if r.complete and r.running == r.nodes else (
                 "[yellow]degraded[/]" if r.complete else "[red]half-built[/]")
-            t.add_row(r.name, f"{r.running}/{r.nodes}", r.bridge, r.subnet, state, "yes" if r.with_vllm else "-",
-                      r.inventory)
+            t.add_row(escape(r.name), f"{r.running}/{r.nodes}", escape(r.bridge), escape(r.subnet), state,
+                      "yes" if r.with_vllm else "-", escape(str(r.inventory)))
         out.print(t)
 
     @tb.command()
@@ -159,11 +161,12 @@ def register(app: typer.Typer) -> None:
         try:
             if all_racks:
                 names = rack.down_all(_log)
-                out.print(f"removed {len(names)} rack(s) in {time.monotonic() - t0:.1f} s", highlight=False)
+                out.print(f"removed {len(names)} rack(s) in {time.monotonic() - t0:.1f} s", highlight=False,
+                          markup=False)
             elif rack.down(name, _log):
-                out.print(f"rack '{name}' removed in {time.monotonic() - t0:.1f} s", highlight=False)
+                out.print(f"rack '{name}' removed in {time.monotonic() - t0:.1f} s", highlight=False, markup=False)
             else:
-                out.print(f"rack '{name}' is not up: nothing to remove", highlight=False)
+                out.print(f"rack '{name}' is not up: nothing to remove", highlight=False, markup=False)
         except RuntimeError as exc:
             _fail(exc)
 
@@ -178,7 +181,7 @@ def register(app: typer.Typer) -> None:
         except RuntimeError as exc:
             _fail(exc)
         out.print(_table(name))
-        out.print(f"rack '{name}' reset in {time.monotonic() - t0:.1f} s", highlight=False)
+        out.print(f"rack '{name}' reset in {time.monotonic() - t0:.1f} s", highlight=False, markup=False)
 
     @tb.command()
     def fault(
@@ -194,7 +197,7 @@ def register(app: typer.Typer) -> None:
         rack = _testbed("rack")
 
         resolved = rack.fault(name, host, faults, _log)
-        out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
+        out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False, markup=False)
 
     @tb.command()
     def clear(host: HostName, name: RackName = "rack") -> None:
@@ -202,7 +205,7 @@ def register(app: typer.Typer) -> None:
         rack = _testbed("rack")
 
         resolved = rack.clear(name, host)
-        out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False)
+        out.print(f"{host}: faults now {_faults_text(resolved.get('faults') or {})}", highlight=False, markup=False)
 
     @tb.command()
     def stop(host: HostName, name: RackName = "rack") -> None:
@@ -210,7 +213,7 @@ def register(app: typer.Typer) -> None:
         rack = _testbed("rack")
 
         rack.stop_host(name, host)
-        out.print(f"{host}: stopped", highlight=False)
+        out.print(f"{host}: stopped", highlight=False, markup=False)
 
     @tb.command()
     def start(host: HostName, name: RackName = "rack") -> None:
@@ -221,7 +224,7 @@ def register(app: typer.Typer) -> None:
             started = rack.start_host_cmd(name, host)
         except RuntimeError as exc:
             _fail(exc)
-        out.print(f"{host}: {'started' if started else 'already running'}", highlight=False)
+        out.print(f"{host}: {'started' if started else 'already running'}", highlight=False, markup=False)
 
     @tb.command()
     def bmc(
@@ -256,9 +259,9 @@ def register(app: typer.Typer) -> None:
             _fail(exc)
         for h, state in states.items():
             info = bmcmod.read_host(name, h) or {}
-            out.print(f"{h}: BMC {state} at https://{bmcmod.ADDRESS}:{info.get('port')}", highlight=False)
+            out.print(f"{h}: BMC {state} at https://{bmcmod.ADDRESS}:{info.get('port')}", highlight=False, markup=False)
         out.print(f"password: {bmcmod.password_file(name)} (export {bmcmod.PASSWORD_ENV}=$(cat FILE))",
-                  highlight=False)
+                  highlight=False, markup=False)
 
     @tb.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def ssh(

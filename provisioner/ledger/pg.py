@@ -21,9 +21,66 @@ def is_url(where: object) -> bool:
     return isinstance(where, str) and where.startswith(SCHEMES)
 
 
+#: query parameters of a URL that hold a secret (libpq's `password`, the client key's `sslpassword`)
+_SECRET_PARAMS = ("password", "sslpassword")
+_QUERY = re.compile(r"([?&])([^&=#]*)=([^&#]*)")
+
+
+def _unquote(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text, errors="replace")
+
+
 def redact(url: str) -> str:
-    """The URL without its password (for messages)."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+    """The URL without its password, in every form libpq reads one (for messages): `user:PASS@`, an empty user
+    (`:PASS@`), an `@` left unencoded in the password (everything up to the LAST `@` goes), a bad `%` escape, and
+    `?password=` / `&sslpassword=` (the key itself percent-encoded or not). Over-redacts rather than leaks."""
+    def query(m: re.Match[str]) -> str:
+        if _unquote(m.group(2)).strip().lower() in _SECRET_PARAMS:
+            return f"{m.group(1)}{m.group(2)}=***"
+        return m.group(0)
+
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _QUERY.sub(query, url)
+    rest = _QUERY.sub(query, rest)
+    at = rest.rfind("@")
+    if at >= 0 and ":" in rest[:at]:
+        user = rest[:at].split(":", 1)[0]
+        rest = f"{user}:***{rest[at:]}"
+    return f"{scheme}{sep}{rest}"
+
+
+def secrets_of(url: str) -> list[str]:
+    """Every string of `url` that is (part of) a secret, raw and percent-decoded: the password, the pieces an
+    unencoded `@` splits it into (libpq reads the first as the password and the rest as the host), the values of
+    `password=`/`sslpassword=`."""
+    out: list[str] = []
+    _, sep, rest = url.partition("://")
+    rest = rest if sep else url
+    for m in _QUERY.finditer(rest):
+        if _unquote(m.group(2)).strip().lower() in _SECRET_PARAMS:
+            out.append(m.group(3))
+    at = rest.rfind("@")
+    if sep and at >= 0 and ":" in rest[:at]:
+        pw = rest[:at].split(":", 1)[1]
+        out += [pw, *pw.split("@")]
+    found = [s for s in out if s] + [_unquote(s) for s in out if s]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (an error message about `url`: psycopg echoes a bad `%` token, or a host that is really the end of a
+    password) with the URL redacted and every secret of it replaced by `***` (a secret of under 4 characters only
+    where it stands alone, so the rest of the message stays readable)."""
+    text = text.replace(url, redact(url))
+    for secret in secrets_of(url):
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+        else:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
+    return text
 
 
 def ddl(stmt: str) -> str:

@@ -18,8 +18,12 @@ from typing import Any
 from provisioner.ledger.store import Ledger, LedgerError
 
 
-def warn(exc: BaseException) -> None:
+def warn(exc: BaseException, where: Any = None) -> None:
     what = str(exc) if isinstance(exc, LedgerError) else f"{type(exc).__name__}: {exc}"
+    if where is not None:  # a driver's own message may echo the URL or a piece of its password
+        from provisioner.ledger import pg
+
+        what = pg.scrub(what, str(where))
     sys.stderr.write(f"warning: ledger not updated: {what} (the run itself is unaffected)\n")
 
 
@@ -100,7 +104,7 @@ class Recorder:
                 return fn(ledger)
         except Exception as exc:  # noqa: BLE001 (best effort: nothing of the ledger may fail a run)
             self.broken = True
-            warn(exc)
+            warn(exc, self.path or _path())
             return None
 
     def on_run_dir(self, run_dir: Path) -> None:
@@ -146,5 +150,5 @@ def record_health(results: Mapping[str, Any], inventory: Any, started: float, se
                                 health=checks, ended=started + seconds)
             return run
     except Exception as exc:  # noqa: BLE001 (best effort, as above)
-        warn(exc)
+        warn(exc, path or _path())
         return None

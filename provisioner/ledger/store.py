@@ -213,6 +213,13 @@ class Ledger:
         self._depth = 0
         self._key: bytes | None = None
 
+    @property
+    def shown(self) -> str:
+        """The ledger's path or URL as messages show it (a URL's password redacted in every form)."""
+        from provisioner.ledger import pg
+
+        return pg.redact(self.path) if pg.is_url(self.path) else self.path
+
     # -- opening ------------------------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, site: str = "", timeout: float = 10.0) -> Ledger:
@@ -234,7 +241,7 @@ class Ledger:
                 if isinstance(exc, LedgerError):
                     raise
                 text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise LedgerError(f"cannot open the ledger {pg.redact(where)}: {text}") from None
+                raise LedgerError(f"cannot open the ledger {pg.redact(where)}: {pg.scrub(text, where)}") from None
             return ledger
         try:
             if where != ":memory:":
@@ -385,7 +392,7 @@ class Ledger:
             row = db.execute("SELECT version FROM schema_version").fetchone()
             have = int(row[0]) if row else 0
             if have > VERSION:
-                raise LedgerError(f"the ledger {self.path} has schema version {have}, newer than this provisioner "
+                raise LedgerError(f"the ledger {self.shown} has schema version {have}, newer than this provisioner "
                                   f"({VERSION}): upgrade provisioner")
             for step in MIGRATIONS[have:]:
                 for stmt in _statements(step):

@@ -3,11 +3,13 @@
 One connection and ONE exec per host: callers batch everything they want to know into a single shell snippet
 (`provisioner.probes.preflight.PROBE_SCRIPT`), so a probe costs one round of SSH handshakes, not one per fact.
 
-Host keys: the user's ~/.ssh/known_hosts, /etc/ssh/ssh_known_hosts and every `UserKnownHostsFile` named in the
-inventory's `ansible_ssh_common_args` are loaded (parsed once per `run_many`, shared read-only by its connections);
-an unknown or changed key is refused (paramiko RejectPolicy), as Ansible does with host key checking on. Only an
-explicit `-o StrictHostKeyChecking=no` in the inventory turns that off (the key is then accepted for this connection
-and never saved), mirroring what ssh would do.
+Host keys are checked as ssh(1) checks them, from the inventory's ssh options (`ansible_ssh_common_args`, then
+`ansible_ssh_extra_args`; the first value of an option wins, as in ssh): the user's files (`UserKnownHostsFile`,
+default ~/.ssh/known_hosts) and the global files (`GlobalKnownHostsFile`, default /etc/ssh/ssh_known_hosts) are read
+(`UserKnownHostsFile=/dev/null` empties only the user's part); a changed, revoked or unknown key is refused. Only
+`StrictHostKeyChecking=no` (a changed or unknown key) or `accept-new` (an unknown key only) relaxes that, with a
+warning line naming the host on stderr; the new key is then added to the user's file, as ssh adds it. The rules:
+provisioner.probes.hostkeys.
 
 Start-up: paramiko is imported on first use and without `invoke` (`_import_paramiko`).
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.model import Host
+from provisioner.probes.hostkeys import DEFAULT_MODE, GLOBAL_FILES, USER_FILES, KnownHosts, mode_of, verdict
 
 DEFAULT_TIMEOUT = 30.0  # seconds per host: connect + auth + the command
 DEFAULT_FORKS = 64  # concurrent connections (threads; the work is network wait, not CPU)
@@ -38,8 +41,9 @@ class SshTarget:
     port: int = 22
     user: str | None = None
     key_files: tuple[str, ...] = ()
-    known_hosts: tuple[str, ...] = ()
-    strict_host_keys: bool = True
+    known_hosts: tuple[str, ...] = USER_FILES  # UserKnownHostsFile: the user's files (replaces the default)
+    global_known_hosts: tuple[str, ...] = GLOBAL_FILES  # GlobalKnownHostsFile: always read as well
+    host_key_checking: str = DEFAULT_MODE  # StrictHostKeyChecking: yes | ask | accept-new | no
     connect_timeout: float | None = None
     via: SshTarget | None = None  # a jump host (an execution node): the connection is tunnelled through it
 
@@ -53,13 +57,15 @@ class ExecResult:
     stderr: str = ""
     error: str | None = None  # why the host is unreachable (auth, host key, timeout, refused)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # a relaxed host key check (also written to stderr)
 
 
 @dataclass
 class _SshOpts:
-    known_hosts: list[str] = field(default_factory=list)
+    known_hosts: list[str] | None = None  # UserKnownHostsFile (None: ssh's default files)
+    global_known_hosts: list[str] | None = None  # GlobalKnownHostsFile (None: ssh's default files)
     identity: list[str] = field(default_factory=list)
-    strict: bool = True
+    strict: str | None = None  # StrictHostKeyChecking mode (None: not given, ssh's default `ask`)
     port: int | None = None
     user: str | None = None
     connect_timeout: float | None = None
@@ -72,8 +78,9 @@ def as_root(script: str, user: str | None) -> str:
 
 def parse_ssh_args(args: str | None) -> _SshOpts:
     """The parts of `ansible_ssh_common_args` (ssh command-line options) that matter for a paramiko connection:
-    `-o UserKnownHostsFile=`, `-o IdentityFile=` / `-i`, `-o StrictHostKeyChecking=`, `-o ConnectTimeout=`,
-    `-o Port=` / `-p`, `-o User=` / `-l`. Unknown options are ignored (ControlMaster etc. mean nothing here)."""
+    `-o UserKnownHostsFile=`, `-o GlobalKnownHostsFile=`, `-o IdentityFile=` / `-i`, `-o StrictHostKeyChecking=`,
+    `-o ConnectTimeout=`, `-o Port=` / `-p`, `-o User=` / `-l`. Unknown options are ignored (ControlMaster etc. mean
+    nothing here). Arguments that do not split (unbalanced quotes) give the defaults: host keys checked."""
     o = _SshOpts()
     if not args:
         return o
@@ -108,14 +115,18 @@ def parse_ssh_args(args: str | None) -> _SshOpts:
             if not _:
                 k, _, v = val.partition(" ")
             k, v = k.strip().lower(), v.strip()
-            if k == "userknownhostsfile":
-                o.known_hosts.extend(os.path.expanduser(x) for x in v.split() if x != "/dev/null")
-                if v.strip() == "/dev/null":
-                    o.strict = False
+            # ssh(1): the first value of an option wins (IdentityFile adds up); a file list replaces the default
+            if k in ("userknownhostsfile", "globalknownhostsfile"):
+                files = [os.path.expanduser(x) for x in v.split() if x.lower() != "none"]
+                if k == "userknownhostsfile" and o.known_hosts is None:
+                    o.known_hosts = files
+                elif k == "globalknownhostsfile" and o.global_known_hosts is None:
+                    o.global_known_hosts = files
             elif k == "identityfile":
                 o.identity.append(os.path.expanduser(v))
             elif k == "stricthostkeychecking":
-                o.strict = v.lower() not in ("no", "off", "false", "accept-new")
+                if o.strict is None:
+                    o.strict = mode_of(v)
             elif k == "connecttimeout" and v.isdigit():
                 o.connect_timeout = float(v)
             elif k == "port" and v.isdigit():
@@ -127,15 +138,19 @@ def parse_ssh_args(args: str | None) -> _SshOpts:
 
 def target_for(host: Host) -> SshTarget:
     """An SshTarget from an inventory host (ansible_host/port/user, ansible_ssh_common_args, private key file)."""
-    opts = parse_ssh_args(host.get("ansible_ssh_common_args"))
+    args = " ".join(str(a) for a in (host.get("ansible_ssh_common_args"), host.get("ansible_ssh_extra_args")) if a)
+    opts = parse_ssh_args(args)
     keys = list(opts.identity)
     pk = host.get("ansible_ssh_private_key_file") or host.get("ansible_private_key_file")
     if pk:
         keys.insert(0, os.path.expanduser(str(pk)))
     port = host.ssh_port if host.get("ansible_port") is not None else (opts.port or 22)
     return SshTarget(name=host.name, address=host.address, port=port, user=host.ssh_user or opts.user,
-                     key_files=tuple(keys), known_hosts=tuple(opts.known_hosts), strict_host_keys=opts.strict,
-                     connect_timeout=opts.connect_timeout)
+                     key_files=tuple(keys),
+                     known_hosts=USER_FILES if opts.known_hosts is None else tuple(opts.known_hosts),
+                     global_known_hosts=GLOBAL_FILES if opts.global_known_hosts is None
+                     else tuple(opts.global_known_hosts),
+                     host_key_checking=opts.strict or DEFAULT_MODE, connect_timeout=opts.connect_timeout)
 
 
 def _default_user() -> str:
@@ -162,51 +177,63 @@ def _import_paramiko() -> Any:
     return paramiko
 
 
-class KnownHosts:
-    """known_hosts files parsed ONCE per fan-out and shared read-only by every connection (paramiko's SSHClient would
-    re-read and re-parse every file for every host: O(hosts x lines) for a fleet)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._parsed: dict[tuple[str, ...], Any] = {}
-
-    def get(self, files: tuple[str, ...]) -> Any:
-        paramiko = _import_paramiko()
-        with self._lock:
-            hk = self._parsed.get(files)
-            if hk is None:
-                hk = paramiko.HostKeys()
-                _load_known_files(hk.load, files)
-                self._parsed[files] = hk
-            return hk
-
-
-def _load_known_files(load: Callable[[str], Any], files: Iterable[str]) -> None:
-    """`load(path)` for every known_hosts file of `files` that exists; unreadable or malformed files are skipped."""
-    paramiko = _import_paramiko()
-    for f in files:
-        p = os.path.expanduser(f)
-        if os.path.isfile(p):
-            try:
-                load(p)
-            except (OSError, paramiko.SSHException):
-                pass
-
-
 def _known_files(t: SshTarget) -> tuple[str, ...]:
-    return ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts", *t.known_hosts)
+    """Every known-hosts file ssh(1) reads for `t`: the user's (UserKnownHostsFile) then the global ones."""
+    return (*t.known_hosts, *t.global_known_hosts)
 
 
-def _client(t: SshTarget, known: KnownHosts | None) -> Any:
-    """An SSHClient whose read-only ("system") host keys are every known_hosts file of `t`; unknown keys refused."""
+def _warn(res: ExecResult | None, line: str) -> None:
+    """A relaxed host key check: one line on stderr (whatever the command prints on stdout) and in the result."""
+    if res is not None:
+        res.warnings.append(line)
+    sys.stderr.write(f"warning: {line}\n")
+    sys.stderr.flush()
+
+
+class _HostKeyPolicy:
+    """The paramiko policy every connection uses: the client holds no host keys of its own, so paramiko hands every
+    server key here, and this judges it as ssh(1) would (provisioner.probes.hostkeys); raising refuses it."""
+
+    def __init__(self, t: SshTarget, known: KnownHosts, res: ExecResult | None) -> None:
+        self.t, self.known, self.res = t, known, res
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        t, mode = self.t, self.t.host_key_checking
+        found = self.known.lookup(hostname, key, _known_files(t))
+        ok, warn = verdict(mode, found.status)
+        fp = getattr(key, "fingerprint", key.get_name())
+        if not ok:
+            if found.status == "revoked":
+                raise _HostKeyRefused(f"host key for {hostname} is REVOKED ({found.where}): refused")
+            if found.status == "changed":
+                raise _HostKeyRefused(f"host key for {hostname} CHANGED (possible MITM; {fp}, known key at "
+                                      f"{found.where}): refused")
+            raise _HostKeyRefused(f"host key for {hostname} not in known_hosts ({', '.join(_known_files(t))}): "
+                                  f"refused (StrictHostKeyChecking={mode})")
+        if not warn:
+            return
+        if found.status == "changed":
+            _warn(self.res, f"{t.name}: host key for {hostname} CHANGED (possible MITM; {fp}, known key at "
+                            f"{found.where}): connecting anyway because StrictHostKeyChecking=no")
+            return
+        # ssh(1) adds it to the FIRST user file (UserKnownHostsFile=/dev/null: nowhere)
+        user = t.known_hosts[0] if t.known_hosts and t.known_hosts[0] != "/dev/null" else None
+        why = self.known.add(user, hostname, key) if user else None
+        saved = (f"added to {user}" if user and why is None else f"not saved ({why})" if why
+                 else "not saved (the user known_hosts file is /dev/null or none)")
+        _warn(self.res, f"{t.name}: host key for {hostname} not in known_hosts: accepted ({fp}), {saved}, because "
+                        f"StrictHostKeyChecking={mode}")
+
+
+class _HostKeyRefused(Exception):
+    pass
+
+
+def _client(t: SshTarget, known: KnownHosts, res: ExecResult | None = None) -> Any:
+    """An SSHClient with no host keys of its own: every server key goes to `_HostKeyPolicy`."""
     paramiko = _import_paramiko()
     client = paramiko.SSHClient()
-    shared = known.get(_known_files(t)) if known is not None else None
-    if shared is not None and isinstance(getattr(client, "_system_host_keys", None), paramiko.HostKeys):
-        client._system_host_keys = shared  # read only: SSHClient never writes system host keys
-    else:  # another paramiko layout: load them the documented way (per connection)
-        _load_known_files(client.load_system_host_keys, _known_files(t))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy() if t.strict_host_keys else paramiko.AutoAddPolicy())
+    client.set_missing_host_key_policy(_HostKeyPolicy(t, known, res))
     return client
 
 
@@ -242,12 +269,29 @@ def _collect(chan: Any, deadline: float, res: ExecResult) -> tuple[bytes, bytes]
             select.select([fd], [], [], min(left, 1.0))
 
 
-def _connect(client: Any, t: SshTarget, timeout: float, sock: Any = None) -> None:
+def _connect(client: Any, t: SshTarget, known: KnownHosts, timeout: float, sock: Any = None) -> None:
+    """Connect and authenticate; the host key types known for the host are offered first (as ssh orders its
+    HostKeyAlgorithms), so a host with several keys shows the one known_hosts has."""
+    paramiko = _import_paramiko()
     keys = [k for k in t.key_files if os.path.isfile(k)]
     ct = min(t.connect_timeout or timeout, timeout)
+    name = t.address if t.port == 22 else f"[{t.address}]:{t.port}"
+    first = known.known_types(name, _known_files(t))
+
+    def transport(sock: Any, **kw: Any) -> Any:
+        tr = paramiko.Transport(sock, **kw)
+        if first:
+            opts = tr.get_security_options()
+            pref = [k for k in first if k in opts.key_types]
+            if "ssh-rsa" in first:  # an RSA key is offered as rsa-sha2-* (paramiko no longer signs with SHA-1)
+                pref += [k for k in ("rsa-sha2-512", "rsa-sha2-256") if k in opts.key_types and k not in pref]
+            opts.key_types = pref + [k for k in opts.key_types if k not in pref]
+        return tr
+
     client.connect(t.address, port=t.port, username=t.user or _default_user(),
                    key_filename=keys or None, look_for_keys=not keys, allow_agent=not keys,
-                   timeout=ct, banner_timeout=ct, auth_timeout=ct, channel_timeout=ct, sock=sock)
+                   timeout=ct, banner_timeout=ct, auth_timeout=ct, channel_timeout=ct, sock=sock,
+                   transport_factory=transport)
 
 
 class Jumps:
@@ -268,8 +312,8 @@ class Jumps:
                 r = ExecResult(host=via.name, ok=False)
                 client = None
                 try:
-                    client = _client(via, self._known)
-                    _connect(client, via, self._timeout)
+                    client = _client(via, self._known, r)
+                    _connect(client, via, self._known, self._timeout)
                     self._clients[via.name] = client
                 except Exception as exc:  # noqa: BLE001 (reported for every target behind it)
                     r.error = _why(exc, via)
@@ -297,17 +341,14 @@ class _JumpError(Exception):
 def _why(exc: BaseException, t: SshTarget) -> str:
     """One line for a connection failure (never raised)."""
     paramiko = _import_paramiko()
-    if isinstance(exc, _JumpError):
+    if isinstance(exc, _JumpError | _HostKeyRefused):
         return str(exc)
     if isinstance(exc, paramiko.BadHostKeyException):
         return f"host key for {exc.hostname} CHANGED (possible MITM): refused"
     if isinstance(exc, paramiko.AuthenticationException):
         return f"authentication failed as {t.user or _default_user()}: {exc}"
     if isinstance(exc, paramiko.SSHException):
-        msg = str(exc)
-        if "not found in known_hosts" in msg:
-            return f"host key not in known_hosts ({', '.join(t.known_hosts) or '~/.ssh/known_hosts'}): refused"
-        return f"ssh: {msg or type(exc).__name__}"
+        return f"ssh: {str(exc) or type(exc).__name__}"
     if isinstance(exc, TimeoutError):
         return f"connect timed out after {t.connect_timeout or DEFAULT_TIMEOUT:g}s"
     if isinstance(exc, OSError):
@@ -328,12 +369,13 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
     own_jumps = None
     try:
         sock = None
+        known = known or KnownHosts()
         if t.via is not None:
             if jumps is None:
-                jumps = own_jumps = Jumps(known or KnownHosts(), timeout)
+                jumps = own_jumps = Jumps(known, timeout)
             sock = jumps.channel(t)
-        client = _client(t, known)
-        _connect(client, t, timeout, sock)
+        client = _client(t, known, res)
+        _connect(client, t, known, timeout, sock)
         transport = client.get_transport()
         assert transport is not None
         chan = transport.open_session(timeout=max(1.0, deadline - time.monotonic()))

@@ -1,4 +1,5 @@
-"""What every Prometheus textfile report shares: label and sample escaping, and the atomic write node_exporter needs.
+"""What every Prometheus textfile report shares: label and sample escaping, and the atomic write node_exporter needs
+(also the one atomic write of every other file a command writes: `render --out`, `status --html`).
 
 Label values and sample values can come from a node (a health check's name, a measured bandwidth): they are data,
 never exposition syntax. `escape_label` keeps any value inside its quotes on one line, `sample_value` prints a
@@ -58,14 +59,15 @@ def sample(name: str, labels: dict[str, Any], value: Any) -> str | None:
     return f"{name}{{{body}}} {val}" if labels else f"{name} {val}"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory + rename (node_exporter never reads a half-written file)."""
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write via a temporary file in the same directory + rename (node_exporter never reads a half-written file);
+    the file gets `mode` before it appears. A symlink at `path` is replaced, never followed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -18,7 +18,7 @@ MAX_PER_CODE = 25  # text output only; --format json lists every finding
 
 def _cluster_table(c: ClusterSummary) -> Table:
     """One table per cluster, a row per quantity (fits 80 columns)."""
-    t = Table(title=f"cluster [bold]{c.name}[/]", title_justify="left", show_header=False, min_width=60)
+    t = Table(title=f"cluster [bold]{escape(c.name)}[/]", title_justify="left", show_header=False, min_width=60)
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
 
@@ -29,9 +29,9 @@ def _cluster_table(c: ClusterSummary) -> Table:
     if c.max_full_length_seqs is not None:
         seqs = f"{c.max_full_length_seqs} x {c.max_model_len} tokens (max_num_seqs {c.max_num_seqs})"
     ranks = ", ".join(f"{m} (rank {i})" for i, m in enumerate(c.members)) or "-"
-    t.add_row("nodes", f"{len(c.members)}: {ranks}")
-    t.add_row("GPUs", f"{c.gpus_per_node} x {c.gpu_model} per node" if c.gpu_model else "?")
-    t.add_row("model", c.model or "?")
+    t.add_row("nodes", escape(f"{len(c.members)}: {ranks}"))
+    t.add_row("GPUs", escape(f"{c.gpus_per_node} x {c.gpu_model} per node") if c.gpu_model else "?")
+    t.add_row("model", escape(c.model or "?"))
     t.add_row("TP x PP", f"{c.tensor_parallel_size} x {c.pipeline_parallel_size}")
     t.add_row("weights/GPU", b(c.weight_bytes_per_gpu))
     t.add_row("KV cache/token", b(c.kv_cache_bytes_per_token) + " whole model")
@@ -67,5 +67,6 @@ def print_report(result: ValidationResult, console: Console) -> None:
             console.print(f"... and {n} more {code} finding(s) (--format json lists all)", soft_wrap=True)
     n_e, n_w = len(result.errors), len(result.warnings)
     verdict = "[bold green]valid[/]" if result.ok else "[bold red]invalid[/]"
-    console.print(f"{result.source}: {count(result.hosts, 'host')}, {count(len(result.clusters), 'cluster')}: "
+    console.print(f"{escape(str(result.source))}: {count(result.hosts, 'host')}, "
+                  f"{count(len(result.clusters), 'cluster')}: "
                   f"{verdict} ({n_e} error(s), {n_w} warning(s))", highlight=False, soft_wrap=True)

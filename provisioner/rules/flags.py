@@ -47,6 +47,8 @@ def malformed(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             continue
         for a in extra:
             f = flag_name(a)
+            if secret_flag(a):
+                continue  # FLAG004 (which never shows the item: it holds a secret)
             if f in MANAGED_FLAGS:
                 yield Finding("FLAG002", "error", f"extra_args repeats {f}, which is rendered from "
                               f"{MANAGED_FLAGS[f]}: set that instead and drop it from extra_args", group=name, var=VAR)
@@ -55,6 +57,40 @@ def malformed(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                 yield Finding("FLAG002", "error", f"extra_args item {a!r} holds a flag and its value: split it into "
                               f"separate items {parts!r} or write {parts[0]}={' '.join(parts[1:])}",
                               group=name, var=VAR)
+
+
+#: vLLM flags whose value is a secret -> the variable that carries it off the command line (into the 0640 env file)
+SECRET_FLAGS = {"--api-key": "vllm_api_key", "--hf-token": "vllm_hf_token"}
+
+
+def secret_flag(arg: str) -> str | None:
+    """The secret flag `arg` sets (as vLLM's parser reads it: `--api_key` is `--api-key`, a value after `=` or a
+    space, an unambiguous abbreviation such as `--api-ke`), else None."""
+    f = flag_name(arg.strip()).split()[0] if arg.strip() else ""
+    if not f.startswith("--"):
+        return None
+    f = "--" + f[2:].replace("_", "-")
+    for name in SECRET_FLAGS:
+        if name.startswith(f) and len(f) >= len(name) - 2:
+            return name
+    return None
+
+
+@rule("FLAG004", "secret on the vLLM command line")
+def secret_in_argv(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """`--api-key`/`--hf-token` in extra_args put the key in argv: the unit file (0644), `ps` on the node and
+    `provision plan`. Refused, pointing at the variable that renders it into the env file (the value never shown)."""
+    for name in fleet.clusters:
+        extra = _extra(fleet, name)
+        if not isinstance(extra, (list, tuple)):
+            continue
+        for a in extra:
+            f = secret_flag(a) if isinstance(a, str) else None
+            if f:
+                var = SECRET_FLAGS[f]
+                yield Finding("FLAG004", "error", f"extra_args sets {f}: the key would be on vLLM's command line (the "
+                              f"0644 unit, `ps`, `provision plan`); set {var} instead (vault it), which reaches vLLM "
+                              f"through the 0640 env file", group=name, var=VAR)
 
 
 def member_argvs(fleet: Fleet) -> list[tuple[str, str, str, tuple[str, ...]]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,20 @@ __all__ = [
 
 
 _ENV_KEEP = re.compile(r"^(ANSIBLE_|RUNNER_|AWX_|PATH$|HOME$|LANG$|LC_|PWD$|USER$|SHELL$|TERM$)")
+#: ...but never a secret of those families (ANSIBLE_BECOME_PASS, ANSIBLE_SSH_PASSWORD, a *_TOKEN); a path to one
+#: (ANSIBLE_VAULT_PASSWORD_FILE, ANSIBLE_PRIVATE_KEY_FILE) stays
+_ENV_SECRET = re.compile(r"(?i)(PASS|SECRET|TOKEN|CREDENTIAL|API_?KEY|PRIVATE_KEY|KEY_DATA)(?!.*_(FILE|PATH|DIR)$)")
+
+
+def _keep_env(name: str) -> bool:
+    return bool(_ENV_KEEP.match(name)) and not _ENV_SECRET.search(name)
+
+
+def scrub_run_inputs(run_dir: Path) -> None:
+    """ansible-runner dumps its inputs into `<private data dir>/env/`: `extravars` (every -e value, a vaulted one
+    decrypted), `envvars`, `ssh_key`, `passwords`. ansible-playbook has read them once the run ends, so they go then
+    (interrupted runs included); the run directory keeps the artifacts, which say what ran."""
+    shutil.rmtree(run_dir / "env", ignore_errors=True)
 
 
 def scrub_command_artifact(artifact_dir: Path) -> None:
@@ -61,8 +76,8 @@ def scrub_command_artifact(artifact_dir: Path) -> None:
     except (OSError, ValueError):
         return
     env = data.get("env") or {}
-    data["env"] = {k: v for k, v in env.items() if _ENV_KEEP.match(k)}
-    data["env_scrubbed"] = sorted(k for k in env if not _ENV_KEEP.match(k))
+    data["env"] = {k: v for k, v in env.items() if _keep_env(k)}
+    data["env_scrubbed"] = sorted(k for k in env if not _keep_env(k))
     f.write_text(json.dumps(data, ensure_ascii=False))
 
 
@@ -140,13 +155,14 @@ def execute(
             timeout=cfg.timeout,
         )
     finally:
+        scrub_run_inputs(run_dir)
+        scrub_command_artifact(Path(result.artifact_dir))
         result.duration = time.monotonic() - t0
         if runner is not None:
             result.status = runner.status
             result.rc = runner.rc
         prog.finish(result)
 
-    scrub_command_artifact(Path(result.artifact_dir))
     folder.finish(targeted)
     if runner is not None and runner.rc not in (0, None) and not any(h.seen for h in result.hosts.values()):
         result.error = _error_tail(Path(result.artifact_dir) / "stdout") or f"ansible-playbook exited {runner.rc}"

@@ -227,6 +227,7 @@ class LiveProgress(_View):
         self.live: Any = None
 
     def _render(self) -> Any:
+        from rich.markup import escape
         from rich.table import Table
 
         t, reached, failed, unreach = self.counts()
@@ -234,32 +235,36 @@ class LiveProgress(_View):
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="bold")
         grid.add_column()
-        grid.add_row("play", f"{self.play_name}" + (f"  [cyan]batch {self.batch}[/]" if self.batch > 1 or (
+        grid.add_row("play", escape(self.play_name) + (f"  [cyan]batch {self.batch}[/]" if self.batch > 1 or (
             self.result and self.result.serial) else ""))
-        grid.add_row("task", f"{self.task_name}  ({count(len(self.task_done), 'host')} done)")
+        grid.add_row("task", f"{escape(self.task_name)}  ({count(len(self.task_done), 'host')} done)")
         grid.add_row("hosts", f"{t} targeted · {reached} reached · [red]{failed} failed[/] · "
                               f"[magenta]{unreach} unreachable[/]")
         waiting = self.waiting.summary(self.clock())
         if waiting:
-            grid.add_row("waiting", waiting)
+            grid.add_row("waiting", escape(waiting))
         grid.add_row("elapsed", f"{el:.1f}s · {count(self.tasks, 'task')}")
         return grid
 
     def start(self, result: RunResult) -> None:
         from rich.live import Live
+        from rich.markup import escape
 
         self.result = result
         self.t0 = self.clock()
         self.console.print(f"[bold]{result.command}[/]: {count(len(result.targeted), 'host')}, forks {result.forks}"
-                           f"{', check mode' if result.check else ''}; run dir {result.run_dir}", highlight=False)
+                           f"{', check mode' if result.check else ''}; run dir {escape(str(result.run_dir))}",
+                           highlight=False)
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True,
                          get_renderable=self._render)
         self.live.start()
 
     def play(self, name: str, batch: int) -> None:
+        from rich.markup import escape
+
         self.play_name, self.batch = name, batch
         if batch > 1 or (self.result and self.result.serial):
-            self.console.print(f"PLAY [{name}] [cyan]batch {batch}[/]", highlight=False)
+            self.console.print(f"PLAY {escape(f'[{name}]')} [cyan]batch {batch}[/]", highlight=False)
 
     def task(self, name: str, role: str | None, handler: bool) -> None:
         self.tasks += 1
@@ -272,8 +277,11 @@ class LiveProgress(_View):
         if host in self.waiting.pending:
             self._waited(self.waiting.done(host, kind in ("ok", "changed"), self.clock()), kind in ("ok", "changed"))
         if kind in ("failed", "unreachable"):
+            from rich.markup import escape
+
             msg = (message or "").splitlines()[0][:200] if message else ""
-            self.console.print(f"  [red]{kind.upper()}[/]: {host} [{self.task_name}]: {msg}", highlight=False)
+            self.console.print(f"  [red]{kind.upper()}[/]: {escape(f'{host} [{self.task_name}]: {msg}')}",
+                               highlight=False)
 
     def retry(self, host: str, subject: str, attempt: int, attempts: int) -> None:
         self.waiting.retry(subject, attempt, attempts, self.clock())  # the panel's "waiting" row shows it
@@ -284,7 +292,9 @@ class LiveProgress(_View):
     def _waited(self, line: str | None, ok: bool) -> None:
         """A wait that ended stays above the panel (answered in green, gave up in red)."""
         if line:
-            self.console.print(f"  [{'green' if ok else 'red'}]{line}[/]", highlight=False)
+            from rich.markup import escape
+
+            self.console.print(f"  [{'green' if ok else 'red'}]{escape(line)}[/]", highlight=False)
 
     def finish(self, result: RunResult) -> None:
         if self.live is not None:

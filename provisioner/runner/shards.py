@@ -19,7 +19,9 @@ EXEC_GROUP = "execution_nodes"
 #: Host variables that keep hosts in one shard (besides vLLM cluster membership).
 TOGETHER_VARS = ("nvlink_domain", "rack")
 #: ssh options naming files the worker needs (copied into the shard's private data dir, the option rewritten).
-_FILE_OPTS = re.compile(r"(?i)\b(UserKnownHostsFile|GlobalKnownHostsFile)(\s*=\s*|\s+)(\S+)")
+_FILE_OPTS = ("userknownhostsfile", "globalknownhostsfile")
+#: file names these options take that are no file to carry (ssh reads nothing from them)
+_NO_FILE = ("/dev/null", "none")
 CONNECTION_VARS = ("ansible_ssh_private_key_file", "ansible_ssh_common_args", "ansible_ssh_extra_args")
 
 
@@ -158,10 +160,39 @@ def connection(fleet: Fleet, hosts: Sequence[str], worker_dir: str) -> Connectio
             extravars.append((var, f"{worker_dir}/connection/ssh_key"))
             continue
 
-        def carry(m: re.Match[str]) -> str:
-            name = f"connection/{m.group(1).lower()}-{len(files)}"
-            files[name] = m.group(3).strip("'\"")
-            return f"{m.group(1)}{m.group(2)}{shlex.quote(f'{worker_dir}/{name}')}"
-
-        extravars.append((var, _FILE_OPTS.sub(carry, value)))
+        extravars.append((var, _carry_known_hosts(value, files, worker_dir)))
     return Connection(files=tuple(sorted(files.items())), extravars=tuple(extravars))
+
+
+def _carry_known_hosts(args: str, files: dict[str, str], worker_dir: str) -> str:
+    """`args` (ssh options) with every file of `-o UserKnownHostsFile=`/`GlobalKnownHostsFile=` (a whitespace list,
+    as ssh reads it; `~` expanded for the controller) carried into `files` and named by its copy on the worker;
+    `/dev/null` and `none` stay as they are. StrictHostKeyChecking passes unchanged: the worker's ssh judges the keys
+    exactly as the controller's would. Arguments that do not split (unbalanced quotes) pass unchanged."""
+    import os
+
+    try:
+        toks = shlex.split(args)
+    except ValueError:
+        return args
+    changed = False
+    for i, tok in enumerate(toks):
+        prefix = ""
+        if tok.startswith("-o") and len(tok) > 2:
+            prefix, tok = "-o", tok[2:]
+        elif not (i > 0 and toks[i - 1] == "-o"):
+            continue
+        m = re.match(r"(?i)\s*(\w+)(\s*=\s*|\s+)(.*)$", tok, re.S)
+        if not m or m.group(1).lower() not in _FILE_OPTS:
+            continue
+        out = []
+        for f in m.group(3).split():
+            if f.lower() in _NO_FILE:
+                out.append(f)
+                continue
+            name = f"connection/{m.group(1).lower()}-{len(files)}"
+            files[name] = os.path.expanduser(f)
+            out.append(f"{worker_dir}/{name}")
+        toks[i] = f"{prefix}{m.group(1)}={' '.join(out)}"
+        changed = True
+    return shlex.join(toks) if changed else args

@@ -238,6 +238,10 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
         sender.join()
         rc = proc.wait()
         drain.join(timeout=10)
+    from provisioner.runner import scrub_command_artifact, scrub_run_inputs
+
+    scrub_run_inputs(local)  # nothing of the job's inputs stays here (they went to the node, which deletes them)
+    scrub_command_artifact(local / "artifacts" / "ansible")
     outcome.duration = time.monotonic() - t0
     outcome.status, outcome.rc = processed.status, processed.rc
     if rc != 0 and outcome.events == 0:

@@ -236,6 +236,29 @@ def test_no_log_secret_absent_from_reports_and_artifacts(site: dict[str, Path]) 
     assert "old-token" not in artifacts
 
 
+def test_run_inputs_do_not_stay_in_the_run_directory(site: dict[str, Path]) -> None:
+    # issue 43: ansible-runner dumps -e values into <run dir>/env/extravars and keeps ANSIBLE_BECOME_PASS of the
+    # operator's environment in artifacts/<ident>/command (it matches the ANSIBLE_* kept there)
+    become, key_data, token = "BecomePw_7731_secret", "KEYDATA_-----BEGIN_9921", "Tok_5510_secret"
+    os.environ["ANSIBLE_BECOME_PASS"] = become
+    try:
+        r = run_playbook(site["inv"], playbook=site["pb"], runs_dir=site["runs"],
+                         extravars={"ansible_become_password": become, "site_private_key": key_data},
+                         envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(site["tmp"] / "facts"),
+                                  "SITE_API_TOKEN": token})
+    finally:
+        del os.environ["ANSIBLE_BECOME_PASS"]
+    assert r.succeeded, r.error
+    run_dir = Path(r.run_dir)
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+    assert not (run_dir / "env").exists()  # the inputs ansible-runner dumped are gone once the run ends
+    text = _all_text([run_dir])
+    assert "configured alpha" in text  # the artifacts are still there
+    assert become not in text and key_data not in text and token not in text
+    command = json.loads((Path(r.artifact_dir) / "command").read_text())
+    assert "ANSIBLE_BECOME_PASS" in command["env_scrubbed"] and "ANSIBLE_CONFIG" in command["env"]
+
+
 def test_cli_exit_codes_and_json(site: dict[str, Path]) -> None:
     env = dict(os.environ, PROVISION_RUNS_DIR=str(site["runs"]),
                ANSIBLE_CACHE_PLUGIN_CONNECTION=str(site["tmp"] / "facts"))

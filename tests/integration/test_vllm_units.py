@@ -37,13 +37,13 @@ def _inventory(tmp: Path, executor: str = "mp", extra: list[str] | None = None) 
         "vllm_timeout_stop_sec": 120,
     }))
     (tmp / "group_vars/vllm_pp.yml").write_text(yaml.safe_dump({"vllm_cluster": {
-        "model": "meta-llama/Llama-3.1-70B-Instruct", "served_model_name": "llama70b",
+        "model": "meta-llama/Llama-3.1-70B-Instruct", "model_arch": "Llama-3.1-70B", "served_model_name": "llama70b",
         "tensor_parallel_size": 8, "pipeline_parallel_size": 2, "executor": executor,
         "extra_args": extra if extra is not None else
         ["--enable-log-requests", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
     }}))
     (tmp / "group_vars/vllm_single.yml").write_text(yaml.safe_dump({"vllm_cluster": {
-        "model": "/opt/models/tiny-llama", "tensor_parallel_size": 8, "port": 8001}}))
+        "model": "/opt/models/tiny-llama", "model_arch": "Llama-3.1-8B", "tensor_parallel_size": 8, "port": 8001}}))
     return tmp / "hosts.ini"
 
 

@@ -95,6 +95,18 @@ def test_hosts_answer_ssh_with_host_key_checking(testbed: rack.Handle) -> None:
     r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert r.returncode == 255
     assert "Host key verification failed" in r.stderr
+    # ... and the paramiko probes (preflight, health, status --nodes, drift's tier 1, onboard, remediate) judge the
+    # same options the same way: /dev/null empties only the user's files, checking stays on (issue 43)
+    from provisioner.model import Host
+    from provisioner.probes import ssh as probe_ssh
+
+    h = load_fleet(testbed.inventory).hosts[testbed.names[0]]
+    assert probe_ssh.run_one(probe_ssh.target_for(h), "true", timeout=30).rc == 0
+    args = h.vars["ansible_ssh_common_args"].replace(f"UserKnownHostsFile={testbed.known_hosts}",
+                                                     "UserKnownHostsFile=/dev/null")
+    blind = Host(h.name, h.address, h.groups, {**h.vars, "ansible_ssh_common_args": args})
+    p = probe_ssh.run_one(probe_ssh.target_for(blind), "true", timeout=30)
+    assert not p.ok and "not in known_hosts" in (p.error or "") and "refused" in (p.error or ""), p
 
 
 def test_inventory_follows_the_contract(testbed: rack.Handle) -> None:

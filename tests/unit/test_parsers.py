@@ -255,10 +255,19 @@ def test_ssh_args_from_inventory() -> None:
 
     o = parse_ssh_args("-o UserKnownHostsFile=/r/kh -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes -i /r/id "
                        "-o ConnectTimeout=7 -p 2222")
-    assert (o.known_hosts, o.identity, o.strict, o.connect_timeout, o.port) == (["/r/kh"], ["/r/id"], True, 7.0, 2222)
-    assert parse_ssh_args("-o StrictHostKeyChecking=no").strict is False
-    assert parse_ssh_args("-o UserKnownHostsFile=/dev/null").strict is False
-    assert parse_ssh_args("-o 'unbalanced").known_hosts == []
+    assert (o.known_hosts, o.identity, o.strict, o.connect_timeout, o.port) == (["/r/kh"], ["/r/id"], "yes", 7.0,
+                                                                                 2222)
+    assert parse_ssh_args("-o StrictHostKeyChecking=no").strict == "no"
+    assert parse_ssh_args("-oStrictHostKeyChecking=off").strict == "no"
+    assert parse_ssh_args("-o StrictHostKeyChecking=accept-new").strict == "accept-new"
+    assert parse_ssh_args("-o StrictHostKeyChecking=bogus").strict == "yes"  # never a relaxation
+    # UserKnownHostsFile=/dev/null replaces only the user's files: checking stays ON (issue 43), as in ssh(1)
+    o = parse_ssh_args("-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null")
+    assert (o.strict, o.known_hosts, o.global_known_hosts) == ("yes", ["/dev/null"], None)
+    assert parse_ssh_args("-o UserKnownHostsFile=/dev/null").strict is None  # unset: ssh's `ask`, refused here
+    assert parse_ssh_args("-o UserKnownHostsFile='/a /b' -o UserKnownHostsFile=/c").known_hosts == ["/a", "/b"]
+    assert parse_ssh_args("-o GlobalKnownHostsFile=none").global_known_hosts == []
+    assert parse_ssh_args("-o 'unbalanced").known_hosts is None
 
 
 # ---------------------------------------------------------------------------------------------- 2x H200, real probe

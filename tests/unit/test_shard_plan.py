@@ -152,3 +152,17 @@ def test_a_node_with_several_shards_gets_that_many_and_the_slots_alternate_acros
     (bad / "host_vars" / "x2.yml").write_text("execution_node_shards: 0\n")
     with pytest.raises(UsageError, match=r"host x2 \(group execution_nodes\): execution_node_shards must be"):
         plan(load_fleet(bad / "hosts.ini"), GPU, ["x1", "x2"])
+
+
+def test_known_hosts_options_are_carried_as_ssh_reads_them() -> None:
+    from provisioner.runner.shards import _carry_known_hosts
+
+    files: dict[str, str] = {}
+    # /dev/null and `none` are no file to carry (a copy of /dev/null, a missing "none"); the strictness passes as is
+    args = "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null -o GlobalKnownHostsFile=none"
+    assert _carry_known_hosts(args, files, "/w") == args and files == {}
+    # a whitespace list of files (one option value) is every file carried, not the first word of it
+    out = _carry_known_hosts("-o 'UserKnownHostsFile=/a /b' -oGlobalKnownHostsFile=/g", files, "/w")
+    assert sorted(files.values()) == ["/a", "/b", "/g"]
+    assert out == ("'UserKnownHostsFile=/w/connection/userknownhostsfile-0 /w/connection/userknownhostsfile-1'"
+                   .join(["-o ", ""]) + " -oGlobalKnownHostsFile=/w/connection/globalknownhostsfile-2")

@@ -206,6 +206,9 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                  {"group_vars": cluster(extra_args=["--max-model-len=8192"])},
                  {"group_vars": cluster(extra_args=["--seed 0"])}],
                 [{"group_vars": cluster(extra_args=["--seed", "0", "--trust-remote-code"])}]),
+    "FLAG004": ([{"group_vars": cluster(extra_args=["--api-key", "sk-1"])},
+                 {"group_vars": cluster(extra_args=["--hf_token=hf_1"])}],
+                [{"group_vars": cluster(extra_args=["--api-server-count=2"])}]),
     # out-of-band (provisioner/rules/firmware.py; more cases in tests/unit/test_rules_firmware.py)
     "BMC001": ([{"host_vars": {"n1": {**BMC, "bmc_address": "https://10.1.0.1"}}},
                 {"host_vars": {"n1": {**BMC, "bmc_port": "443"}}}],
