@@ -10,6 +10,7 @@ from pathlib import Path
 from cli_inproc import provision
 from inventory_factory import write_inventory
 from provisioner.ledger import Ledger
+from provisioner.ledger.site import path_site
 
 EVIL = "[/x][bold]boom[/bold]"
 
@@ -37,7 +38,7 @@ def test_render_refusal_prints_a_value_with_markup_whole(tmp_path: Path) -> None
 def _ledger_with_evil_reason(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     inv = write_inventory(tmp_path / "inv")
     db = tmp_path / "ledger.sqlite3"
-    with Ledger.open(db) as lg:
+    with Ledger.open(db, site=path_site(inv)) as lg:
         lg.record_transition("n1", "new", "provisioning", reason="\x1b[2J\x1b[31mwiped\x1b[0m\nforged line " + EVIL,
                              actor="user:\x07t", at=100.0)
         lg.run_started(f"run{EVIL}", str(inv), hosts=["n1"])
