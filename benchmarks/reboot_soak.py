@@ -106,8 +106,9 @@ def one_round(inventory: str, playbook: Path, addrs: dict[str, str], logs: dict[
     for line in p.stdout:
         if line.startswith(("TASK [", HANDLER_PREFIX)):
             in_reboot = line.startswith(HANDLER_PREFIX) and "Reboot" in line
-        if in_reboot and "ssh_retry" in line:
-            retries.append(line.strip()[:240])
+        if in_reboot and "ssh_retry" in line:  # the command retried is at the end of the ssh argv
+            what = "shutdown" if "shutdown -r" in line else "boot_id" if "boot_id" in line else "other"
+            retries.append(f"{what}: {line.strip()[-200:]}")
         m = re.match(r"(ok|changed|fatal|failed): \[([\w.-]+)\]", line)
         if m and in_reboot:
             reported[m.group(2)] = time.time()
@@ -164,6 +165,8 @@ def main() -> int:
         "second_boots": sum(max(0, n - 1) for r in rounds for n in r["boots"].values()),  # type: ignore[attr-defined]
         "sshd_down_after_reported": sum(len(r["down_after_reported"]) for r in rounds),  # type: ignore[arg-type]
         "ssh_retries_in_handler": sum(len(r["ssh_retry_in_handler"]) for r in rounds),  # type: ignore[arg-type]
+        "shutdown_reruns": sum(str(x).startswith("shutdown") for r in rounds
+                               for x in r["ssh_retry_in_handler"]),  # type: ignore[attr-defined]
         "load1_mean": round(sum(r["load1"] for r in rounds) / max(1, len(rounds)), 1),  # type: ignore[misc]
         "seconds_mean": round(sum(r["seconds"] for r in rounds) / max(1, len(rounds)), 1),  # type: ignore[misc]
     }
