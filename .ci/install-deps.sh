@@ -19,8 +19,13 @@ if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 echo "installing: ${missing[*]}"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
+# A fresh machine's unattended-upgrades holds the dpkg lock for minutes: wait for it (bounded: APT_LOCK_WAIT s).
+# shellcheck source=.ci/apt-wait.sh
+. "$(dirname "$0")/apt-wait.sh"
+apt_wait
+$SUDO apt-get "${APT_LOCK_OPTS[@]}" update -qq
 # policy-rc.d keeps the packaged daemons (nginx, prometheus, tinyproxy) from starting: the suite starts its own.
 printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null; $SUDO chmod +x /usr/sbin/policy-rc.d
 trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt_wait
+$SUDO apt-get "${APT_LOCK_OPTS[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -95,6 +95,10 @@ class Endpoint:
     vaulted: bool = False
     env_file: str = ENV_FILE_DEFAULT  # on every member: VLLM_API_KEY=... (0640 root:vllm)
     clients: tuple[str, ...] = ()  # vllm_client_networks: who the cluster firewall lets in
+    # where clients reach the model through the serving edge (roles/serving_lb on the hosts of group lb): URL per
+    # balancer that fronts this model (its main port, and its dedicated port for the model if it has one)
+    balancers: tuple[str, ...] = ()
+    balancer_hosts: tuple[str, ...] = ()  # the lb host of each URL above
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,6 +177,33 @@ def key_source(value: Any, files: Mapping[str, str], order: Iterable[str], cwd: 
     return None, None, not isinstance(value, str)
 
 
+#: listen addresses that mean "every address": the balancer is reached on its host's address
+_ANY = ("", "0.0.0.0", "*", "::", "[::]")
+
+
+def balancer_urls(fleet: Fleet, model: str, defaults: Mapping[str, Any] | None = None
+                  ) -> list[tuple[str, str]]:
+    """(URL, lb host) for every host of group `lb` whose balancer fronts served model `model` (serving_lb_models
+    empty or naming it): its main port, and the model's dedicated port (serving_lb_model_ports) when it has one.
+    Pure: the roles' defaults come in as `defaults`, each lb host's own variables win."""
+    out: list[tuple[str, str]] = []
+    for h in fleet.hosts.values():
+        if "lb" not in h.groups or not model:
+            continue
+        hv = {**dict(defaults or {}), **dict(h.vars)}
+        only = hv.get("serving_lb_models") or []
+        if isinstance(only, list | tuple) and only and model not in only:
+            continue
+        listen = str(hv.get("serving_lb_listen_address") or "")
+        address = h.address if listen in _ANY else listen
+        host_part = f"[{address}]" if ":" in address else address
+        out.append((f"http://{host_part}:{hv.get('serving_lb_listen_port', 8000)}", h.name))
+        ports = hv.get("serving_lb_model_ports") or {}
+        if isinstance(ports, Mapping) and model in ports:
+            out.append((f"http://{host_part}:{ports[model]}", h.name))
+    return out
+
+
 def cluster_endpoints(fleet: Fleet, clusters: Iterable[str], files: Mapping[str, str] | None = None,
                       cwd: str | None = None, defaults: Mapping[str, Any] | None = None) -> list[Endpoint]:
     """One Endpoint per named cluster that has a head, in the order given. `files`: `var_files` output; `defaults`:
@@ -195,19 +226,24 @@ def cluster_endpoints(fleet: Fleet, clusters: Iterable[str], files: Mapping[str,
             order = [str(p) for p in candidate_files(fleet, head)]
             key_file, key_read, vaulted = key_source(value, files or {}, order, cwd)
         clients = hv.get("vllm_client_networks") or ()
+        lbs = balancer_urls(fleet, names[0] if names else "", defaults)
         out.append(Endpoint(
             cluster=name, head=head.name, url=f"http://{address}:{port}", model=names[0] if names else "",
             key=has_key, key_file=key_file, key_read=key_read, vaulted=vaulted,
             env_file=str(hv.get("vllm_env_file") or ENV_FILE_DEFAULT),
-            clients=tuple(str(n) for n in clients) if isinstance(clients, list | tuple) else (str(clients),)))
+            clients=tuple(str(n) for n in clients) if isinstance(clients, list | tuple) else (str(clients),),
+            balancers=tuple(u for u, _ in lbs), balancer_hosts=tuple(n for _, n in lbs)))
     return out
 
 
 def endpoint_lines(endpoints: Iterable[Endpoint]) -> list[str]:
-    """The report: a line per cluster (URL, model), where its key is, and a `curl` line. Never a key."""
+    """The report: a line per cluster (URL, model), a line per balancer URL fronting it, where its key is, and a
+    `curl` line. Never a key."""
     lines: list[str] = []
     for e in endpoints:
         lines.append(f"{e.cluster}: {e.url}  model {e.model} (head {e.head})")
+        for url, lb in zip(e.balancers, e.balancer_hosts, strict=False):
+            lines.append(f"  balancer: {url}  model {e.model} (nginx on {lb}; clients use this)")
         header = ""
         if e.key:
             if e.key_read:

@@ -82,7 +82,8 @@ class Step:
 @dataclass(frozen=True)
 class Facts:
     """One node, as the ledger and the inventory tell it. quarantines: when it entered `quarantined` (every time).
-    steps: its remediation records, oldest first. app_fault: an application fault seen on it (a vLLM crash)."""
+    steps: its remediation records, oldest first. app_fault: an application fault seen on it (a vLLM crash).
+    health_runs: its health passes, oldest first."""
 
     host: str
     state: str
@@ -94,6 +95,9 @@ class Facts:
     cluster: str | None = None
     has_bmc: bool = False
     app_fault: str | None = None
+    #: its health passes (run, started, outcome), oldest first: at least those since the state was entered (what
+    #: tells the gate after a step, the first pass after it, from a later pass)
+    health_runs: tuple[tuple[int, float, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,7 @@ def decide(f: Facts, p: Policy) -> Action:
         if h is None or (tried and h.started < tried[-1].at) or (passed and h.started < entered):
             return Action("gate", f.host, "no health pass since " + (f"{tried[-1].step}" if tried else "quarantine"))
         if passed:
-            after = f"after {tried[-1].step}" if tried else "since the quarantine"
-            return Action("return", f.host, f"health gate passed {after} (health run #{h.run})")
+            return Action("return", f.host, _passed(f, h, tried[-1] if tried else None))
         done = {s.step for s in tried}
         for step in p.remediation:
             if step in done:
@@ -179,6 +182,18 @@ def decide(f: Facts, p: Policy) -> Action:
         return Action("hold", f.host, f"{', '.join(h.failed())} failed: not a hardware check (provision run / "
                                       "drift fixes it)")
     return Action("hold", f.host, "healthy")
+
+
+def _passed(f: Facts, h: Health, step: Step | None) -> str:
+    """Why a quarantined node returns, naming the health run that passed: the gate right after the last step, or a
+    later pass when that gate did not pass (the fault cleared by other means), which the reason then says."""
+    if step is None:
+        return f"health gate passed since the quarantine (health run #{h.run})"
+    gates = [r for r in f.health_runs if r[1] >= step.at]
+    if not gates or gates[0][0] == h.run:
+        return f"health gate passed after {step.step} (health run #{h.run})"
+    gate, _, outcome = gates[0]
+    return f"health run #{h.run} passed; the gate after {step.step} did not (health run #{gate}: {outcome})"
 
 
 def _still(h: Health) -> str:

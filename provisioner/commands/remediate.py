@@ -46,7 +46,10 @@ def _facts(fleet: Any, ledger: Any, host: str, app_fault: str | None) -> Any:
     if last is not None:
         checks = {r["check"]: (r["result"], r["detail"]) for r in ledger.health(host, last[0].id)}
         health = Health(run=last[0].id, started=last[0].started, outcome=last[1], checks=checks)
-    return Facts(host=host, state=state, since=since, now=time.time(), health=health,
+    runs = [r for r in ledger.runs(host=host, limit=50) if r.command == "health" and r.started >= (since or 0.0)]
+    health_runs = tuple((r.id, r.started, str(ledger.host_outcomes(r.id).get(host, {}).get("status") or r.status))
+                        for r in reversed(runs))
+    return Facts(host=host, state=state, since=since, now=time.time(), health=health, health_runs=health_runs,
                  quarantines=tuple(t.at for t in ledger.transitions(host) if t.to_state == "quarantined"),
                  steps=tuple(Step(r.step, r.at, r.outcome) for r in ledger.remediations(host)),
                  cluster=cluster_name(fleet, host), has_bmc=bool(fleet.hosts[host].vars.get("bmc_address")),

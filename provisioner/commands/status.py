@@ -95,27 +95,12 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
         sys.stdout.write(json.dumps({"inventory": str(inventory), "site": site, "hosts": rows}, indent=2) + "\n")
         return int(Exit.OK)
     from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
     from provisioner.probes.seen import cell
+    from provisioner.reports.status_text import cells, render
 
-    table = Table(title=f"fleet status: {escape(str(inventory))}", title_justify="left")
-    for col in ("host", "state", "since", "cluster", "last run", "health", "drift", "mark", "driver", "vllm"):
-        table.add_column(col)
-    for r in rows:
-        last, health, drift = r["last_run"], r["health"], r["drift"]
-        lr = "-" if last is None else f"{last['command']} #{last['id']} {when(last['started'])}: {last['outcome']}" + (
-            f" (run {last['status']})" if last["status"] in ("running", "interrupted")
-            and last["status"] != last["outcome"] else "")
-        hl = "-" if health is None else f"{when(health['started'])}: {health['result']}" + (
-            f" ({', '.join(health['failed'])})" if health["failed"] else "")
-        dr = "-" if drift is None else f"{when(drift['started'])}: {drift['items']} item(s)" + (
-            "" if drift["outcome"] in ("ok", "changed") else f" ({drift['outcome']})")
-        cells = (r["host"], r["state"], when(r["since"]), r["cluster"] or "-", lr, hl, dr, cell(r.get("mark"), "mark"),
-                 cell(r.get("driver")), cell(r.get("vllm")))
-        table.add_row(*(escape(printable(str(v))) for v in cells))  # a value is text, never markup or a control
-    Console(highlight=False, soft_wrap=True).print(table)
+    render(Console(highlight=False), f"fleet status: {printable(str(inventory))}",
+           [{k: printable(v) for k, v in cells(r, when, cell).items()} for r in rows])  # text, never a control
     return int(Exit.OK)
 
 

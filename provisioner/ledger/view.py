@@ -59,10 +59,10 @@ def cluster_name(fleet: Fleet, host: str) -> str | None:
 
 
 def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]:
-    """One row per GPU node (inventory order; balancers and other service hosts have no lifecycle): state and
-    since, cluster, the last run's outcome for it, its last health pass (when, result, failed checks) and last drift
-    check (when, outcome, items), and what the ledger knows of its in-service mark, driver and vLLM (`mark`,
-    `driver`, `vllm`: see recorded_seen)."""
+    """One row per GPU node (inventory order; balancers and other service hosts have no lifecycle): state, since
+    and the reason of the transition into it (None for `new`), cluster, the last run's outcome for it, its last
+    health pass (when, result, failed checks) and last drift check (when, outcome, items), and what the ledger knows
+    of its in-service mark, driver and vLLM (`mark`, `driver`, `vllm`: see recorded_seen)."""
     states = ledger.states()
     nodes = [h.name for h in fleet.gpu_nodes]
     records = ledger.records(nodes)
@@ -73,8 +73,10 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
         last = ledger.last_outcome(host)
         health = ledger.last_run_for(host, "health")
         drift = ledger.last_run_for(host, "drift")
+        moved = ledger.transitions(host) if host in states else []
         rows.append({
-            "host": host, "state": state, "since": since, "cluster": cluster_name(fleet, host),
+            "host": host, "state": state, "since": since, "reason": moved[-1].reason if moved else None,
+            "cluster": cluster_name(fleet, host),
             "last_run": None if last is None else {
                 "id": last[0].id, "command": last[0].command, "started": last[0].started,
                 "status": last[0].status, "outcome": last[1], "run_dir": last[0].run_dir},

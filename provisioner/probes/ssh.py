@@ -168,13 +168,27 @@ def _import_paramiko() -> Any:
     if "invoke" in sys.modules:
         import paramiko
 
+        _quiet_paramiko()
         return paramiko
     sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError: paramiko copes
     try:
         import paramiko
     finally:
         del sys.modules["invoke"]
+    _quiet_paramiko()
     return paramiko
+
+
+def _quiet_paramiko() -> None:
+    """paramiko's transport thread logs every failed handshake (a node rebooting: refused, reset, no banner) with a
+    traceback, which Python's last-resort handler prints on stderr. The caller reports each failure as one line
+    (ExecResult.error), so paramiko's own log goes nowhere."""
+    import logging
+
+    log = logging.getLogger("paramiko")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+    log.propagate = False
 
 
 def _known_files(t: SshTarget) -> tuple[str, ...]:

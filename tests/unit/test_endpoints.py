@@ -126,3 +126,35 @@ def test_onboard_names_the_clusters_it_launched() -> None:
            "node03": Outcome("node03", in_service=True, clusters=["vllm_single"], launch="failed"),
            "node04": Outcome("node04", stage="health", clusters=["vllm_other"])}
     assert launched_clusters(out) == ["vllm_pp"]
+
+
+def test_a_balancer_fronting_the_cluster_is_in_the_serving_lines(tmp_path: Path) -> None:
+    """With hosts in group lb (roles/serving_lb), each cluster's lines name the balancer's URL (its address and
+    serving_lb_listen_port; a dedicated model port too), and a balancer limited to other models is left out."""
+    from provisioner.endpoints import balancer_urls
+    from provisioner_testbed import inventory_writer as invw
+
+    inv = _vllm_rack(tmp_path)
+    hosts = inv.read_text() + "\n[lb]\nlb01 ansible_host=198.18.7.21\nlb02 ansible_host=198.18.7.22\n"
+    inv.write_text(hosts)
+    (inv.parent / "host_vars").mkdir(exist_ok=True)
+    (inv.parent / "host_vars" / "lb02.yml").write_text(
+        "serving_lb_listen_port: 9000\nserving_lb_model_ports: {tiny-llama: 8101}\n")
+    fleet = load_fleet(inv)
+    eps = cluster_endpoints(fleet, ["vllm_pp"], var_files(fleet, ["vllm_pp"]), cwd=str(tmp_path),
+                            defaults=role_defaults())
+    lines = endpoint_lines(eps)
+    assert lines[:4] == [
+        "vllm_pp: http://198.18.7.11:8000  model tiny-llama (head node01)",
+        "  balancer: http://198.18.7.21:8000  model tiny-llama (nginx on lb01; clients use this)",
+        "  balancer: http://198.18.7.22:9000  model tiny-llama (nginx on lb02; clients use this)",
+        "  balancer: http://198.18.7.22:8101  model tiny-llama (nginx on lb02; clients use this)"]
+    assert eps[0].to_dict()["balancers"] == ("http://198.18.7.21:8000", "http://198.18.7.22:9000",
+                                              "http://198.18.7.22:8101")
+    (inv.parent / "host_vars" / "lb01.yml").write_text("serving_lb_models: [other-model]\n"
+                                                      "serving_lb_listen_address: 198.18.7.99\n")
+    fleet = load_fleet(inv)
+    assert [u for u, _ in balancer_urls(fleet, "tiny-llama", role_defaults())] == [
+        "http://198.18.7.22:9000", "http://198.18.7.22:8101"]
+    assert balancer_urls(fleet, "other-model", role_defaults())[0] == ("http://198.18.7.99:8000", "lb01")
+    assert invw.LB_GROUP == "lb"

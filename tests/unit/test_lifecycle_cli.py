@@ -258,3 +258,42 @@ def test_status_html_to_an_unwritable_place_is_a_usage_error(site: tuple[Path, d
     (tmp_path / "f").write_text("")
     r = provision("status", str(inv), "--html", str(tmp_path / "f" / "x.html"), env=env)
     assert r.returncode == 2 and "cannot write the HTML page" in r.stderr and "Traceback" not in r.stderr
+
+
+LONG = ["gpu-node-01.rack7.example.org", "gpu-node-02.rack7.example.org"]
+
+
+@pytest.mark.parametrize("columns", [None, 40, 80, 120, 400])
+def test_status_never_cuts_a_host_name_and_shows_the_reason(tmp_path: Path, columns: int | None) -> None:
+    """Piped (rich's default width 80 when COLUMNS is unset), at 80 columns, narrower and wider: every host name is
+    printed whole, and a quarantined / maintenance node's reason is shown (text and JSON)."""
+    ini = "[gpu_nodes]\n" + "".join(f"{h} ansible_host=10.0.0.{i}\n" for i, h in enumerate(LONG, 1))
+    inv = write_inventory(tmp_path / "inv", ini=ini)
+    db = tmp_path / "ledger.sqlite3"
+    env = {"PROVISION_LEDGER": str(db)}
+    why = {LONG[0]: "ecc: uncorrectable ECC errors on GPU 3 (row remap pending)",
+           LONG[1]: "rack 7 PDU swap [ticket 42]"}
+    with Ledger.open(db, site=path_site(inv)) as lg:
+        for h, last in ((LONG[0], "quarantined"), (LONG[1], "maintenance")):
+            prev = "new"
+            for s in ("provisioning", "burn-in", last):
+                lg.record_transition(h, prev, s, reason=why[h] if s == last else "x", actor="test")
+                prev = s
+    r = provision("status", str(inv), env=env, columns=columns)
+    assert r.returncode == 0, r.stderr
+    for h in LONG:
+        assert h in r.stdout, r.stdout
+        assert why[h] in r.stdout, r.stdout
+    assert "…" not in r.stdout
+    rows = {x["host"]: x for x in json.loads(provision("status", str(inv), "-f", "json", env=env).stdout)["hosts"]}
+    assert {h: (rows[h]["state"], rows[h]["reason"]) for h in LONG} == {
+        LONG[0]: ("quarantined", why[LONG[0]]), LONG[1]: ("maintenance", why[LONG[1]])}
+
+
+def test_status_reason_is_none_for_a_new_host(site: tuple[Path, dict[str, str], Path]) -> None:
+    inv, env, _ = site
+    node(site, "n1", "provisioning")
+    rows = {x["host"]: x for x in json.loads(provision("status", str(inv), "-f", "json", env=env).stdout)["hosts"]}
+    assert rows["n1"]["reason"] == "to provisioning" and rows["n2"]["reason"] is None
+    text = provision("status", str(inv), env=env, columns=400).stdout
+    assert "to provisioning" not in text  # the text shows the reason of the states an operator must act on only

@@ -106,3 +106,19 @@ def test_n_quarantines_in_the_window_mark_for_replacement() -> None:
 ])
 def test_policy_of(value: object, expect: Policy | None) -> None:
     assert policy_of(value) == expect
+
+
+def test_a_return_names_the_health_run_that_passed_not_a_failed_gate() -> None:
+    """The reboot's gate (#7) failed; the fault was cleared by hand and health run #8 passed: the reason names #8
+    and says the gate after the reboot did not pass (it used to read "passed after reboot (health run #8)")."""
+    q = 50 * DAY
+    tried = (Step("gpu_reset", q + 100, "done"), Step("reboot", q + 300, "done"))
+    passed = Health(run=8, started=q + 900, outcome="ok", checks={"ecc": ("pass", None)})
+    runs = ((6, q + 200, "failed"), (7, q + 400, "failed"), (8, q + 900, "ok"))
+    a = decide(facts(state="quarantined", since=q, steps=tried, health=passed, health_runs=runs), P)
+    assert a.kind == "return"
+    assert a.reason == "health run #8 passed; the gate after reboot did not (health run #7: failed)"
+    gate = Health(run=7, started=q + 400, outcome="ok", checks={"ecc": ("pass", None)})
+    runs = ((6, q + 200, "failed"), (7, q + 400, "ok"))
+    a = decide(facts(state="quarantined", since=q, steps=tried, health=gate, health_runs=runs), P)
+    assert a.reason == "health gate passed after reboot (health run #7)"
