@@ -245,9 +245,32 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "LC005": ([{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["gpu_reset", "power_cycle"]})}],
               [{"group_vars": gpu_nodes(lifecycle_policy={"remediation": ["gpu_reset", "power_cycle"]}),
                 "host_vars": {"n1": BMC, "n2": {**BMC, "bmc_address": "10.1.0.2"}}}]),
+    "SUP001": ([{"group_vars": gpu_nodes(vllm_pip_index_url="http://pypi.site.internal/simple/")},
+                {"group_vars": gpu_nodes(vllm_pip_extra_args="--index-url=HTTP://pypi.site.internal/simple")},
+                {"group_vars": gpu_nodes(vllm_pip_extra_args="-f http://wheels.site.internal/")}],
+               [{"group_vars": gpu_nodes(vllm_pip_index_url="https://pypi.site.internal/simple/",
+                                         vllm_pip_extra_args="--no-cache-dir --find-links https://w.site/")},
+                {"group_vars": gpu_nodes(vllm_pip_index_url="{{ site_pypi }}")}]),
+    "SUP002": ([{"group_vars": gpu_nodes(vllm_pip_extra_args="--trusted-host pypi.site.internal")},
+                {"group_vars": gpu_nodes(vllm_pip_extra_args="--no-cache-dir --trusted-host=mirror")}],
+               [{"group_vars": gpu_nodes(vllm_pip_extra_args="--no-cache-dir")}]),
+    "SUP003": ([{"group_vars": gpu_nodes(vllm_pip_extra_args="--extra-index-url https://mirror2/simple")}],
+               [{"group_vars": gpu_nodes(vllm_pip_index_url="https://mirror/simple")}]),
+    "SUP004": ([{"group_vars": gpu_nodes(nvidia_repo_url="http://mirror.site.internal/cuda/debian12/x86_64/")},
+                {"host_vars": {"n1": {"infiniband_doca_repo_url": "http://mirror/doca/"}}}],
+               [{"group_vars": gpu_nodes(nvidia_repo_url="https://mirror.site.internal/cuda/debian12/x86_64/")}]),
+    "SUP005": ([{"group_vars": gpu_nodes(nvidia_repo_key_fingerprints=["3BF863CC"])},
+                {"group_vars": gpu_nodes(nvidia_repo_key_fingerprints=[])},
+                {"group_vars": gpu_nodes(nvidia_repo_key_fingerprints={"nvidia": "EB69"})},
+                {"group_vars": gpu_nodes(infiniband_stack="doca")}],
+               [{"group_vars": gpu_nodes(nvidia_repo_key_fingerprints=["EB69 3B30 35CD 5710 E231  E123 A4B4 6996 "
+                                                                       "3BF8 63CC"])},
+                {"group_vars": gpu_nodes(infiniband_stack="doca",
+                                         infiniband_doca_repo_key_fingerprints=["AB" * 20, "cd" * 32])}]),
 }
 
-WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005"}
+WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005",
+            "SUP001", "SUP002", "SUP003", "SUP004"}
 
 
 def _cases(which: int) -> list[Any]:
