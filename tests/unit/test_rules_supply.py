@@ -12,6 +12,7 @@ from rules_helpers import findings
 from provisioner.defaults import role_default
 from provisioner.rules.supply import _pip_options
 
+
 def test_plain_http_pip_index_is_a_warning_naming_group_variable_value_and_fix(tmp_path: Path) -> None:
     (f,) = findings(tmp_path, "SUP001", group_vars=gpu_nodes(vllm_pip_index_url="http://pypi.site/simple/"))
     assert (f.severity, f.group, f.host, f.var) == ("warning", "gpu_nodes", None, "vllm_pip_index_url")
