@@ -20,6 +20,7 @@ from provisioner.rules.context import RuleContext
 
 PIP_INDEX_VARS = ("vllm_pip_index_url",)
 PIP_ARGS_VARS = ("vllm_pip_extra_args",)
+PIP_REQUIREMENT_VARS = ("vllm_pip_extra_packages", "execution_node_packages")
 APT_REPO_VARS = ("nvidia_repo_url", "infiniband_doca_repo_url")
 FINGERPRINT_VARS = ("nvidia_repo_key_fingerprints", "infiniband_doca_repo_key_fingerprints")
 # pip options that take a URL (the long and short spellings pip accepts)
@@ -66,8 +67,9 @@ def _where(g: str | None, h: str | None) -> dict[str, str | None]:
 @rule("SUP001", "pip index over plain HTTP")
 def pip_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """An http:// pip index (vllm_pip_index_url, or --index-url/--extra-index-url/--find-links in
-    vllm_pip_extra_args): pip fetches vLLM and every dependency unencrypted and unauthenticated (no hashes are
-    pinned), so anyone on the path can hand the node another wheel."""
+    vllm_pip_extra_args) or requirement (`name @ http://...` in vllm_pip_extra_packages / execution_node_packages):
+    pip fetches it unencrypted and unauthenticated (no hashes are pinned), so anyone on the path can hand the node
+    another wheel."""
     for var in PIP_INDEX_VARS:
         for g, h, v in places(fleet, var):
             if _literal(v) and _http(v):
@@ -83,6 +85,14 @@ def pip_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                     yield Finding("SUP001", "warning", f"{var}: {_URL_OPTS[opt]} {val} is plain HTTP: pip would "
                                   "download from it unencrypted and unauthenticated; use an https URL (a site CA "
                                   "goes in site_ca_certificates)", var=var, **_where(g, h))
+    for var in PIP_REQUIREMENT_VARS:
+        for g, h, v in places(fleet, var):
+            for item in v if isinstance(v, (list, tuple)) else []:
+                url = item.rpartition("@")[2].strip() if _literal(item) else ""
+                if _http(url):
+                    yield Finding("SUP001", "warning", f"{var}: {item!r} is downloaded over plain HTTP, unencrypted "
+                                  "and unauthenticated; use an https URL or put the wheel on the site's index",
+                                  var=var, **_where(g, h))
 
 
 @rule("SUP002", "pip told to trust a host without TLS verification")

@@ -43,6 +43,14 @@ def test_pip_option_parsing(args: str, want: list[tuple[str, str | None]]) -> No
     assert list(_pip_options(args)) == want
 
 
+def test_a_requirement_by_plain_http_url_is_a_warning(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "SUP001", group_vars=gpu_nodes(vllm_pip_extra_packages=[
+        "ray[default]==2.52.0", "flashinfer @ http://wheels.site/flashinfer-0.5-py3-none-any.whl",
+        "other @ https://wheels.site/other.whl"]))
+    assert [(f.var, f.group) for f in fs] == [("vllm_pip_extra_packages", "gpu_nodes")]
+    assert "flashinfer @ http://wheels.site" in fs[0].message
+
+
 def test_https_templated_and_vaulted_values_pass(tmp_path: Path) -> None:
     fs = findings(tmp_path, group_vars=gpu_nodes(vllm_pip_index_url="{{ site_pypi }}",
                                                  vllm_pip_extra_args="--no-cache-dir",
