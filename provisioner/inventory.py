@@ -79,6 +79,9 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
         raise UsageError("inventory is not readable", path=str(p))
     if p.is_file() and p.stat().st_size == 0:
         raise UsageError("inventory is empty", path=str(p))
+    from provisioner.input_limits import check_inventory
+
+    check_inventory(p)  # before ansible-core reads it: no FIFO/device, no YAML alias bomb (resource limits)
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
@@ -107,6 +110,9 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
                 where, reason = _explain_source(loader, p) or (where, reason)
         raise UsageError(f"cannot parse inventory: {reason}", path=where or str(p))
 
+    if not hosts:
+        raise UsageError("the inventory defines no hosts: nothing to validate or run (is it the right file?)",
+                         path=str(p))
     return _fleet(inv, p, hosts, group_vars, groups)
 
 

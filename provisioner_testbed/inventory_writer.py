@@ -50,6 +50,8 @@ class InvRack:
     known_hosts: str
     repo_url: str  # http://GW:8090/nvidia/
     proxy_url: str  # http://GW:3128
+    # the stand-in repo's signing key (provisioner_testbed.repo): the roles pin it as nvidia_repo_key_fingerprints
+    repo_key_fingerprint: str = ""
     extra_vars: dict[str, Any] = field(default_factory=dict)  # merged into group_vars/all.yml
     # group -> settings merged into its vllm_cluster (the vLLM layer's CPU settings; replaces model_arch)
     cluster_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -121,6 +123,8 @@ def render(rack: InvRack) -> dict[str, str]:
         # The roles' site variables, pointed at the testbed the way an air-gapped site points them at its mirror.
         "nvidia_repo_url": rack.repo_url,
         "nvidia_repo_key_url": rack.repo_url + "testbed-archive-keyring.gpg",
+        # the stand-in key, pinned as a site pins its mirror's key (NVIDIA's own is the role default)
+        **({"nvidia_repo_key_fingerprints": [rack.repo_key_fingerprint]} if rack.repo_key_fingerprint else {}),
         "apt_proxy": rack.proxy_url,
         # Containers run the controller's kernel: no headers/DKMS build.
         "nvidia_driver_install_headers": False,

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -336,6 +337,18 @@ def _create_inner(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -
     return st
 
 
+def _repo_key_fingerprint(served: Path | None) -> str:
+    """The fingerprint of the served stand-in key (`gpg --show-keys`), "" without a repo: the rack's inventory pins
+    it as nvidia_repo_key_fingerprints."""
+    key = served / "testbed-archive-keyring.gpg" if served else None
+    if key is None or not key.is_file():
+        return ""
+    with tempfile.TemporaryDirectory(prefix="pv-gpg-") as home:
+        out = subprocess.run(["gpg", "--homedir", home, "--batch", "--with-colons", "--show-keys", str(key)],
+                             capture_output=True, text=True, check=True).stdout
+    return next((ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:")), "")
+
+
 def _ensure_repo(cache: Path, log: Log) -> Path | None:
     try:
         from provisioner_testbed import repo  # type: ignore[attr-defined]
@@ -444,6 +457,7 @@ def _write_inventory(st: RackState) -> None:
         known_hosts=str(st.dir / "ssh" / "known_hosts"),
         repo_url=st.repo_url,
         proxy_url=f"http://{st.gateway}:{proxy.PORT}",
+        repo_key_fingerprint=_repo_key_fingerprint(_ensure_repo(rootfs.cache_dir(), _nolog)),
         extra_vars={**extra, **bmc.group_vars(st.name)},
         cluster_vars=cluster_vars,
         clusters=st.clusters,

@@ -3,6 +3,7 @@
 API:
 - `gpus() -> Mapping[str, GpuSpec]`, `gpu(name) -> GpuSpec | None`
 - `models() -> Mapping[str, ModelSpec]`, `model(name) -> ModelSpec | None`
+- `instances() -> Mapping[str, InstanceSpec]`: cloud instance shapes with EFA (`instances.yaml`)
 - `model_from_hf_config(config, name) -> ModelSpec` (a Hugging Face config.json dict; ValueError when unusable)
 - `load_model_config(path) -> ModelSpec` (reads config.json; ValueError with the reason when unreadable/unusable)
 """
@@ -59,6 +60,14 @@ class ModelSpec:
     max_position_embeddings: int | None = None
 
 
+@dataclass(frozen=True)
+class InstanceSpec:
+    name: str  # the AWS instance type, e.g. p5.48xlarge
+    gpu_model: str | None  # a key of gpus.yaml (None: a GPU the GPU catalog does not carry)
+    gpu_count: int
+    efa_devices: int  # EFA devices with every EFA-capable network card in use
+
+
 def _load(name: str) -> dict[str, Any]:
     with open(CATALOG_DIR / name, encoding="utf-8") as fh:
         data = yaml.load(fh, Loader=SAFE_LOADER)  # noqa: S506 (the safe loader, libyaml's when built with it)
@@ -74,6 +83,11 @@ def gpus() -> Mapping[str, GpuSpec]:
 @lru_cache(maxsize=1)
 def models() -> Mapping[str, ModelSpec]:
     return MappingProxyType({k: ModelSpec(name=k, **v) for k, v in _load("models.yaml").items()})
+
+
+@lru_cache(maxsize=1)
+def instances() -> Mapping[str, InstanceSpec]:
+    return MappingProxyType({k: InstanceSpec(name=k, **v) for k, v in _load("instances.yaml").items()})
 
 
 def gpu(name: object) -> GpuSpec | None:

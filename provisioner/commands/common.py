@@ -154,6 +154,8 @@ def extra_vars(values: list[str] | None) -> dict[str, Any]:
     mapping (`{...}`), or `@FILE` (YAML/JSON). UsageError naming the value on anything else."""
     import yaml
 
+    from provisioner.input_limits import check_yaml_file
+
     out: dict[str, Any] = {}
     for value in values or []:
         if not value:
@@ -162,6 +164,7 @@ def extra_vars(values: list[str] | None) -> dict[str, Any]:
         if value.startswith("@"):
             path = Path(value[1:]).expanduser()
             try:
+                check_yaml_file(path)  # a FIFO would block, an alias bomb would not end (provisioner/input_limits.py)
                 data = yaml.safe_load(path.read_text(encoding="utf-8"))
             except OSError as exc:
                 raise UsageError(f"-e @FILE: cannot read it: {exc.strerror or exc}", path=str(path)) from None

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from typing import Any, TypeGuard
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+from provisioner.bmc.config import is_vaulted
+
+if TYPE_CHECKING:
+    from provisioner.model import Fleet
 
 
 def is_int(v: Any) -> TypeGuard[int]:
@@ -64,3 +69,25 @@ def quoted_hint(v: Any, want: str) -> str:
             except ValueError:
                 pass
     return ""
+
+
+def places(fleet: Fleet, var: str) -> Iterator[tuple[str | None, str | None, Any]]:
+    """(group, host, value) once per place `var` is set: each group that sets it, then each host whose value is
+    not one of its groups' (so a bad group value is reported once, on the group)."""
+    for g, gv in fleet.group_vars.items():
+        if var in gv:
+            yield g, None, gv[var]
+    for h in fleet.hosts.values():
+        if var not in h.vars:
+            continue
+        v = h.vars[var]
+        if any(var in fleet.group_vars.get(g, {}) and same(fleet.group_vars[g][var], v) for g in (*h.groups, "all")):
+            continue
+        yield None, h.name, v
+
+
+def same(a: Any, b: Any) -> bool:
+    """a == b without decrypting a vault value (comparing an EncryptedString decrypts it, or raises)."""
+    if a is b:
+        return True
+    return not is_vaulted(a) and not is_vaulted(b) and a == b

@@ -13,29 +13,8 @@ from provisioner.bmc.config import ADDRESS, ENV_NAME, SCHEMES, is_template, is_v
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
+from provisioner.rules._util import places as _places
 from provisioner.rules.context import RuleContext
-
-
-def _places(fleet: Fleet, var: str) -> Iterator[tuple[str | None, str | None, Any]]:
-    """(group, host, value) once per place `var` is set: each group that sets it, then each host whose value is
-    not one of its groups' (so a bad group value is reported once, on the group)."""
-    for g, gv in fleet.group_vars.items():
-        if var in gv:
-            yield g, None, gv[var]
-    for h in fleet.hosts.values():
-        if var not in h.vars:
-            continue
-        v = h.vars[var]
-        if any(var in fleet.group_vars.get(g, {}) and _same(fleet.group_vars[g][var], v) for g in (*h.groups, "all")):
-            continue
-        yield None, h.name, v
-
-
-def _same(a: Any, b: Any) -> bool:
-    """a == b without decrypting a vault value (comparing an EncryptedString decrypts it, or raises)."""
-    if a is b:
-        return True
-    return not is_vaulted(a) and not is_vaulted(b) and a == b
 
 
 def _unset(v: Any) -> bool:

@@ -346,3 +346,48 @@ def catalog_override(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                           f"{spec.max_per_node} GPUs per node for {m}"
                           f"{' (a fixed baseboard/tray)' if fixed else ''}: fix gpu_count or gpu_model",
                           host=h.name, var="gpu_count")
+
+
+def _shapes_text(shapes: list[catalog.InstanceSpec]) -> str:
+    """'a p5.48xlarge (32 EFA devices)' / 'a p5e.48xlarge (32 EFA devices) or a p5en.48xlarge (16 ...)'."""
+    return " or ".join(f"a {s.name} ({s.efa_devices} EFA devices)" for s in shapes)
+
+
+@rule("HW017", "EFA device count disagrees with the instance shape")
+def efa_shape(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """An EFA node is an AWS instance of a known shape (provisioner/catalog/instances.yaml): `aws_instance_type`
+    when set, else the shapes with the host's gpu_model x gpu_count (8x H100 is a p5.48xlarge: 32 EFA devices;
+    8x H200 a p5e (32) or p5en (16)). efa_device_count must be that shape's count; an unknown aws_instance_type or
+    one of other GPUs is an error, a GPU/count no EFA shape has is a warning."""
+    shapes = catalog.instances()
+    for h in _efa_nodes(fleet):
+        n, model, count = h.efa_device_count, h.gpu_model, h.gpu_count
+        itype = h.vars.get("aws_instance_type")
+        if itype is not None:
+            spec = shapes.get(itype) if isinstance(itype, str) else None
+            if spec is None:
+                yield _err("HW017", h, "aws_instance_type", f"aws_instance_type = {show(itype)} is not an EFA "
+                           f"instance type of the catalog{suggest(itype, shapes) if isinstance(itype, str) else ''}; "
+                           f"known: {', '.join(shapes)}")
+                continue
+            if (model, count) != (spec.gpu_model, spec.gpu_count):
+                yield _err("HW017", h, "aws_instance_type", f"aws_instance_type {spec.name} has {spec.gpu_count} x "
+                           f"{spec.gpu_model or 'a GPU outside the catalog'}, but the host says {count} x {model}: "
+                           "fix gpu_model/gpu_count or aws_instance_type")
+            elif n is not None and n != spec.efa_devices:
+                yield _err("HW017", h, "efa_device_count", f"efa_device_count = {n} but a {spec.name} has "
+                           f"{spec.efa_devices} EFA devices: set efa_device_count: {spec.efa_devices}")
+            continue
+        if model is None or count is None or n is None:
+            continue  # HW001/HW002/HW010 report those
+        match = [s for s in shapes.values() if (s.gpu_model, s.gpu_count) == (model, count)]
+        if not match:
+            yield Finding("HW017", "warning", f"no EFA instance type in the catalog carries {count} x {model}: "
+                          f"efa_device_count = {n} cannot be checked; set aws_instance_type (or add the shape to "
+                          "provisioner/catalog/instances.yaml)", host=h.name, var="efa_device_count")
+        elif n not in {s.efa_devices for s in match}:
+            one = len(match) == 1
+            fix = (f"set efa_device_count: {match[0].efa_devices}" if one else
+                   "set aws_instance_type and its count")
+            yield _err("HW017", h, "efa_device_count", f"efa_device_count = {n} but {count} x {model} on EFA is "
+                       f"{_shapes_text(match)}: {fix}")

@@ -259,6 +259,28 @@ def test_run_limit_heals_and_drift_is_clean_again(rig: Rig) -> None:
     assert json.loads(p.stdout)["hosts"]["node02"]["drift"] == []
 
 
+def test_a_repository_key_with_another_fingerprint_is_refused_then_the_pinned_one_converges(rig: Rig) -> None:
+    """The NVIDIA repository key is pinned by fingerprint (nvidia_repo_key_fingerprints; the rack's inventory pins
+    the stand-in repo's key): pinned to another key, the run refuses the served key naming the variable and removes
+    the node's copy (apt trusts it no more); with the inventory's pin the next run installs it again and converges."""
+    keyring = "/etc/apt/keyrings/nvidia-cuda.gpg"
+    if rig.h.ssh("node02", f"test -s {keyring}").returncode != 0:  # run on its own (-k): a fresh node converges
+        p, data = rig.run("--limit", "node02")
+        assert p.returncode == 0, p.stderr + json.dumps(data["failures"], indent=1)
+    before = rig.ssh("node02", f"sha256sum {keyring}")
+    wrong = json.dumps({"nvidia_repo_key_fingerprints": ["EB693B3035CD5710E231E123A4B469963BF863CC"]})  # NVIDIA's
+    p, data = rig.run("--limit", "node02", "-e", wrong)
+    assert p.returncode == 1, p.stdout + p.stderr
+    msgs = json.dumps(data["failures"])
+    assert "nvidia_repo_key_fingerprints" in msgs and "refusing the repository key" in msgs, msgs
+    assert "was removed" in msgs and rig.h.ssh("node02", f"test -e {keyring}").returncode != 0
+    p, data = rig.run("--limit", "node02")
+    assert p.returncode == 0, p.stderr + json.dumps(data["failures"], indent=1)
+    assert rig.ssh("node02", f"sha256sum {keyring}") == before
+    p, _ = rig.drift("--report", "json", "--limit", "node02")
+    assert p.returncode == 0 and json.loads(p.stdout)["hosts"]["node02"]["drift"] == [], p.stdout
+
+
 def test_a_host_left_on_its_old_module_is_rebooted_into_the_installed_one(rig: Rig) -> None:
     """A run killed between the driver install and its reboot leaves the new package installed and the old kernel
     module loaded. With `provision_allow_reboot` (the rack's inventory) the next run reboots that host into the

@@ -27,6 +27,9 @@ def test_default_rack_inventory_follows_the_contract(tmp_path: Path) -> None:
     assert h.vars["nvidia_repo_url"] == "http://198.18.0.1:8090/nvidia/"
     assert h.vars["nvidia_repo_key_url"] == "http://198.18.0.1:8090/nvidia/testbed-archive-keyring.gpg"
     assert h.vars["apt_proxy"] == "http://198.18.0.1:3128"
+    assert "nvidia_repo_key_fingerprints" not in h.vars  # no stand-in key known: the role default stays
+    pinned = load_fleet(invw.write(_rack(1, repo_key_fingerprint="AB" * 20), tmp_path / "pinned"))
+    assert pinned.hosts["node01"].vars["nvidia_repo_key_fingerprints"] == ["AB" * 20]
     args = h.vars["ansible_ssh_common_args"]
     assert "UserKnownHostsFile=/k/known_hosts" in args and "StrictHostKeyChecking=yes" in args
     assert {c: list(fleet.clusters[c].members) for c in fleet.clusters} == {

@@ -279,9 +279,40 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                {"group_vars": {"all": {"provision_site": ""}}},
                {"host_vars": {"n1": {"provision_site": "rack-a"}}}],
               [{"group_vars": {"all": {"provision_site": "dc1 rack-a"}}}]),
+    "HW017": ([{"group_vars": gpu_nodes(**{**EFA, "efa_device_count": 16})},
+               {"group_vars": gpu_nodes(**{**EFA, "gpu_model": "H200-SXM-141GB", "efa_device_count": 8})},
+               {"group_vars": gpu_nodes(**{**EFA, "aws_instance_type": "p5en.48xlarge"})},
+               {"group_vars": gpu_nodes(**{**EFA, "aws_instance_type": "p5.48xl"})}],
+              [{"group_vars": gpu_nodes(**EFA)},
+               {"group_vars": gpu_nodes(**{**EFA, "gpu_model": "H200-SXM-141GB", "efa_device_count": 16})},
+               {"group_vars": gpu_nodes(**{**EFA, "gpu_model": "H200-SXM-141GB", "efa_device_count": 16,
+                                           "aws_instance_type": "p5en.48xlarge"})}]),
+    "SUP001": ([{"group_vars": gpu_nodes(vllm_pip_index_url="http://pypi.site.internal/simple/")},
+                {"group_vars": gpu_nodes(vllm_pip_extra_args="--index-url=HTTP://pypi.site.internal/simple")},
+                {"group_vars": gpu_nodes(vllm_pip_extra_args="-f http://wheels.site.internal/")}],
+               [{"group_vars": gpu_nodes(vllm_pip_index_url="https://pypi.site.internal/simple/",
+                                         vllm_pip_extra_args="--no-cache-dir --find-links https://w.site/")},
+                {"group_vars": gpu_nodes(vllm_pip_index_url="{{ site_pypi }}")}]),
+    "SUP002": ([{"group_vars": gpu_nodes(vllm_pip_extra_args="--trusted-host pypi.site.internal")},
+                {"group_vars": gpu_nodes(vllm_pip_extra_args="--no-cache-dir --trusted-host=mirror")}],
+               [{"group_vars": gpu_nodes(vllm_pip_extra_args="--no-cache-dir")}]),
+    "SUP003": ([{"group_vars": gpu_nodes(vllm_pip_extra_args="--extra-index-url https://mirror2/simple")}],
+               [{"group_vars": gpu_nodes(vllm_pip_index_url="https://mirror/simple")}]),
+    "SUP004": ([{"group_vars": gpu_nodes(nvidia_repo_url="http://mirror.site.internal/cuda/debian12/x86_64/")},
+                {"host_vars": {"n1": {"infiniband_doca_repo_url": "http://mirror/doca/"}}}],
+               [{"group_vars": gpu_nodes(nvidia_repo_url="https://mirror.site.internal/cuda/debian12/x86_64/")}]),
+    "SUP005": ([{"group_vars": gpu_nodes(nvidia_repo_key_fingerprints=["3BF863CC"])},
+                {"group_vars": gpu_nodes(nvidia_repo_key_fingerprints=[])},
+                {"group_vars": gpu_nodes(nvidia_repo_key_fingerprints={"nvidia": "EB69"})},
+                {"group_vars": gpu_nodes(infiniband_stack="doca")}],
+               [{"group_vars": gpu_nodes(nvidia_repo_key_fingerprints=["EB69 3B30 35CD 5710 E231  E123 A4B4 6996 "
+                                                                       "3BF8 63CC"])},
+                {"group_vars": gpu_nodes(infiniband_stack="doca",
+                                         infiniband_doca_repo_key_fingerprints=["AB" * 20, "cd" * 32])}]),
 }
 
-WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005"}
+WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005",
+            "SUP001", "SUP002", "SUP003", "SUP004"}
 
 
 def _cases(which: int) -> list[Any]:

@@ -1,0 +1,181 @@
+"""Supply-chain rules (SUP0xx): where the nodes download software from, and the keys that vouch for it.
+
+The sources are the site variables of docs/inventory.md ("Site mirrors"): the pip index of the vLLM venv
+(`vllm_pip_index_url`, `vllm_pip_extra_args`), the NVIDIA and DOCA apt repositories (`nvidia_repo_url`,
+`infiniband_doca_repo_url`) and their pinned signing keys (`*_repo_key_fingerprints`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from provisioner.bmc.config import is_template, is_vaulted
+from provisioner.model import Fleet
+from provisioner.rules import Finding, rule
+from provisioner.rules._util import places, show, type_name
+from provisioner.rules.context import RuleContext
+
+PIP_INDEX_VARS = ("vllm_pip_index_url",)
+PIP_ARGS_VARS = ("vllm_pip_extra_args",)
+PIP_REQUIREMENT_VARS = ("vllm_pip_extra_packages", "execution_node_packages")
+APT_REPO_VARS = ("nvidia_repo_url", "infiniband_doca_repo_url")
+FINGERPRINT_VARS = ("nvidia_repo_key_fingerprints", "infiniband_doca_repo_key_fingerprints")
+# pip options that take a URL (the long and short spellings pip accepts)
+_URL_OPTS = {"--index-url": "--index-url", "-i": "--index-url", "--extra-index-url": "--extra-index-url",
+             "--find-links": "--find-links", "-f": "--find-links"}
+_FINGERPRINT = re.compile(r"[0-9A-F]{40}|[0-9A-F]{64}")
+
+
+def _literal(v: Any) -> bool:
+    """A value the rules can read: a string that is neither vaulted nor a Jinja template."""
+    return isinstance(v, str) and not is_vaulted(v) and not is_template(v)
+
+
+def _http(url: str) -> bool:
+    return url.strip().lower().startswith("http://")
+
+
+def _pip_options(args: str) -> Iterator[tuple[str, str | None]]:
+    """(option, value) of a pip command line: `--opt value`, `--opt=value`, `-ivalue`; value None for a flag."""
+    try:
+        words = shlex.split(args)
+    except ValueError:
+        words = args.split()
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("--") and "=" in w:
+            opt, _, val = w.partition("=")
+            yield opt, val
+        elif w in _URL_OPTS or w == "--trusted-host":
+            yield w, words[i + 1] if i + 1 < len(words) else None
+            i += 1
+        elif w[:2] in ("-i", "-f") and len(w) > 2:
+            yield w[:2], w[2:]
+        else:
+            yield w, None
+        i += 1
+
+
+def _where(g: str | None, h: str | None) -> dict[str, str | None]:
+    return {"group": g, "host": h}
+
+
+@rule("SUP001", "pip index over plain HTTP")
+def pip_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """An http:// pip index (vllm_pip_index_url, or --index-url/--extra-index-url/--find-links in
+    vllm_pip_extra_args) or requirement (`name @ http://...` in vllm_pip_extra_packages / execution_node_packages):
+    pip fetches it unencrypted and unauthenticated (no hashes are pinned), so anyone on the path can hand the node
+    another wheel."""
+    for var in PIP_INDEX_VARS:
+        for g, h, v in places(fleet, var):
+            if _literal(v) and _http(v):
+                yield Finding("SUP001", "warning", f"{var} = {v!r} is plain HTTP: pip would install vLLM and its "
+                              "dependencies from it unencrypted and unauthenticated; serve the mirror over https "
+                              "(a site CA goes in site_ca_certificates)", var=var, **_where(g, h))
+    for var in PIP_ARGS_VARS:
+        for g, h, v in places(fleet, var):
+            if not _literal(v):
+                continue
+            for opt, val in _pip_options(v):
+                if opt in _URL_OPTS and val and _http(val):
+                    yield Finding("SUP001", "warning", f"{var}: {_URL_OPTS[opt]} {val} is plain HTTP: pip would "
+                                  "download from it unencrypted and unauthenticated; use an https URL (a site CA "
+                                  "goes in site_ca_certificates)", var=var, **_where(g, h))
+    for var in PIP_REQUIREMENT_VARS:
+        for g, h, v in places(fleet, var):
+            for item in v if isinstance(v, (list, tuple)) else []:
+                url = item.rpartition("@")[2].strip() if _literal(item) else ""
+                if _http(url):
+                    yield Finding("SUP001", "warning", f"{var}: {item!r} is downloaded over plain HTTP, unencrypted "
+                                  "and unauthenticated; use an https URL or put the wheel on the site's index",
+                                  var=var, **_where(g, h))
+
+
+@rule("SUP002", "pip told to trust a host without TLS verification")
+def pip_trusted_host(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """--trusted-host in vllm_pip_extra_args turns certificate checks off for that host (and allows plain HTTP to
+    it): a proxy or a spoofed address can serve any package."""
+    for var in PIP_ARGS_VARS:
+        for g, h, v in places(fleet, var):
+            if not _literal(v):
+                continue
+            for opt, val in _pip_options(v):
+                if opt == "--trusted-host":
+                    yield Finding("SUP002", "warning", f"{var}: --trusted-host {val or ''} turns pip's certificate "
+                                  "check off for that host: remove it and give the mirror's CA in "
+                                  "site_ca_certificates (pip then verifies against it)", var=var, **_where(g, h))
+
+
+@rule("SUP003", "a second pip index")
+def pip_extra_index(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """--extra-index-url in vllm_pip_extra_args: pip takes the highest version of a name from any index, so a
+    package published under the same name on the other index replaces the one you meant (dependency confusion)."""
+    for var in PIP_ARGS_VARS:
+        for g, h, v in places(fleet, var):
+            if not _literal(v):
+                continue
+            for opt, val in _pip_options(v):
+                if opt == "--extra-index-url":
+                    yield Finding("SUP003", "warning", f"{var}: --extra-index-url {val or ''}: pip installs the "
+                                  "highest version of each name found on either index, so a same-named package on "
+                                  "one index shadows the other's; mirror what you need into the one index of "
+                                  "vllm_pip_index_url", var=var, **_where(g, h))
+
+
+@rule("SUP004", "apt repository over plain HTTP")
+def apt_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """nvidia_repo_url / infiniband_doca_repo_url over http://: apt still checks the repository's signature (the
+    pinned key), but anyone on the path sees what the node installs and can hold back updates (an old, validly
+    signed Release: a freeze/replay)."""
+    for var in APT_REPO_VARS:
+        for g, h, v in places(fleet, var):
+            if _literal(v) and _http(v):
+                yield Finding("SUP004", "warning", f"{var} = {v!r} is plain HTTP: apt checks the signature, but the "
+                              "path sees every package and can serve stale (validly signed) metadata; serve the "
+                              "mirror over https (a site CA goes in site_ca_certificates)", var=var, **_where(g, h))
+
+
+def _fingerprint_problem(var: str, v: Any) -> str | None:
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+        return (f"{var} = {show(v)} is a {type_name(v)}: expected a list of OpenPGP fingerprints, e.g. "
+                f"[EB693B3035CD5710E231E123A4B469963BF863CC]")
+    for x in items:
+        norm = re.sub(r"\s+", "", x).upper().removeprefix("0X")
+        if not _FINGERPRINT.fullmatch(norm):
+            why = "a key id, not a fingerprint" if re.fullmatch(r"[0-9A-F]{8}|[0-9A-F]{16}", norm) else "not one"
+            return (f"{var} entry {x!r} is {why}: give the full fingerprint (40 hex digits, 64 for a v6 key) as "
+                    "`gpg --show-keys <key file>` prints it")
+    return None
+
+
+@rule("SUP005", "repository signing key not pinned")
+def key_pins(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """nvidia_repo_key_fingerprints / infiniband_doca_repo_key_fingerprints are lists of full OpenPGP fingerprints
+    (a short key id can be forged); a host with infiniband_stack doca needs the DOCA pin (it has no default)."""
+    for var in FINGERPRINT_VARS:
+        for g, h, v in places(fleet, var):
+            if is_vaulted(v) or (isinstance(v, str) and is_template(v)):
+                continue
+            msg = _fingerprint_problem(var, v)
+            if msg is None and not v:
+                msg = f"{var} is empty: a repository key is never installed unpinned; give its fingerprint"
+            if msg:
+                yield Finding("SUP005", "error", msg, var=var, **_where(g, h))
+    var = "infiniband_doca_repo_key_fingerprints"
+    for g, h, v in places(fleet, "infiniband_stack"):  # once where doca is chosen (a group, or a host)
+        if v != "doca":
+            continue
+        hosts = [fleet.hosts[h]] if h else [x for x in fleet.gpu_nodes if g == "all" or g in x.groups]
+        unpinned = [x.name for x in hosts if var not in x.vars and x.vars.get("infiniband_stack") == "doca"
+                    and x.vars.get("fabric") != "efa"]
+        if unpinned:
+            yield Finding("SUP005", "error", f"infiniband_stack is doca but {var} is not set "
+                          f"({len(unpinned)} host(s): {', '.join(unpinned[:3])}{'...' if len(unpinned) > 3 else ''}): "
+                          "give the fingerprint(s) of the DOCA repository key you checked (`gpg --show-keys "
+                          "GPG-KEY-Mellanox.pub`); the role installs no unpinned key", var="infiniband_stack",
+                          **_where(g, h))

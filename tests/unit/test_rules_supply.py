@@ -1,0 +1,83 @@
+"""Supply-chain rules (SUP0xx): each message names where the value is set (group or host, the variable, the file),
+the value found and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from inventory_factory import gpu_nodes
+from rules_helpers import findings
+
+from provisioner.defaults import role_default
+from provisioner.rules.supply import _pip_options
+
+
+def test_plain_http_pip_index_is_a_warning_naming_group_variable_value_and_fix(tmp_path: Path) -> None:
+    (f,) = findings(tmp_path, "SUP001", group_vars=gpu_nodes(vllm_pip_index_url="http://pypi.site/simple/"))
+    assert (f.severity, f.group, f.host, f.var) == ("warning", "gpu_nodes", None, "vllm_pip_index_url")
+    assert "'http://pypi.site/simple/'" in f.message and "https" in f.message and "site_ca_certificates" in f.message
+    assert "group_vars/gpu_nodes.yml" in f.message  # where it is set
+
+
+def test_pip_options_in_extra_args_each_get_their_code(tmp_path: Path) -> None:
+    args = "--no-cache-dir --trusted-host pypi.site -i http://pypi.site/simple --extra-index-url=https://two/simple"
+    fs = findings(tmp_path, host_vars={"n1": {"vllm_pip_extra_args": args}})
+    got = sorted((f.code, f.host, f.var) for f in fs if f.code.startswith("SUP"))
+    assert got == [("SUP001", "n1", "vllm_pip_extra_args"), ("SUP002", "n1", "vllm_pip_extra_args"),
+                   ("SUP003", "n1", "vllm_pip_extra_args")]
+    by = {f.code: f.message for f in fs}
+    assert "--index-url http://pypi.site/simple" in by["SUP001"]
+    assert "--trusted-host pypi.site" in by["SUP002"] and "site_ca_certificates" in by["SUP002"]
+    assert "--extra-index-url https://two/simple" in by["SUP003"] and "vllm_pip_index_url" in by["SUP003"]
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    ("-ihttp://a/simple", [("-i", "http://a/simple")]),
+    ("--find-links=http://w/ --pre", [("--find-links", "http://w/"), ("--pre", None)]),
+    ("'--trusted-host' 'a b'", [("--trusted-host", "a b")]),
+    ("--trusted-host", [("--trusted-host", None)]),
+    ("--index-url 'unterminated", [("--index-url", "'unterminated")]),  # shlex refuses: split on spaces
+])
+def test_pip_option_parsing(args: str, want: list[tuple[str, str | None]]) -> None:
+    assert list(_pip_options(args)) == want
+
+
+def test_a_requirement_by_plain_http_url_is_a_warning(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "SUP001", group_vars=gpu_nodes(vllm_pip_extra_packages=[
+        "ray[default]==2.52.0", "flashinfer @ http://wheels.site/flashinfer-0.5-py3-none-any.whl",
+        "other @ https://wheels.site/other.whl"]))
+    assert [(f.var, f.group) for f in fs] == [("vllm_pip_extra_packages", "gpu_nodes")]
+    assert "flashinfer @ http://wheels.site" in fs[0].message
+
+
+def test_https_templated_and_vaulted_values_pass(tmp_path: Path) -> None:
+    fs = findings(tmp_path, group_vars=gpu_nodes(vllm_pip_index_url="{{ site_pypi }}",
+                                                 vllm_pip_extra_args="--no-cache-dir",
+                                                 nvidia_repo_url="https://mirror/cuda/"))
+    assert [f for f in fs if f.code.startswith("SUP")] == []
+
+
+def test_plain_http_apt_repo_is_a_warning(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "SUP004", group_vars=gpu_nodes(nvidia_repo_url="http://mirror/cuda/"),
+                  host_vars={"n2": {"infiniband_doca_repo_url": "HTTP://mirror/doca/"}})
+    assert {(f.group, f.host, f.var) for f in fs} == {
+        (None, "n2", "infiniband_doca_repo_url"), ("gpu_nodes", None, "nvidia_repo_url")}
+    assert all(f.severity == "warning" and "signature" in f.message for f in fs)
+
+
+def test_fingerprint_pins(tmp_path: Path) -> None:
+    (f,) = findings(tmp_path, "SUP005", group_vars=gpu_nodes(nvidia_repo_key_fingerprints=["A4B469963BF863CC"]))
+    assert f.severity == "error" and "a key id, not a fingerprint" in f.message and "40 hex" in f.message
+    (f,) = findings(tmp_path / "b", "SUP005", group_vars=gpu_nodes(infiniband_stack="doca"))
+    assert (f.group, f.var) == ("gpu_nodes", "infiniband_stack") and "2 host(s): n1, n2" in f.message
+    assert "infiniband_doca_repo_key_fingerprints" in f.message and "gpg --show-keys" in f.message
+    assert findings(tmp_path / "c", "SUP005", group_vars=gpu_nodes(
+        nvidia_repo_key_fingerprints="eb693b3035cd5710e231e123a4b469963bf863cc")) == []
+
+
+def test_the_role_default_pins_nvidias_cuda_key() -> None:
+    """NVIDIA's published fingerprint of key 3bf863cc (github.com/NVIDIA/cuda-repo-management SIGNATURES.md)."""
+    assert role_default("nvidia_driver", "nvidia_repo_key_fingerprints") == [
+        "EB693B3035CD5710E231E123A4B469963BF863CC"]
+    assert role_default("infiniband", "infiniband_doca_repo_key_fingerprints") == []
