@@ -28,7 +28,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from provisioner.commands.common import unwrap
+from provisioner.commands.common import VAULT_HELP, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Cluster, Fleet, Host
 
@@ -157,7 +157,9 @@ def register(app: typer.Typer) -> None:
             "--tokenizer", help="Tokenizer path/name (default: the cluster's model).")] = None,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON here.")] = None,
         timeout: Annotated[int, typer.Option("--timeout", help="Seconds before the benchmark is abandoned.")] = 3600,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.inventory import load_fleet
         from provisioner.render import role_defaults
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show HOST's lifecycle transitions (oldest first) and the runs that touched it (newest first).
@@ -63,5 +63,7 @@ def register(app: typer.Typer) -> None:
         inventory: Annotated[Path | None, typer.Option(
             "--inventory", "-i", help="Check HOST against this inventory.", show_default=False)] = None,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(host, inventory, fmt))

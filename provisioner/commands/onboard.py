@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Fleet
 from provisioner.reports import count
@@ -245,7 +245,9 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Report on stdout.")] = Format.text,
         report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds per host for preflight/health.")] = 900.0,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.inventory import load_fleet
         from provisioner.probes.health import run_health
         from provisioner.probes.preflight import probe

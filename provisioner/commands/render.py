@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from provisioner.commands.common import unwrap
+from provisioner.commands.common import VAULT_HELP, unwrap, use_vault
 from provisioner.errors import UsageError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
@@ -35,7 +35,9 @@ def register(app: typer.Typer) -> None:
         host: Annotated[str, typer.Option("--host", help="The inventory host to render for.", show_default=False)],
         out: Annotated[Path | None, typer.Option(
             "--out", help="Write the files under DIR (DIR/etc/...) instead.")] = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.inventory import load_fleet
         from provisioner.render import host_files
 

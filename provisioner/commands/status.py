@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since, cluster, last run, health and drift.
@@ -93,5 +93,7 @@ def register(app: typer.Typer) -> None:
         nodes: Annotated[bool, typer.Option(
             "--nodes", help="Read the in-service mark, driver and vLLM versions on every node (one SSH exec each).",
         )] = False,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, fmt, html, nodes))
