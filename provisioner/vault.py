@@ -9,6 +9,7 @@ one-line UsageError naming host and variable (`require`), one that does not (val
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,9 @@ def configured(password_file: Path | str | None = None) -> tuple[list[str], str 
             raise UsageError("vault password file not found", path=str(p))
         slugs.append(f"{C.DEFAULT_VAULT_IDENTITY}@{_abs(str(p))}")
     cfg_file = C.DEFAULT_VAULT_PASSWORD_FILE
+    late = os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE")
+    if not cfg_file and late:  # exported after ansible read its settings (a long-lived process, a test session)
+        slugs.append(f"{C.DEFAULT_VAULT_IDENTITY}@{_abs(late)}")
     return slugs, (_abs(str(cfg_file)) if cfg_file else None)
 
 

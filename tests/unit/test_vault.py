@@ -35,6 +35,7 @@ def fresh_vault(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from ansible import constants as C
 
     vault._reset_for_tests()
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
     monkeypatch.setattr(C, "DEFAULT_VAULT_PASSWORD_FILE", None, raising=False)
     monkeypatch.setattr(C, "DEFAULT_VAULT_IDENTITY_LIST", [], raising=False)
     yield
