@@ -174,19 +174,23 @@ def decrypt_problem(value: Any) -> str | None:
     except Exception as exc:  # noqa: BLE001 - AnsibleVaultError and friends: a wrong or missing secret
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "no vault secrets" in first.lower() or "was not found" in first.lower():
-            return "no vault password given for it"
+            return "none of the vault passwords given decrypts it"
         return f"it cannot be decrypted ({first})"
     return None
 
 
 def require(fleet: Any, hosts: Iterable[str], extra: Mapping[str, Any] | None = None,
-            what: str = "this command") -> None:
-    """Every vaulted value the `hosts` (and the -e `extra` vars) hold can be decrypted; else one UsageError line
-    naming host, variable and what to do. Each distinct value is decrypted once (ansible caches the plain text)."""
+            what: str = "this command", only: Iterable[str] | None = None) -> None:
+    """Every vaulted value the `hosts` (and the -e `extra` vars) hold can be decrypted (`only`: just these
+    variables); else one UsageError line naming host, variable and what to do. Each distinct value is decrypted once
+    (ansible caches the plain text)."""
     seen: set[int] = set()
     items: list[tuple[str, str, Any]] = [("-e", k, v) for k, v in vaulted_vars(dict(extra or {}))]
     for h in hosts:
         items += [(h, k, v) for k, v in vaulted_vars(fleet.hosts[h].vars)]
+    if only is not None:
+        names = set(only)
+        items = [i for i in items if i[1].split(".", 1)[0].split("[", 1)[0] in names]
     for host, var, v in items:
         if id(v) in seen:
             continue

@@ -440,6 +440,11 @@ def _write_inventory(st: RackState) -> None:
         sha = (served / repo.EFA_DIR / (name + ".sha256")).read_text().split()[0] if served else ""
         extra = {"efa_installer_url": f"{st.repo_url}{repo.EFA_DIR}/{name}", "efa_installer_version": version,
                  "efa_installer_sha256": sha, **extra}
+    from provisioner_testbed import vllm_image
+
+    # every rack's inventory holds a vaulted secret (the clusters' API key; a plain rack's has no cluster to use it),
+    # so every rack test goes through the vault path: loading, the drift's input digest, ansible-playbook's secrets
+    extra = {"vllm_api_key": vllm_image.TESTBED_API_KEY, **extra}
     inv = invw.InvRack(
         name=st.name,
         hosts=inv_hosts,

@@ -59,7 +59,7 @@ def load_targets(inventory: Path, limit: str | None, timeout: float, forks: int,
 
 def load_run_targets(
     inventory: Path, extra: list[str] | None, limit: str | None, playbook: Path | None, accelerate: str | None,
-    vault_password_file: Path | None = None,
+    vault_password_file: Path | None = None, what: str = "this command",
 ) -> tuple[Fleet, dict[str, Any], str | None, list[str]]:
     """Check the options shared by `run` and `drift`, load the fleet once (extra vars laid on it) and resolve the
     limit on it: (fleet, extra vars, absolute limit, targeted hosts). The vault secrets come first (-e @FILE may be
@@ -79,7 +79,7 @@ def load_run_targets(
     targeted = limit_hosts(fleet, limit_abs)
     if not targeted:
         raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inventory))
-    vault.require(fleet, targeted, xv)
+    vault.require(fleet, targeted, xv, what)
     return fleet, xv, limit_abs, targeted
 
 

@@ -115,7 +115,7 @@ def run(inventory: Path, *, report: Report = Report.text, output: Path | None = 
         if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):
             raise UsageError("--output directory does not exist or is not writable", path=str(output.parent))
     fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate,
-                                                        vault_password_file)
+                                                        vault_password_file, "provision drift")
     nodes, targeted = shard_targets(fleet, targeted, exec_node, accelerate)
     errors, _ = validate(fleet, set(targeted))
     if errors:

@@ -264,6 +264,10 @@ def register(app: typer.Typer) -> None:
         if not_gpu:
             raise UsageError(f"not GPU nodes: {', '.join(not_gpu)}", path=str(inventory))
         hosts = list(dict.fromkeys(hosts))
+        from provisioner import vault
+
+        # the run and the launch need the hosts' (and their clusters') vaulted values: one line now, not mid-way
+        vault.require(fleet, sorted({*hosts, *launch_targets(fleet, hosts)}), what="provision onboard")
         out = {h: Outcome(h, clusters=fleet.cluster_of(h)) for h in hosts}
         t0 = time.monotonic()
         say = (lambda m: None) if fmt is Format.json else (lambda m: err.print(m))

@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         # the inventory is parsed once: the limit is resolved on the fleet's own inventory, and ansible-runner is
         # handed the hosts it selects
         fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate,
-                                                        vault_password_file)
+                                                        vault_password_file, "provision run")
         nodes, targeted = shard_targets(fleet, targeted, exec_node, accelerate)
 
         errors, warnings = validate(fleet, set(targeted))

@@ -76,7 +76,8 @@ def test_a_wrong_password_is_named_not_shown(tmp_path: Path) -> None:
     fleet = load_fleet(_inv(tmp_path), vault_password_file=_pw(tmp_path, "not-the-password"))
     with pytest.raises(UsageError) as exc:
         vault.require(fleet, ["n2"])
-    assert "vllm_api_key on host n2 is vaulted and" in str(exc.value) and KEY not in str(exc.value)
+    assert "vllm_api_key on host n2 is vaulted and none of the vault passwords given decrypts it" in str(exc.value)
+    assert KEY not in str(exc.value)
     assert "\n" not in str(exc.value)
 
 
@@ -175,3 +176,14 @@ def test_an_unkeyed_digest_would_let_a_secret_be_guessed_the_keyed_one_does_not(
     assert keyed not in guesses.values()
     with pytest.raises(ValueError, match="too short"):
         hoststate.inputs_digest(**doc, key=b"short")
+
+
+def test_require_only_the_variables_a_command_needs(tmp_path: Path) -> None:
+    """`provision power` needs the BMC password, not the API key: a vaulted key it cannot decrypt is no error."""
+    inv = write_inventory(tmp_path / "inv", files={
+        "group_vars/gpu_nodes/vault.yml": _vault_yaml("vllm_api_key", KEY, "another-password"),
+        "host_vars/n1.yml": _vault_yaml("bmc_password", "bmc-secret") + "bmc_address: 10.1.0.1\n"})
+    fleet = load_fleet(inv, vault_password_file=_pw(tmp_path))
+    vault.require(fleet, ["n1"], what="provision power", only=("bmc_password",))
+    with pytest.raises(UsageError, match="vllm_api_key on host n1 is vaulted and none of the vault passwords given"):
+        vault.require(fleet, ["n1"])
