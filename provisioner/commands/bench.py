@@ -190,8 +190,13 @@ def register(app: typer.Typer) -> None:
                 if not exe:
                     raise UsageError("--local needs a vllm executable (--vllm PATH or vllm on PATH)")
                 key = os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
-                if not key and isinstance(hv.get("vllm_api_key"), str):
-                    key = hv["vllm_api_key"]
+                from provisioner import vault
+
+                value = hv.get("vllm_api_key")
+                if not key and (isinstance(value, str) or vault.is_vaulted(value)):
+                    if vault.is_vaulted(value):  # decrypted here, for the local client only
+                        vault.require(fleet, [head.name], what="provision bench --local", only=("vllm_api_key",))
+                    key = str(value)
                 result = _run_local(exe, args, key, timeout)
             else:
                 result = _run_on_head(fleet, cluster, args, str(hv["vllm_venv"]), str(hv["vllm_env_file"]), timeout)
