@@ -108,6 +108,13 @@ def test_a_later_password_file_is_added_once_the_inventory_was_read(tmp_path: Pa
     vault.setup(_pw(tmp_path))  # a BMC command's --vault-password-file, after the load
     assert str(fleet.hosts["n1"].vars["vllm_api_key"]) == KEY
     assert vault.runner_env()["ANSIBLE_VAULT_IDENTITY_LIST"].endswith(f"@{tmp_path / 'vault-pass'}")
+    from provisioner.runner.config import RunConfig
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = RunConfig(inventory=tmp_path).ansible_env(run_dir)  # what ansible-runner hands ansible-playbook
+    assert env["ANSIBLE_VAULT_IDENTITY_LIST"] == f"default@{tmp_path / 'vault-pass'}"
+    assert PW not in json.dumps(env)
 
 
 def test_extra_vars_files_whole_vault_and_tagged(tmp_path: Path) -> None:
