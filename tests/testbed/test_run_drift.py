@@ -186,8 +186,9 @@ def test_drift_clean_after_run(rig: Rig) -> None:
     assert data["drift_found"] is False and data["complete"] is True
     assert sorted(data["hosts"]) == ["node01", "node02", "node03", "node04"]
     assert all(h["drift"] == [] and h["state"] == "clean" for h in data["hosts"].values())
-    # the runs recorded every host's state (their input digests include the decrypted, keyed secret): the probe
-    # tier checks them all; the digest key is 0600 beside the ledger and the key is in no file of the runs
+    # the runs recorded every host's state (their input digests include the decrypted, keyed secret): no host goes
+    # to Ansible for want of a record or for changed inputs; the digest key is 0600 beside the ledger and the API
+    # key is in no file of the runs
     reasons = {n: (h["tier"], h["tier_reason"]) for n, h in data["hosts"].items()}
     assert all(t == 1 or (r or "").startswith("probe") for t, r in reasons.values()), reasons
     ledger = os.environ.get("PROVISION_LEDGER")
