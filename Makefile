@@ -42,6 +42,11 @@ lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production --offline --nocolor $(LINT_TARGETS)
 	$(VENV)/bin/yamllint --strict --format parsable $(LINT_TARGETS) inventories
 
+# The racks' inventories vault their secrets (the vLLM API key, the BMC password) with this machine's testbed vault
+# password (provisioner_testbed/vault.py): provision and ansible-playbook find it as a site's, through the environment.
+TESTBED_VAULT ?= $(or $(PROVISIONER_TESTBED_STATE),/var/lib/provisioner-testbed)/vault-password
+demo demo-vllm: export ANSIBLE_VAULT_PASSWORD_FILE = $(TESTBED_VAULT)
+
 # The plain rack has no vLLM image, so its inventory declares no vLLM cluster: a plain run (and the nightly drift)
 # of it is clean. `make demo-vllm` adds the CPU vLLM golden layer and its clusters.
 demo: deps venv

@@ -109,6 +109,19 @@ def parse_plain(argv: list[str], options: dict[str, tuple[str, type]]) -> tuple[
     return positional[0], values
 
 
+def vault_failure(exc: BaseException) -> str | None:
+    """One line for a vaulted value used where it cannot be decrypted (no vault password, a wrong one), else None:
+    the net under the commands' own checks (provisioner.vault.require), never a traceback."""
+    from provisioner.vault import SOURCES
+
+    if isinstance(exc, ReferenceError) and "VaultSecretsContext" in str(exc):
+        return f"a vaulted value is needed and no vault password is given ({SOURCES})"
+    if type(exc).__name__ in ("AnsibleVaultError", "AnsibleVaultPasswordError", "AnsibleVaultFormatError"):
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"a vaulted value cannot be decrypted: {first} ({SOURCES})"
+    return None
+
+
 def _fast(command: str, argv: list[str]) -> int | None:
     """Run `command` without typer when its arguments are plain; None when typer must handle them."""
     from pathlib import Path
@@ -126,6 +139,12 @@ def _fast(command: str, argv: list[str]) -> int | None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except Exception as exc:
+        line = vault_failure(exc)
+        if line is None:
+            raise
+        sys.stderr.write(f"error: {line}\n")
+        return int(Exit.USAGE)
 
 
 def _click_exceptions() -> tuple[type[BaseException], ...]:
@@ -179,6 +198,10 @@ def main() -> None:
             where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             message = exc.format_message()  # type: ignore[attr-defined]
             err.print(f"[bold red]error:[/] {escape(message + where)}", highlight=False)
+            sys.exit(Exit.USAGE)
+        line = vault_failure(exc)
+        if line is not None:
+            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
             sys.exit(Exit.USAGE)
         raise
     sys.exit(rc if isinstance(rc, int) else 0)

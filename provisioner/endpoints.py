@@ -219,7 +219,9 @@ def cluster_endpoints(fleet: Fleet, clusters: Iterable[str], files: Mapping[str,
         port = int(c.get("port", 8000))
         names = _served_names(c)
         value = hv.get(KEY_VAR)
-        has_key = value not in (None, "")
+        from provisioner.vault import is_vaulted
+
+        has_key = is_vaulted(value) or value not in (None, "")  # a vaulted key is set: never decrypted here
         key_file = key_read = None
         vaulted = False
         if has_key:

@@ -252,12 +252,27 @@ def _plain(value: Any) -> Any:
 
 
 def inputs_digest(*, host_vars: Mapping[str, Any], host_plan: Any, fleet_plan: Any, run_options: Mapping[str, Any],
-                  content: str, version: str) -> str:
-    """One host's input digest: its resolved variables, its plan (and the fleet-wide parts: clusters, targets), what
-    the run was asked (playbook, tags, skip-tags, extra vars), the suite's content hash and version."""
+                  content: str, version: str, key: bytes) -> str:
+    """One host's input digest: its resolved variables (vaulted ones decrypted: a new secret is a new input), its
+    plan (and the fleet-wide parts: clusters, targets), what the run was asked (playbook, tags, skip-tags, extra
+    vars), the suite's content hash and version. An HMAC-SHA256 keyed with `key` (random, kept 0600 beside the
+    ledger: provisioner.tiers.digest_key): without the key the digest gives no way to test guesses of a secret."""
     doc = {"vars": _plain(host_vars), "plan": _plain(host_plan), "fleet": _plain(fleet_plan),
            "run": _plain(run_options), "content": content, "version": version}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+    return keyed_digest(key, doc)
+
+
+#: Smallest digest key accepted (bytes): 256 bits.
+KEY_BYTES = 32
+
+
+def keyed_digest(key: bytes, doc: Any) -> str:
+    """HMAC-SHA256 of a JSON document (sorted keys) under `key`; ValueError for a key shorter than KEY_BYTES."""
+    import hmac
+
+    if len(key) < KEY_BYTES:
+        raise ValueError(f"digest key too short ({len(key)} bytes, at least {KEY_BYTES})")
+    return hmac.new(key, json.dumps(_plain(doc), sort_keys=True, default=str).encode(), hashlib.sha256).hexdigest()
 
 
 # -- the tier decision ------------------------------------------------------------------------------------------------

@@ -67,11 +67,17 @@ def _fresh_vars_plugins() -> None:
             cache.clear()
 
 
-def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | None = None) -> Fleet:
+def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | None = None,
+               vault_password_file: str | os.PathLike[str] | None = None) -> Fleet:
     """Read the inventory at `path`; raise UsageError (exit 2) when it cannot be read or parsed. `extra_vars` (the
     run's `-e`) are laid on top as in a play: the rules see what the play will see. A relative
-    `path` is resolved from the working directory exactly as `ansible-playbook -i` does (`inventory_source`)."""
+    `path` is resolved from the working directory exactly as `ansible-playbook -i` does (`inventory_source`).
+    The vault secrets are set up first (provisioner.vault: ansible.cfg, environment, `vault_password_file`);
+    vaulted values stay encrypted in the Fleet until used."""
     _quiet_ansible()
+    from provisioner import vault
+
+    vault.setup(vault_password_file)
     p = inventory_source(path)
     if not p.exists():
         raise UsageError("inventory not found", path=str(p))

@@ -52,8 +52,10 @@ def host_variables(fleet: Fleet, host: Host | str, *, redact: bool = True) -> di
     v["group_names"] = list(h.groups)
     v.setdefault("ansible_host", h.address)
     if redact:
-        for k in SECRET_VARS:
-            if v.get(k):
+        from provisioner.vault import is_vaulted
+
+        for k in SECRET_VARS:  # a vaulted value is set, and shown redacted without being decrypted
+            if is_vaulted(v.get(k)) or v.get(k):
                 v[k] = REDACTED
     part = plan.host_plan(fleet, h.name)  # the function the play's provisioner_plan runs
     v["vllm_facts"] = part["vllm"]

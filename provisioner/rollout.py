@@ -4,8 +4,6 @@ provisioner/commands/upgrade.py acts on these."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -13,11 +11,12 @@ from typing import Any
 STEPS = ("pending", "draining", "upgrading", "returning", "done")
 
 
-def spec_digest(inputs: Mapping[str, str], extravars: Mapping[str, Any]) -> str:
+def spec_digest(inputs: Mapping[str, str], extravars: Mapping[str, Any], key: bytes) -> str:
     """One digest of what the rollout applies: every member's input digest (inventory, roles, suite version) and the
-    extra vars."""
-    doc = {"inputs": dict(sorted(inputs.items())), "extra": extravars}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+    extra vars (a vaulted -e value included), keyed like the input digests (provisioner.hoststate.keyed_digest)."""
+    from provisioner.hoststate import keyed_digest
+
+    return keyed_digest(key, {"inputs": dict(sorted(inputs.items())), "extra": extravars})
 
 
 def single_model_clusters(models: Mapping[str, str]) -> list[tuple[str, str]]:

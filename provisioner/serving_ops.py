@@ -45,7 +45,11 @@ class Ops:
     def __init__(self, inventory: Path, fleet: Fleet, ledger: Any, *, actor: str, quiet: bool = False,
                  extravars: Mapping[str, Any] | None = None, command: str = "drain") -> None:
         self.inventory, self.fleet, self.ledger, self.actor = inventory, fleet, ledger, actor
-        self.quiet, self.extravars, self.command = quiet, dict(extravars or {}), command
+        self.quiet, self.command = quiet, command
+        from provisioner.runner.config import copy_extra
+
+        self.extravars = copy_extra(dict(extravars) if extravars is not None and not isinstance(extravars, dict)
+                                    else extravars)
         self.lines: list[dict[str, Any]] = []
         self.failed = False
 

@@ -24,7 +24,8 @@ from typing import Any
 from provisioner_testbed.state import Proc, RackState, pids_with_arg_under, rack_dir, terminate
 
 USER = "testbed"
-#: The environment variable the generated inventory names (`bmc_password_env`): export it from the password file.
+#: An environment variable a site could name with `bmc_password_env` instead (the generated inventory vaults
+#: `bmc_password` with the racks' vault password: provisioner_testbed.vault).
 PASSWORD_ENV = "PROVISIONER_TESTBED_BMC_PASSWORD"
 ADDRESS = "127.0.0.1"
 #: What the simulated hosts' firmware reports unless a test sets another version (`set_firmware`).
@@ -191,10 +192,15 @@ def inventory_vars(rack: str, host: str) -> dict[str, Any]:
 
 
 def group_vars(rack: str) -> dict[str, Any]:
-    """The fleet-wide BMC variables (credentials by environment variable, the rack's BMC CA)."""
+    """The fleet-wide BMC variables: the credentials (`bmc_password` in plain text here: the inventory writer vaults
+    it), the rack's BMC CA."""
     if not bmc_dir(rack).is_dir():
         return {}
-    return {"bmc_username": USER, "bmc_password_env": PASSWORD_ENV, "bmc_ca_file": str(bmc_dir(rack) / "ca.pem")}
+    try:
+        password = password_file(rack).read_text().strip()
+    except OSError:
+        return {}
+    return {"bmc_username": USER, "bmc_password": password, "bmc_ca_file": str(bmc_dir(rack) / "ca.pem")}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -112,8 +112,8 @@ def resolve_password(host: str, vars: Mapping[str, Any], environ: Mapping[str, s
             return str(pw)
         except Exception as exc:  # ReferenceError (no vault secrets), AnsibleVaultError (wrong password)
             what = "no vault password given" if isinstance(exc, ReferenceError) else "it cannot be decrypted"
-            raise BmcConfigError(f"bmc_password is vaulted and {what} (--vault-password-file or "
-                                 "ANSIBLE_VAULT_PASSWORD_FILE)") from None
+            raise BmcConfigError(f"bmc_password is vaulted and {what} (--vault-password-file, "
+                                 "ANSIBLE_VAULT_PASSWORD_FILE or vault_password_file in ansible.cfg)") from None
     if is_template(pw):
         if templar is None:
             raise BmcConfigError("bmc_password is a template and cannot be rendered here")

@@ -10,34 +10,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from provisioner.bmc.config import BmcConfigError, BmcTarget, is_vaulted, resolve_password, target
+from provisioner.bmc.config import BmcConfigError, BmcTarget, resolve_password, target
 from provisioner.errors import UsageError
 from provisioner.model import Fleet
 
 
 def setup_vault(fleet: Fleet, hosts: Iterable[str], password_file: Path | None) -> None:
-    """Make the vault secrets available (once per process) when a host's bmc_password is vaulted: from
-    `password_file`, else ansible.cfg / ANSIBLE_VAULT_PASSWORD_FILE, as ansible-playbook reads them. Never prompts."""
-    if not any(is_vaulted(fleet.hosts[h].vars.get("bmc_password")) for h in hosts):
-        return
-    from ansible import constants as C
-    from ansible.cli import CLI
-    from ansible.errors import AnsibleError
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.parsing.vault import VaultSecretsContext
+    """The vault secrets (provisioner.vault.setup: `password_file`, else ansible.cfg / ANSIBLE_VAULT_PASSWORD_FILE,
+    as ansible-playbook reads them; once per process, never a prompt). `fleet` and `hosts` are kept for callers."""
+    from provisioner import vault
 
-    if VaultSecretsContext.current(optional=True) is not None:
-        return
-    files = []
-    if password_file is not None:
-        if not password_file.is_file():
-            raise UsageError("vault password file not found", path=str(password_file))
-        files.append(str(password_file))
-    try:
-        CLI.setup_vault_secrets(DataLoader(), list(C.DEFAULT_VAULT_IDENTITY_LIST), vault_password_files=files,
-                                auto_prompt=False, initialize_context=True)
-    except AnsibleError as exc:
-        raise UsageError(f"vault: {str(exc).splitlines()[0]}") from None
+    vault.setup(password_file)
 
 
 def _templar(vars: Mapping[str, Any]) -> Callable[[str], Any]:

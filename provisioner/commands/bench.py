@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from provisioner.commands.common import unwrap
+from provisioner.commands.common import VAULT_HELP, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Cluster, Fleet, Host
 
@@ -158,7 +158,9 @@ def register(app: typer.Typer) -> None:
             "--tokenizer", help="Tokenizer path/name (default: the cluster's model).")] = None,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON here.")] = None,
         timeout: Annotated[int, typer.Option("--timeout", help="Seconds before the benchmark is abandoned.")] = 3600,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.inventory import load_fleet
         from provisioner.render import role_defaults
 
@@ -189,8 +191,13 @@ def register(app: typer.Typer) -> None:
                 if not exe:
                     raise UsageError("--local needs a vllm executable (--vllm PATH or vllm on PATH)")
                 key = os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
-                if not key and isinstance(hv.get("vllm_api_key"), str):
-                    key = hv["vllm_api_key"]
+                from provisioner import vault
+
+                value = hv.get("vllm_api_key")
+                if not key and (isinstance(value, str) or vault.is_vaulted(value)):
+                    if vault.is_vaulted(value):  # decrypted here, for the local client only
+                        vault.require(fleet, [head.name], what="provision bench --local", only=("vllm_api_key",))
+                    key = str(value)
                 result = _run_local(exe, args, key, timeout)
             else:
                 result = _run_on_head(fleet, cluster, args, str(hv["vllm_venv"]), str(hv["vllm_env_file"]), timeout)

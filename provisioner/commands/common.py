@@ -52,13 +52,14 @@ def select(fleet: Fleet, limit: str | None) -> list[str]:
     return select_hosts(fleet, limit)
 
 
-def load_targets(inventory: Path, limit: str | None, timeout: float, forks: int) -> tuple[Fleet, list[str]]:
+def load_targets(inventory: Path, limit: str | None, timeout: float, forks: int,
+                 vault_password_file: Path | None = None) -> tuple[Fleet, list[str]]:
     """Check the options shared by `preflight` and `health`, load the fleet and pick the GPU nodes to reach."""
     from provisioner.inventory import load_fleet
 
     if timeout <= 0 or forks < 1:
         raise UsageError("--timeout must be > 0 and --forks >= 1")
-    fleet = load_fleet(inventory)
+    fleet = load_fleet(inventory, vault_password_file=vault_password_file)
     hosts = select(fleet, limit)
     if not hosts:
         raise UsageError(f"no GPU nodes match{' --limit ' + limit if limit else ''}", path=str(inventory))
@@ -68,9 +69,12 @@ def load_targets(inventory: Path, limit: str | None, timeout: float, forks: int)
 
 def load_run_targets(
     inventory: Path, extra: list[str] | None, limit: str | None, playbook: Path | None, accelerate: str | None,
+    vault_password_file: Path | None = None, what: str = "this command",
 ) -> tuple[Fleet, dict[str, Any], str | None, list[str]]:
     """Check the options shared by `run` and `drift`, load the fleet once (extra vars laid on it) and resolve the
-    limit on it: (fleet, extra vars, absolute limit, targeted hosts)."""
+    limit on it: (fleet, extra vars, absolute limit, targeted hosts). The vault secrets come first (-e @FILE may be
+    vaulted), and every vaulted value of the targeted hosts must decrypt: a run needs them (one line, exit 2)."""
+    from provisioner import vault
     from provisioner.accelerate import env as accel_env
     from provisioner.inventory import limit_hosts, load_fleet
     from provisioner.runner import resolve_limit
@@ -78,13 +82,20 @@ def load_run_targets(
     if playbook is not None and not playbook.is_file():
         raise UsageError("playbook not found", path=str(playbook))
     accel_env(accelerate)  # an unknown or uninstalled accelerator is a usage error before anything runs
+    vault.setup(vault_password_file)
     xv = extra_vars(extra)
     fleet = load_fleet(inventory, extra_vars=xv)
     limit_abs = resolve_limit(limit)
     targeted = limit_hosts(fleet, limit_abs)
     if not targeted:
         raise UsageError(f"no hosts match{' --limit ' + limit if limit else ''}", path=str(inventory))
+    vault.require(fleet, targeted, xv, what)
     return fleet, xv, limit_abs, targeted
+
+
+#: --vault-password-file of every command that reads the inventory
+VAULT_HELP = ("File holding the vault password for vaulted values (else ANSIBLE_VAULT_PASSWORD_FILE / "
+              "ANSIBLE_VAULT_IDENTITY_LIST or ansible.cfg's vault_password_file / vault_identity_list).")
 
 #: --exec-node of `run` and `drift`
 EXEC_NODE_HELP = ("Shard the run across these execution nodes (hosts of group execution_nodes; repeat or comma list): "
@@ -101,6 +112,11 @@ def shard_targets(fleet: Fleet, targeted: list[str], names: list[str] | None,
     from provisioner.runner.stream import check_accelerate
 
     check_accelerate(accelerate)
+    from provisioner import vault
+
+    if any(next(vault.vaulted_vars(fleet.hosts[h].vars), None) for h in targeted):
+        raise UsageError("--exec-node: the inventory holds vaulted values and execution nodes get no vault password; "
+                         "run without --exec-node", path=str(fleet.source))
 
     nodes = exec_nodes(fleet, names)
     rest = [h for h in targeted if h not in nodes]
@@ -151,25 +167,41 @@ EXTRA_VARS_HELP = "Extra variables, highest precedence: key=value, JSON/YAML {..
 
 def extra_vars(values: list[str] | None) -> dict[str, Any]:
     """`-e/--extra-vars` as ansible-playbook reads them (later ones win): `key=value` pairs (strings), a JSON/YAML
-    mapping (`{...}`), or `@FILE` (YAML/JSON). UsageError naming the value on anything else."""
+    mapping (`{...}`), or `@FILE` (YAML/JSON; a whole-file vault or `!vault` values, decrypted with the vault
+    secrets: provisioner.vault). UsageError naming the value on anything else. A file holding vaulted values is
+    handed to ansible-playbook as `-e @FILE` (runner.ExtraVars), never copied into its argv."""
     import yaml
 
+    from provisioner import vault
     from provisioner.input_limits import check_yaml_file
+    from provisioner.runner.config import ExtraVars
 
-    out: dict[str, Any] = {}
+    out = ExtraVars()
+    files: list[str] = []
+    from_files: set[str] = set()
     for value in values or []:
         if not value:
             continue
         where = f"-e {value!r}"
+        secret = False
         if value.startswith("@"):
             path = Path(value[1:]).expanduser()
+            vault.setup()  # the configured secrets (a command's --vault-password-file came first)
             try:
                 check_yaml_file(path)  # a FIFO would block, an alias bomb would not end (provisioner/input_limits.py)
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
+                head = path.read_bytes()[:14] if path.is_file() else b""
             except OSError as exc:
                 raise UsageError(f"-e @FILE: cannot read it: {exc.strerror or exc}", path=str(path)) from None
-            except yaml.YAMLError as exc:
-                raise UsageError(f"-e @FILE: invalid YAML: {str(exc).splitlines()[0]}", path=str(path)) from None
+            if head.startswith(b"$ANSIBLE_VAULT") or b"!vault" in _read(path):
+                data = vault.load_vars_file(path)
+                secret = True
+            else:
+                try:
+                    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+                except OSError as exc:
+                    raise UsageError(f"-e @FILE: cannot read it: {exc.strerror or exc}", path=str(path)) from None
+                except yaml.YAMLError as exc:
+                    raise UsageError(f"-e @FILE: invalid YAML: {str(exc).splitlines()[0]}", path=str(path)) from None
             where = f"-e {value}"
         elif value[0] in "/.":
             raise UsageError(f"{where}: a file of variables is given as @FILE (-e @{value})")
@@ -194,4 +226,24 @@ def extra_vars(values: list[str] | None) -> dict[str, Any]:
         if bad:
             raise UsageError(f"{where}: {bad[0]!r} is not a valid variable name")
         out.update(data)  # ansible-playbook's default hash_behaviour: replace
+        if secret:
+            files.append(str(Path(value[1:]).expanduser().absolute()))
+            from_files.update(str(k) for k in data)
+        else:
+            from_files.difference_update(str(k) for k in data)
+    out.files, out.from_files = tuple(files), frozenset(from_files)
     return out
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def use_vault(password_file: Path | None) -> None:
+    """A command's --vault-password-file: set the vault secrets up (provisioner.vault) before the inventory is read."""
+    from provisioner import vault
+
+    vault.setup(password_file)

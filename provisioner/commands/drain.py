@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 DRAIN_HELP = unwrap("""Take vLLM clusters out of service: balancer first, in-flight requests, then the cluster.
@@ -171,7 +171,9 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option("--force", help="Drain even the last cluster serving a model.")] = False,
         wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for in-flight requests.")] = 120.0,
         fmt: Fmt = Format.text,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, targets, back=False, reason=reason, force=force, wait=wait, fmt=fmt))
 
     @app.command("return", help=RETURN_HELP)
@@ -182,5 +184,7 @@ def register(app: typer.Typer) -> None:
         wait_healthy: Annotated[float, typer.Option(
             "--wait-healthy", help="Seconds to wait for each head's /health after the launch.")] = 900.0,
         fmt: Fmt = Format.text,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, targets, back=True, reason=reason, wait_healthy=wait_healthy, fmt=fmt))

@@ -10,7 +10,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from provisioner.commands.common import EXEC_NODE_HELP, EXTRA_VARS_HELP, unwrap
+from provisioner.commands.common import EXEC_NODE_HELP, EXTRA_VARS_HELP, VAULT_HELP, unwrap
 from provisioner.errors import Exit, UsageError
 from provisioner.reports.textfile import write_atomic
 
@@ -36,7 +36,7 @@ FAST_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--limit": ("limit", str), "-l": ("limit", str), "--tags": ("tags", str), "-t": ("tags", str),
     "--skip-tags": ("skip_tags", str), "--quiet": ("quiet", bool), "-q": ("quiet", bool),
     "--playbook": ("playbook", Path), "--accelerate": ("accelerate", str), "--full": ("full", bool),
-    "--full-every": ("full_every", float),
+    "--full-every": ("full_every", float), "--vault-password-file": ("vault_password_file", Path),
 }
 
 HELP = unwrap("""Report what differs between INVENTORY's hosts and the playbooks; change nothing.
@@ -94,16 +94,17 @@ def register(app: "typer.Typer") -> None:
         full_every: Annotated[float | None, typer.Option(
             "--full-every", metavar="DAYS",
             help="--full when the last full check of this inventory is older than DAYS (the nightly timer).")] = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
         raise typer.Exit(run(inventory, report=report, output=output, limit=limit, tags=tags, skip_tags=skip_tags,
                              extra=extra, quiet=quiet, playbook=playbook, accelerate=accelerate, exec_node=exec_node,
-                             full=full, full_every=full_every))
+                             full=full, full_every=full_every, vault_password_file=vault_password_file))
 
 
 def run(inventory: Path, *, report: Report = Report.text, output: Path | None = None, limit: str | None = None,
         tags: str | None = None, skip_tags: str | None = None, extra: list[str] | None = None, quiet: bool = False,
         playbook: Path | None = None, accelerate: str | None = None, exec_node: list[str] | None = None,
-        full: bool = False, full_every: float | None = None) -> int:
+        full: bool = False, full_every: float | None = None, vault_password_file: Path | None = None) -> int:
     """The drift check; the exit code (Exit)."""
     from provisioner.commands.common import finding_line, load_run_targets, shard_lines, shard_targets, validate
     from provisioner.reports import drift_text
@@ -113,7 +114,8 @@ def run(inventory: Path, *, report: Report = Report.text, output: Path | None = 
             raise UsageError("--output is a directory", path=str(output))
         if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):
             raise UsageError("--output directory does not exist or is not writable", path=str(output.parent))
-    fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate)
+    fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate,
+                                                        vault_password_file, "provision drift")
     nodes, targeted = shard_targets(fleet, targeted, exec_node, accelerate)
     errors, _ = validate(fleet, set(targeted))
     if errors:

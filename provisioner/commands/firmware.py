@@ -89,6 +89,10 @@ def apply(inventory: Path, component: str, image_uri: str, sha256: str, *, limit
                          "nothing applied\n")
         return int(Exit.FAIL)
     setup_vault(fleet, hosts, vault_password_file)
+    from provisioner import vault
+
+    vault.require(fleet, [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")], what="provision firmware",
+                  only=("bmc_password",))  # the BMC password, one line up front (exit 2); nothing else is needed
     rows: list[dict[str, Any]] = [{"host": h, "status": "not started", "before": None, "after": None, "error": None}
                                   for h in hosts]
     for i, (h, row) in enumerate(zip(hosts, rows, strict=True), start=1):
@@ -154,6 +158,10 @@ def run(inventory: Path, limit: str | None = None, fmt: Format = Format.text, fo
     invalid = [f for f in run_rules(fleet) if f.code.startswith(("BMC", "FW")) and f.severity == "error"
                and (f.host is None or f.host in scope)]
     setup_vault(fleet, hosts, vault_password_file)
+    from provisioner import vault
+
+    vault.require(fleet, [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")], what="provision firmware",
+                  only=("bmc_password",))  # the BMC password, one line up front (exit 2); nothing else is needed
     wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
     node_hosts = [h for h in hosts if node or node_part(wanted[h])]
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
-from provisioner.commands.common import Format, load_targets, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, load_targets, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Run the node health program on the GPU nodes and aggregate a per-host pass/fail table.
@@ -36,7 +36,9 @@ def register(app: typer.Typer) -> None:
         timeout: Annotated[float, typer.Option(
             "--timeout", help="Seconds per host (the all-reduce included).")] = 900.0,
         forks: Annotated[int, typer.Option("--forks", help="Hosts checked at once.")] = 64,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.probes.health import render_json, render_prometheus, render_text, run_health
         from provisioner.reports.textfile import write_atomic
 

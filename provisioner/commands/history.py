@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.commands.common import Format, printable, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, printable, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show HOST's lifecycle transitions (oldest first) and the runs that touched it (newest first).
@@ -85,5 +85,7 @@ def register(app: typer.Typer) -> None:
         site: Annotated[str | None, typer.Option(
             "--site", help="The site to read (as `provision status --all-sites` names it).", show_default=False)]
         = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(host, inventory, fmt, site))

@@ -13,7 +13,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from provisioner.commands.common import unwrap
+from provisioner.commands.common import VAULT_HELP, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Write the Prometheus scrape config and alert rules for the fleet into DIR.
@@ -99,5 +99,7 @@ def register(app: typer.Typer) -> None:
         check: Annotated[bool | None, typer.Option(
             "--check/--no-check", help="Run promtool check config on the result (default: when promtool exists).",
             show_default=False)] = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, out, sets or [], check))

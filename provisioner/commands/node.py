@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 from provisioner.lifecycle import STATES
 
@@ -82,5 +82,7 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option(
             "--force", help="Drain even the last cluster serving a model.")] = False,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, host, state.value, reason, force=force, fmt=fmt))

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Fleet
 from provisioner.reports import count
@@ -244,7 +244,9 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Report on stdout.")] = Format.text,
         report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds per host for preflight/health.")] = 900.0,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.inventory import load_fleet
         from provisioner.probes.health import run_health
         from provisioner.probes.preflight import probe
@@ -261,6 +263,10 @@ def register(app: typer.Typer) -> None:
         if not_gpu:
             raise UsageError(f"not GPU nodes: {', '.join(not_gpu)}", path=str(inventory))
         hosts = list(dict.fromkeys(hosts))
+        from provisioner import vault
+
+        # the run and the launch need the hosts' (and their clusters') vaulted values: one line now, not mid-way
+        vault.require(fleet, sorted({*hosts, *launch_targets(fleet, hosts)}), what="provision onboard")
         out = {h: Outcome(h, clusters=fleet.cluster_of(h)) for h in hosts}
         t0 = time.monotonic()
         say = (lambda m: None) if fmt is Format.json else (lambda m: err.print(m, markup=False))

@@ -15,7 +15,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from provisioner.commands.common import EXTRA_VARS_HELP, extra_vars, finding_line, unwrap, validate
+from provisioner.commands.common import (
+    EXTRA_VARS_HELP,
+    VAULT_HELP,
+    extra_vars,
+    finding_line,
+    unwrap,
+    use_vault,
+    validate,
+)
 from provisioner.errors import Exit, UsageError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -89,7 +97,9 @@ def register(app: typer.Typer) -> None:
             "--host", help="Only this host's plan (repeat for more).", show_default=False)] = None,
         fmt: Annotated[PlanFormat, typer.Option("--format", "-f", help="text, json or yaml.")] = PlanFormat.text,
         extra: Annotated[list[str] | None, typer.Option("--extra-vars", "-e", help=EXTRA_VARS_HELP)] = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.inventory import load_fleet
         from provisioner.plan import compute
 

@@ -84,6 +84,10 @@ def run(inventory: Path, args: list[str], *, yes: bool = False, boot: Boot | Non
     fleet = load_fleet(inventory)
     hosts = select(fleet, args[:-1])
     setup_vault(fleet, hosts, vault_password_file)
+    from provisioner import vault
+
+    vault.require(fleet, [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")], what="provision power",
+                  only=("bmc_password",))  # the BMC password, one line up front (exit 2); nothing else is needed
 
     def one(host: str) -> dict[str, Any]:
         try:

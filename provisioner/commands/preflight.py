@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provisioner.commands.common import Format, load_targets, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, load_targets, unwrap, use_vault
 from provisioner.errors import Exit
 from provisioner.reports import count
 
@@ -111,5 +111,7 @@ def register(app: "typer.Typer") -> None:
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Report on stdout.")] = Format.text,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds per host (connect + probe).")] = 30.0,
         forks: Annotated[int, typer.Option("--forks", help="Hosts probed at once (at most one per host).")] = 64,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, limit, fmt, timeout, forks))

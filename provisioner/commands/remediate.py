@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 from provisioner.reports import count
 
@@ -305,5 +305,7 @@ def register(app: typer.Typer) -> None:
             "--app-fault", help="HOST=WHY: an application fault seen on HOST (repeat).", show_default=False)] = None,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds per health gate.")] = 900.0,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, limit=limit, dry_run=dry_run, app_fault=app_fault, fmt=fmt, timeout=timeout))

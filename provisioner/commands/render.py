@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from provisioner.commands.common import finding_line, unwrap, validate
+from provisioner.commands.common import VAULT_HELP, finding_line, unwrap, use_vault, validate
 from provisioner.errors import Exit, UsageError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
@@ -40,7 +40,9 @@ def register(app: typer.Typer) -> None:
         host: Annotated[str, typer.Option("--host", help="The inventory host to render for.", show_default=False)],
         out: Annotated[Path | None, typer.Option(
             "--out", help="Write the files under DIR (DIR/etc/...) instead.")] = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         from provisioner.inventory import load_fleet
         from provisioner.render import host_files, out_paths
         from provisioner.reports.textfile import write_atomic

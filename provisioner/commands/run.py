@@ -13,6 +13,7 @@ from rich.markup import escape
 from provisioner.commands.common import (
     EXEC_NODE_HELP,
     EXTRA_VARS_HELP,
+    VAULT_HELP,
     finding_line,
     load_run_targets,
     shard_lines,
@@ -73,6 +74,7 @@ def register(app: typer.Typer) -> None:
             "--accelerate",
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
         exec_node: Annotated[list[str] | None, typer.Option("--exec-node", help=EXEC_NODE_HELP)] = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
         from provisioner.endpoints import LaunchSeen, endpoint_lines, endpoints_for, launched_clusters
         from provisioner.reports import run_json, run_text
@@ -83,7 +85,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--max-fail-percent must be 0..100, got {max_fail_percent}")
         # the inventory is parsed once: the limit is resolved on the fleet's own inventory, and ansible-runner is
         # handed the hosts it selects
-        fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate)
+        fleet, xv, limit_abs, targeted = load_run_targets(inventory, extra, limit, playbook, accelerate,
+                                                        vault_password_file, "provision run")
         nodes, targeted = shard_targets(fleet, targeted, exec_node, accelerate)
 
         errors, warnings = validate(fleet, set(targeted))

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from provisioner.commands.common import Format, printable, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, printable, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since, cluster, last run, health and drift.
@@ -97,9 +97,10 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
     from rich.console import Console
 
     from provisioner.probes.seen import cell
-    from provisioner.reports.status_text import cells, render
+    from provisioner.reports.status_text import cells
+    from provisioner.reports.status_text import render as render_text
 
-    render(Console(highlight=False), f"fleet status: {printable(str(inventory))}",
+    render_text(Console(highlight=False), f"fleet status: {printable(str(inventory))}",
            [{k: printable(v) for k, v in cells(r, when, cell).items()} for r in rows])  # text, never a control
     return int(Exit.OK)
 
@@ -118,7 +119,9 @@ def register(app: typer.Typer) -> None:
         )] = False,
         every_site: Annotated[bool, typer.Option(
             "--all-sites", help="List every site in the ledger (no INVENTORY).")] = False,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         if every_site:
             if inventory is not None or html is not None or nodes:
                 raise UsageError("--all-sites lists the sites of the ledger: it takes no INVENTORY, --html or --nodes")

@@ -120,6 +120,8 @@ def register(app: typer.Typer) -> None:
                                                "already up (no-op)")
         out.print(f"rack '{name}' {what} in {res.seconds:.1f} s · inventory: {res.rack.inventory}", highlight=False,
                   markup=False)
+        # the inventory's secrets are vaulted: provision and ansible-playbook read the password file from here
+        out.print(f"vault: {_testbed('vault').export_line()}", highlight=False, markup=False)
 
     @tb.command()
     def status(name: RackName = "rack",
@@ -240,9 +242,9 @@ def register(app: typer.Typer) -> None:
 
         One HTTPS service per host on 127.0.0.1, with certificates from the rack's own BMC CA and basic auth.
 
-        The inventory gets bmc_address/bmc_port per host, bmc_username, bmc_ca_file and bmc_password_env.
+        The inventory gets bmc_address/bmc_port per host, bmc_username, bmc_ca_file and a vaulted bmc_password.
 
-        Export PROVISIONER_TESTBED_BMC_PASSWORD from the password file this prints; docs/bmc.md has the rest."""
+        Export the ANSIBLE_VAULT_PASSWORD_FILE line `testbed up` prints; docs/bmc.md has the rest."""
         rack, bmcmod = _testbed("rack"), _testbed("bmc")
 
         fw: dict[str, str] = {}
@@ -260,8 +262,8 @@ def register(app: typer.Typer) -> None:
         for h, state in states.items():
             info = bmcmod.read_host(name, h) or {}
             out.print(f"{h}: BMC {state} at https://{bmcmod.ADDRESS}:{info.get('port')}", highlight=False, markup=False)
-        out.print(f"password: {bmcmod.password_file(name)} (export {bmcmod.PASSWORD_ENV}=$(cat FILE))",
-                  highlight=False, markup=False)
+        out.print(f"password: {bmcmod.password_file(name)} (vaulted in the inventory: "
+                  f"{_testbed('vault').export_line()})", highlight=False, markup=False)
 
     @tb.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def ssh(

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
-from provisioner.commands.common import EXTRA_VARS_HELP, Format, finding_line, unwrap
+from provisioner.commands.common import EXTRA_VARS_HELP, VAULT_HELP, Format, finding_line, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 
 HELP = unwrap("""Roll a change (driver, Fabric Manager, CUDA/NCCL, vLLM pin; inventory or -e) over the vLLM clusters.
@@ -29,6 +29,15 @@ the same command (same inventory, same -e) to resume from there. A different cha
 and closes it. Hosts outside any vLLM cluster are not touched (provision run --limit for those).
 
 Exit codes: 0 done (or nothing to abort), 1 refused, stopped or a return failed, 2 usage.""")
+
+
+def _with(xv: Any, **more: Any) -> Any:
+    """-e values plus `more` (a vaulted -e @FILE stays a file for ansible-playbook: runner.ExtraVars)."""
+    from provisioner.runner.config import copy_extra
+
+    out = copy_extra(xv)
+    out.update(more)
+    return out
 
 
 def _key(inventory: Path) -> str:
@@ -76,7 +85,7 @@ def _upgrade_batch(ops: Any, ledger: Any, rid: int, fleet: Any, batch: list[str]
             ledger.rollout_step(rid, full, "upgrading")
             t1 = time.monotonic()
             r = run_playbook(ops.inventory, command="upgrade", limit=",".join(members), skip_tags="vllm",
-                             extravars={"provision_allow_reboot": True, **xv}, progress=make_progress("none"),
+                             extravars=_with(xv, provision_allow_reboot=True), progress=make_progress("none"),
                              fleet=fleet)
             bad = r.failed_hosts + r.unreachable_hosts
             ok = not r.error and not bad and r.rc in (0, None)
@@ -136,9 +145,10 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
+    from provisioner.paths import ledger_path
     from provisioner.rollout import members_that_balance, single_model_clusters, spec_digest
     from provisioner.serving_ops import Ops, dumps
-    from provisioner.tiers import host_inputs
+    from provisioner.tiers import digest_key, host_inputs
 
     if max_unavailable < 1:
         raise UsageError("--max-unavailable must be >= 1")
@@ -147,6 +157,9 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     why = (reason or "").strip() or "rolling upgrade"
     xv = extra_vars(extra)
     fleet = load_fleet(inventory, extra_vars=xv)
+    from provisioner import vault
+
+    vault.require(fleet, sorted({m for c in fleet.clusters.values() for m in c.members}), xv, "provision upgrade")
     if not fleet.clusters:
         raise UsageError("no vLLM clusters in the inventory: nothing to roll (provision run applies a change)",
                          path=str(inventory))
@@ -159,7 +172,8 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         return int(Exit.FAIL)
     models = _models(fleet)
     members = sorted({m for c in fleet.clusters.values() for m in c.members})
-    digest = spec_digest(host_inputs(fleet, members, code=False), xv)
+    key = digest_key(ledger_path())
+    digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
     ok = True
     try:
         with open_ledger(fleet) as ledger:
@@ -270,6 +284,8 @@ def register(app: typer.Typer) -> None:
         wait_healthy: Annotated[float, typer.Option(
             "--wait-healthy", help="Seconds to wait for each head's /health after the launch.")] = 900.0,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, extra, max_unavailable=max_unavailable, abort=abort, force=force,
                              reason=reason, wait=wait, wait_healthy=wait_healthy, fmt=fmt))

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from provisioner.commands.common import Format, unwrap
+from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
 from provisioner.model import Fleet
 
@@ -84,5 +84,7 @@ def register(app: typer.Typer) -> None:
             help="Interpreter of an environment with vLLM, for the parser check (its PYTHONPATH: "
                  "PROVISION_VLLM_PYTHONPATH)."),
         ] = None,
+        vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
+        use_vault(vault_password_file)
         raise typer.Exit(run(inventory, fmt, vllm_parser, vllm_python))

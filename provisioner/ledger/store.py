@@ -231,7 +231,7 @@ class Ledger:
 
         if pg.is_url(where):
             try:
-                ledger = cls(pg.Connection(where, timeout), where, site)  # type: ignore[arg-type]
+                ledger = cls(pg.Connection(where, timeout), where, site)
                 ledger._migrate()
                 ledger._sweep()
             except ImportError:
@@ -602,8 +602,9 @@ class Ledger:
 
         now = time.time()
         seal = self.sealer()
-        rows = [(row[0], row[1], self.seal_inputs(row[2]), seal(row[3]), list(row[4]) if len(row) > 4 else [])
-                for row in rows]
+        sealed: list[tuple[str, int | None, str, dict[str, str], list[str]]] = [
+            (row[0], row[1], self.seal_inputs(row[2]), seal(row[3]), list(row[4]) if len(row) > 4 else [])
+            for row in rows]
         with self._tx() as db:
             db.executemany("DELETE FROM host_state WHERE site = ? AND host = ?", [(self.site, h) for h in drop])
             db.executemany(
@@ -611,7 +612,7 @@ class Ledger:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(self.site, host, run, now, inputs, state_digest(state),
                   zlib.compress(json.dumps(state, sort_keys=True).encode(), 6), json.dumps(roles))
-                 for host, run, inputs, state, roles in rows])
+                 for host, run, inputs, state, roles in sealed])
 
     def records(self, hosts: Iterable[str]) -> dict[str, Any]:
         """{host: hoststate.Record} for the hosts that have one; a row that cannot be decoded comes back with an empty

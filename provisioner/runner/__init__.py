@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 from provisioner import paths
 from provisioner.results import RunResult
 from provisioner.runner.config import (
+    ExtraVars,
     RunConfig,
+    copy_extra,
     fact_cache_dir,
     new_run_dir,
     resolve_limit,
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
-    "CENSORED", "EventFolder", "LineProgress", "LiveProgress", "NullProgress", "Progress", "RunConfig",
+    "CENSORED", "EventFolder", "ExtraVars", "LineProgress", "LiveProgress", "NullProgress", "Progress", "RunConfig",
     "execute", "fact_cache_dir", "failure_message", "make_progress", "new_run_dir", "render_diff", "resolve_limit",
     "resources_of", "run_playbook", "size_forks", "target_hosts", "validate_serial",
 ]
@@ -212,7 +214,7 @@ def run_playbook(
     config = RunConfig(
         inventory=Path(inventory), command=command, playbook=Path(playbook) if playbook else None, limit=limit,
         tags=tags, skip_tags=skip_tags, check=check, diff=diff, serial=serial, max_fail_percent=max_fail_percent,
-        extravars=dict(extravars or {}), forks=forks, runs_dir=Path(runs_dir) if runs_dir else None,
+        extravars=copy_extra(extravars), forks=forks, runs_dir=Path(runs_dir) if runs_dir else None,
         envvars=dict(envvars or {}), timeout=timeout, targeted=tuple(targeted) if targeted is not None else None,
         accelerate=accelerate, idle_roles=tuple(idle_roles),
     )

@@ -112,6 +112,24 @@ def validate_serial(serial: str | int | None) -> str | None:
 
 
 
+class ExtraVars(dict[str, Any]):
+    """-e values merged (later wins), remembering the `-e @FILE` files that hold vaulted values: ansible-playbook
+    reads those itself (`-e @/abs/file` on its command line, before the other values), so their secrets never reach
+    argv or the run directory; `from_files` are the keys whose final value such a file gives."""
+
+    files: tuple[str, ...] = ()
+    from_files: frozenset[str] = frozenset()
+
+
+def copy_extra(values: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of -e values that keeps ExtraVars' files."""
+    if isinstance(values, ExtraVars):
+        out = ExtraVars(values)
+        out.files, out.from_files = values.files, values.from_files
+        return out
+    return dict(values or {})
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One playbook run, as `provision run|drift|onboard` asks for it (the options of `run_playbook`).
@@ -168,7 +186,9 @@ class RunConfig:
         return ",".join(filter(None, skip)) or None
 
     def ansible_extravars(self) -> dict[str, Any]:
-        xv: dict[str, Any] = dict(self.extravars)
+        # ansible-playbook reads these from the file
+        skip: frozenset[str] = getattr(self.extravars, "from_files", frozenset())
+        xv: dict[str, Any] = {k: v for k, v in self.extravars.items() if k not in skip}
         if self.serial is not None:
             xv["provision_serial"] = self.serial
         if self.max_fail_percent is not None:
@@ -176,7 +196,9 @@ class RunConfig:
         return xv
 
     def ansible_cmdline(self) -> str | None:
-        args = []
+        import shlex
+
+        args = [f"-e @{shlex.quote(f)}" for f in getattr(self.extravars, "files", ())]
         if self.check:
             args.append("--check")
         if self.diff if self.diff is not None else self.check:
@@ -208,5 +230,8 @@ class RunConfig:
         }
         env = {k: v for k, v in env.items() if v}
         env.update(accelerate_env(self.accelerate))  # the strategy: linear (ansible.cfg) or mitogen_linear
+        from provisioner import vault
+
+        env.update(vault.runner_env())  # the vault secrets' sources (paths, never a password)
         env.update(self.envvars)
         return env

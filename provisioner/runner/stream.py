@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 PROJECT_PARTS = ("ansible.cfg", "galaxy.yml", "meta", "playbooks", "roles", "templates", "plugins")
 #: Environment a worker may not inherit from the controller (paths of this machine).
 _ENV_DROP = ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CACHE_PLUGIN_CONNECTION", "PATH",
-             "ANSIBLE_STRATEGY_PLUGINS", "ANSIBLE_STRATEGY", "AWX_LIB_DIRECTORY")
+             "ANSIBLE_STRATEGY_PLUGINS", "ANSIBLE_STRATEGY", "AWX_LIB_DIRECTORY",
+             # the controller's vault password files (a sharded run with vaulted values is refused)
+             "ANSIBLE_VAULT_IDENTITY_LIST", "ANSIBLE_VAULT_PASSWORD_FILE")
 
 
 @dataclass

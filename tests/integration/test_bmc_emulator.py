@@ -176,3 +176,34 @@ def test_tls_is_verified_against_the_system_bundle_without_bmc_ca_file(bmc: tupl
                                                                  "bmc_password_env": "TEST_BMC_PASSWORD"}})
     p = provision("power", str(inv), "n1", "status")
     assert p.returncode == 0 and "TLS verification of BMC https://127.0.0.1" in p.stderr, p.stderr
+
+
+def test_a_vaulted_bmc_password_from_each_vault_source(bmc: tuple[int, Path], tmp_path: Path) -> None:
+    """bmc_password as an `ansible-vault encrypt_string` value (docs/bmc.md): decrypted with the vault password from
+    --vault-password-file or ANSIBLE_VAULT_PASSWORD_FILE; without one, one line naming it (exit 2), nothing sent."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    port, ca = bmc
+    cipher = VaultLib([("default", VaultSecret(b"bmc-vault-pw"))]).encrypt(PASSWORD).decode()
+    vaulted = "bmc_password: !vault |\n" + "".join(f"  {ln}\n" for ln in cipher.splitlines())
+    inv = str(write_inventory(tmp_path / "inv", group_vars={"gpu_nodes": {"bmc_username": "admin",
+                                                                           "bmc_ca_file": str(ca)}},
+                              files={"host_vars/n1.yml": vaulted + f"bmc_address: 127.0.0.1\nbmc_port: {port}\n"}))
+    pw = tmp_path / "vault-pass"
+    pw.write_text("bmc-vault-pw\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_VAULT")}
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run([sys.executable, "-m", "provisioner.cli", *args], capture_output=True, text=True,
+                           env={**base, "PYTHONPATH": str(PROJECT_ROOT), **env}, cwd=PROJECT_ROOT, timeout=120)
+        assert PASSWORD not in p.stdout + p.stderr and "bmc-vault-pw" not in p.stdout + p.stderr
+        assert "Traceback" not in p.stderr, p.stderr
+        return p
+
+    for p in (run("power", inv, "n1", "status", "--format", "json", "--vault-password-file", str(pw)),
+              run("power", inv, "n1", "status", "--format", "json", ANSIBLE_VAULT_PASSWORD_FILE=str(pw)),
+              run("firmware", inv, "--limit", "n1", "--format", "json", ANSIBLE_VAULT_PASSWORD_FILE=str(pw))):
+        assert p.returncode == 0, p.stdout + p.stderr
+    p = run("power", inv, "n1", "status")
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0, p.stderr
+    assert "bmc_password on host n1 is vaulted and no vault password given: provision power needs it" in p.stderr

@@ -48,9 +48,12 @@ class Rig:
         self.password = bmc.password_file(h.name).read_text().strip()
         self.outputs: list[str] = []
 
-    def cli(self, *args: str, password: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PROVISIONER_TESTBED_BMC_PASSWORD": self.password if password is None else password,
-               "PROVISION_RUNS_DIR": str(self.runs)}
+    def cli(self, *args: str, timeout: float = 900, vault: bool = True) -> subprocess.CompletedProcess[str]:
+        # the inventory's bmc_password is vaulted (the rack's default): the vault password file comes from
+        # ANSIBLE_VAULT_PASSWORD_FILE (the lane's conftest); vault=False runs without it
+        env = {**os.environ, "PROVISION_RUNS_DIR": str(self.runs)}
+        if not vault:
+            env = {k: v for k, v in env.items() if not k.startswith("ANSIBLE_VAULT")}
         p = subprocess.run([*PROVISION, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
         self.outputs.append(p.stdout + p.stderr)
         return p
@@ -94,11 +97,12 @@ def test_power_cycle_restarts_the_host_and_off_on_round_trips(rig: Rig) -> None:
     assert rig.ssh("node01", BOOT_ID).stdout.strip() == json.loads(p.stdout)["hosts"][0]["boot_id"]
 
 
-def test_bad_credentials_and_an_unreachable_bmc_fail_that_host_only(rig: Rig) -> None:
+def test_bad_credentials_and_an_unreachable_bmc_fail_that_host_only(rig: Rig, tmp_path: Path) -> None:
     from provisioner_testbed import rack
 
     inv = str(rig.h.inventory)
-    p = rig.cli("power", inv, "node01", "node02", "status", password="not-the-password")
+    assert "bmc_password: !vault |" in (rig.h.inventory.parent / "group_vars" / "all.yml").read_text()
+    p = rig.cli("power", _with_bmc_password(rig, tmp_path, "not-the-password"), "node01", "node02", "status")
     assert p.returncode == 1
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 2 and all("refused the credentials" in ln for ln in lines), p.stderr
@@ -112,6 +116,28 @@ def test_bad_credentials_and_an_unreachable_bmc_fail_that_host_only(rig: Rig) ->
         assert [ln for ln in p.stderr.splitlines() if ln.startswith("error:")] == [f"error: {rows['node02']['error']}"]
     finally:
         rack.bmcs(rig.h.name, ["node02"])
+
+
+def _with_bmc_password(rig: Rig, tmp: Path, password: str) -> str:
+    """The rack's inventory with another bmc_password, vaulted like the rack's own."""
+    from provisioner_testbed import inventory_writer as invw
+    from provisioner_testbed import vault
+
+    inv = tmp / "inv-pw"
+    shutil.copytree(rig.h.inventory.parent, inv)
+    cipher = invw.vault_encrypter(vault.password_file())("bmc_password", password)
+    with (inv / "group_vars" / "gpu_nodes.yml").open("a") as f:  # group_vars/<group> beats group_vars/all
+        f.write("bmc_password: !vault |\n" + "".join(f"  {ln}\n" for ln in cipher.splitlines()))
+    return str(inv / "hosts.ini")
+
+
+def test_without_the_vault_password_a_bmc_command_says_so_and_validate_works(rig: Rig) -> None:
+    inv = str(rig.h.inventory)
+    p = rig.cli("power", inv, "node01", "status", vault=False)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "bmc_password on host node01 is vaulted and no vault password given: provision power" in p.stderr
+    p = rig.cli("validate", inv, vault=False)
+    assert p.returncode == 0, p.stdout + p.stderr
 
 
 def _with_firmware_map(rig: Rig, tmp: Path) -> Path:
@@ -341,13 +367,16 @@ def test_remediation_reboots_then_power_cycles_through_the_bmc_and_returns_the_n
 
 
 def test_the_bmc_password_is_in_no_output_and_no_run_artifact(rig: Rig) -> None:
-    assert rig.outputs and all(rig.password not in o for o in rig.outputs)
+    from provisioner_testbed import vault
+
+    vault_pw = vault.password_file().read_text().strip()
+    assert rig.outputs and all(rig.password not in o and vault_pw not in o for o in rig.outputs)
     hits = []
     assert any(rig.runs.rglob("*.json")), "the onboarding run left no artifacts to check"
     for f in rig.runs.rglob("*"):
         if f.is_file() and f.stat().st_size < 50_000_000:
             try:
-                if rig.password.encode() in f.read_bytes():
+                if rig.password.encode() in (data := f.read_bytes()) or vault_pw.encode() in data:
                     hits.append(str(f))
             except OSError:
                 continue

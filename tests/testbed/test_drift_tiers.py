@@ -168,6 +168,35 @@ def test_an_inventory_change_not_applied_goes_to_ansible(rig: Rig) -> None:
     assert rc == 0 and tiers(doc) == dict.fromkeys(HOSTS, 1)
 
 
+def test_a_new_vaulted_secret_not_applied_goes_to_ansible_and_the_ledger_cannot_reveal_it(rig: Rig,
+                                                                                          tmp_path: Path) -> None:
+    """The rack's API key is vaulted: a rotated key (a vaulted -e @FILE here) is a new input, so every host goes to
+    Ansible; the ledger's input digests are keyed (digest.key, 0600) and no file of the runs holds either key."""
+    from provisioner_testbed import inventory_writer as invw
+    from provisioner_testbed import vault
+
+    rotated = "rotated-api-key-5150"
+    cipher = invw.vault_encrypter(vault.password_file())("vllm_api_key", rotated)
+    f = tmp_path / "rotated.yml"
+    f.write_text("vllm_api_key: !vault |\n" + "".join(f"  {ln}\n" for ln in cipher.splitlines()))
+    rc, doc = same_as_full(rig, "-e", f"@{f}")
+    assert rc == 0 and tiers(doc) == dict.fromkeys(HOSTS, 2), {h: reason(doc, h) for h in HOSTS}
+    assert all(reason(doc, h).startswith("inputs changed") for h in HOSTS)
+    # Ansible found the hosts clean (this rack serves nothing with the key): their records were refreshed with the
+    # rotated key's inputs; the same -e is the probe alone now, and the key as the inventory has it is new again
+    rc, doc = rig.drift("-e", f"@{f}")
+    assert rc == 0 and tiers(doc) == dict.fromkeys(HOSTS, 1), {h: reason(doc, h) for h in HOSTS}
+    rc, doc = rig.drift()
+    assert rc == 0 and all(reason(doc, h).startswith("inputs changed") for h in HOSTS), tiers(doc)
+    rc, doc = rig.drift()
+    assert rc == 0 and tiers(doc) == dict.fromkeys(HOSTS, 1), {h: reason(doc, h) for h in HOSTS}
+    key = rig.ledger.parent / "digest.key"
+    assert (key.stat().st_mode & 0o777) == 0o600
+    hits = [str(p) for p in rig.runs.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000
+            for s in (rotated, "testbed-vllm-key") if s.encode() in p.read_bytes()]
+    assert hits == []
+
+
 def test_a_template_change_not_applied_goes_to_ansible(rig: Rig, tmp_path: Path) -> None:
     data = tmp_path / "data"
     for d in ("playbooks", "roles", "templates", "plugins"):

@@ -124,9 +124,32 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             rack.down(name)
 
 
+def test_the_racks_secret_is_vaulted_and_a_command_without_the_password_says_so(rig: Rig) -> None:
+    """The generated inventory vaults its API key (every run and drift below goes through the vault path); without
+    the vault password a command that needs it stops in one line, exit 2, before it touches a host."""
+    from provisioner_testbed import vault
+
+    text = (Path(rig.inv).parent / "group_vars" / "all.yml").read_text()
+    assert "vllm_api_key: !vault |" in text and "testbed-vllm-key" not in text
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_VAULT")}
+    env["PROVISION_RUNS_DIR"] = str(rig.runs)
+    for cmd in (["drift", rig.inv], ["run", rig.inv, "--limit", "node01"]):
+        p = subprocess.run([*PROVISION, *cmd], capture_output=True, text=True, env=env, timeout=300,
+                           cwd=PROJECT_ROOT)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+        assert "vllm_api_key on host node01 is vaulted and no vault password given: provision " in p.stderr, p.stderr
+    # validate checks the vaulted value without decrypting it
+    p = subprocess.run([*PROVISION, "validate", rig.inv], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=PROJECT_ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert os.environ.get(vault.ENV) == str(vault.password_file())
+
+
 def test_onboarding_serial_batches_stop_on_failure_then_converge(rig: Rig) -> None:
     p, first = rig.run("--limit", "node01,node02")
     assert p.returncode == 0, p.stderr + json.dumps(first["failures"], indent=1)
+    assert "not recorded" not in p.stderr, p.stderr  # the hosts' states are recorded with a vaulted inventory
     assert first["succeeded"] and sorted(first["hosts"]) == ["node01", "node02"]
     assert all(h["changed"] > 0 for h in first["hosts"].values())
     assert Path(first["artifact_dir"], "job_events").is_dir()
@@ -150,6 +173,7 @@ def test_onboarding_serial_batches_stop_on_failure_then_converge(rig: Rig) -> No
     rig.ssh("node03", "rm /etc/apt/sources.list.d/broken.list")
     p = rig.cli("run", rig.inv, "--limit", f"@{retry}", "--serial", "1", "--max-fail-percent", "0")
     assert p.returncode == 0, p.stdout + p.stderr
+    assert "not recorded" not in p.stderr, p.stderr
     assert re.search(r"PLAY \[[^\]]+\] batch 1", p.stderr) and re.search(r"PLAY \[[^\]]+\] batch 2", p.stderr)
     rows = {ln.split()[0]: ln.split() for ln in p.stdout.splitlines() if ln.startswith("node0")}
     assert rows["node03"][-1] == "1" and rows["node04"][-1] == "2", p.stdout  # BATCH column
@@ -162,6 +186,17 @@ def test_drift_clean_after_run(rig: Rig) -> None:
     assert data["drift_found"] is False and data["complete"] is True
     assert sorted(data["hosts"]) == ["node01", "node02", "node03", "node04"]
     assert all(h["drift"] == [] and h["state"] == "clean" for h in data["hosts"].values())
+    # the runs recorded every host's state (their input digests include the decrypted, keyed secret): no host goes
+    # to Ansible for want of a record or for changed inputs; the digest key is 0600 beside the ledger and the API
+    # key is in no file of the runs
+    reasons = {n: (h["tier"], h["tier_reason"]) for n, h in data["hosts"].items()}
+    assert all(t == 1 or (r or "").startswith("probe") for t, r in reasons.values()), reasons
+    ledger = os.environ.get("PROVISION_LEDGER")
+    key = (Path(ledger).parent if ledger and "://" not in ledger else rig.runs) / "digest.key"
+    assert key.is_file() and (key.stat().st_mode & 0o777) == 0o600
+    leaked = [str(f) for f in rig.runs.rglob("*") if f.is_file() and f.stat().st_size < 50_000_000
+              and b"testbed-vllm-key" in f.read_bytes()]
+    assert leaked == []
     prom = (run_dir / "drift.prom").read_text()
     assert re.search(r'provisioner_drift_resources\{host="node02",role="nccl_tuning"\} 0', prom)
 

@@ -158,3 +158,28 @@ def test_a_balancer_fronting_the_cluster_is_in_the_serving_lines(tmp_path: Path)
         "http://198.18.7.22:9000", "http://198.18.7.22:8101"]
     assert balancer_urls(fleet, "other-model", role_defaults())[0] == ("http://198.18.7.99:8000", "lb01")
     assert invw.LB_GROUP == "lb"
+
+
+def test_a_vaulted_key_is_reported_without_being_decrypted(tmp_path: Path) -> None:
+    """The `serving:` lines after a run or onboard name a vaulted key without decrypting it: no vault secret needed
+    (it used to be compared with "", which decrypts: a traceback after a successful launch)."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    from provisioner import vault
+
+    inv = write_vllm_rack_inventory(tmp_path)
+    all_yml = inv.parent / "group_vars" / "all.yml"
+    cipher = VaultLib([("default", VaultSecret(b"some-other-pw"))]).encrypt("sk-x").decode()
+    text = re.sub(r"^vllm_api_key: .*$", "vllm_api_key: !vault |\n" + "".join(
+        f"  {ln}" + "\n" for ln in cipher.splitlines()).rstrip("\n"), all_yml.read_text(), flags=re.M)
+    all_yml.write_text(text)
+    vault._reset_for_tests()
+    try:
+        fleet = load_fleet(inv)
+        assert vault.is_vaulted(fleet.hosts["node01"].vars["vllm_api_key"])
+        (ep,) = cluster_endpoints(fleet, ["vllm_pp"], var_files(fleet, ["vllm_pp"]), cwd=str(tmp_path),
+                                  defaults=role_defaults())
+        assert ep.key and ep.vaulted and ep.key_read is None
+        assert "(vaulted); export VLLM_API_KEY" in endpoint_lines([ep])[1]
+    finally:
+        vault._reset_for_tests()

@@ -59,12 +59,12 @@ def test_tier2_reasons() -> None:
 
 def test_the_input_digest_moves_with_every_input() -> None:
     base = dict(host_vars={"nccl_ib_timeout": 22}, host_plan={"cluster": None}, fleet_plan={"clusters": {}},
-                run_options={"skip_tags": "vllm"}, content="c1", version="0.1.0")
+                run_options={"skip_tags": "vllm"}, content="c1", version="0.1.0", key=b"k" * 32)
     d0 = hoststate.inputs_digest(**base)
     assert hoststate.inputs_digest(**base) == d0
     for key, value in (("host_vars", {"nccl_ib_timeout": 21}), ("host_plan", {"cluster": "c"}),
                        ("fleet_plan", {"clusters": {"c": 1}}), ("run_options", {"skip_tags": ""}),
-                       ("content", "c2"), ("version", "0.2.0")):
+                       ("content", "c2"), ("version", "0.2.0"), ("key", b"j" * 32)):
         assert hoststate.inputs_digest(**{**base, key: value}) != d0, key
 
 

@@ -49,10 +49,12 @@ def test_progress_line() -> None:
 
 
 def test_spec_digest_follows_inputs_and_extra_vars() -> None:
-    base = spec_digest({"n1": "d1", "n2": "d2"}, {"vllm_version": "0.11.0"})
-    assert base == spec_digest({"n2": "d2", "n1": "d1"}, {"vllm_version": "0.11.0"})
-    assert base != spec_digest({"n1": "d1", "n2": "dX"}, {"vllm_version": "0.11.0"})
-    assert base != spec_digest({"n1": "d1", "n2": "d2"}, {"vllm_version": "0.11.1"})
+    k = b"k" * 32
+    base = spec_digest({"n1": "d1", "n2": "d2"}, {"vllm_version": "0.11.0"}, k)
+    assert base == spec_digest({"n2": "d2", "n1": "d1"}, {"vllm_version": "0.11.0"}, k)
+    assert base != spec_digest({"n1": "d1", "n2": "dX"}, {"vllm_version": "0.11.0"}, k)
+    assert base != spec_digest({"n1": "d1", "n2": "d2"}, {"vllm_version": "0.11.1"}, k)
+    assert base != spec_digest({"n1": "d1", "n2": "d2"}, {"vllm_version": "0.11.0"}, b"j" * 32)
 
 
 def test_rollout_records_steps_and_reads_interrupted_when_killed(tmp_path: Path) -> None:

@@ -196,3 +196,34 @@ def test_the_rack_inventory_points_the_hardware_boundary_at_hwsim_and_no_role_kn
     readers = [str(p.relative_to(ROOT)) for d in ("roles", "playbooks", "plugins") for p in (ROOT / d).rglob("*")
                if p.is_file() and p.suffix in (".yml", ".j2", ".py") and "testbed_rack" in p.read_text()]
     assert readers == []
+
+
+def test_the_racks_secrets_are_vaulted_and_a_rewrite_keeps_their_vault_text(tmp_path: Path) -> None:
+    """`testbed up` vaults the API key and the BMC password (provisioner_testbed.vault's password): the files hold
+    `!vault` values only, they decrypt with that password, and rewriting an unchanged rack changes no byte."""
+    from provisioner import vault
+    from provisioner.rules import run_rules
+
+    pw = tmp_path / "vault-password"
+    pw.write_text("rack-vault-pw\n")
+    secrets = {"vllm_api_key": "testbed-key-123", "bmc_password": "bmc-pw-456", "bmc_username": "testbed"}
+    rack = _rack(2, extra_vars=secrets)
+    path = invw.write(rack, tmp_path / "inv", vault_password_file=pw)
+    text = (tmp_path / "inv" / "group_vars" / "all.yml").read_text()
+    assert "testbed-key-123" not in text and "bmc-pw-456" not in text
+    assert "vllm_api_key: !vault |" in text and "bmc_password: !vault |" in text
+    invw.write(rack, tmp_path / "inv", vault_password_file=pw)
+    assert (tmp_path / "inv" / "group_vars" / "all.yml").read_text() == text
+    vault._reset_for_tests()
+    try:
+        fleet = load_fleet(path, vault_password_file=pw)
+        hv = fleet.hosts["node01"].vars
+        assert vault.is_vaulted(hv["vllm_api_key"]) and str(hv["vllm_api_key"]) == "testbed-key-123"
+        assert str(hv["bmc_password"]) == "bmc-pw-456"
+        assert not [f for f in run_rules(fleet) if f.code == "BMC004"]  # not plain text
+    finally:
+        vault._reset_for_tests()
+    # a new value is encrypted afresh
+    invw.write(dataclasses.replace(rack, extra_vars={**secrets, "vllm_api_key": "another"}), tmp_path / "inv",
+               vault_password_file=pw)
+    assert (tmp_path / "inv" / "group_vars" / "all.yml").read_text() != text

@@ -23,20 +23,29 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from provisioner import PROJECT_ROOT
+
+def _rack_vault() -> None:
+    """The racks' generated inventories vault their secrets (provisioner_testbed.vault): every `provision` and
+    `ansible-playbook` a test starts, and every in-process load, finds the password the way a site's does, through
+    ANSIBLE_VAULT_PASSWORD_FILE (set here, before anything reads Ansible's settings). Root only (the rack's lanes)."""
+    if os.geteuid() == 0:
+        from provisioner_testbed import vault
+
+        os.environ[vault.ENV] = str(vault.password_file())
+
+
+_rack_vault()
 
 from vllm_e2e import MAKEFILE, RUN_TIMEOUT, VllmRack, demo_commands, http  # noqa: E402
+
+from provisioner import PROJECT_ROOT  # noqa: E402  (after the vault environment)
 
 os.environ.setdefault("PROVISION_LEDGER", str(PROJECT_ROOT / ".runs" / "ledger-vllm-lane.sqlite3"))
 
