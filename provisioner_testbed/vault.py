@@ -40,5 +40,12 @@ def env() -> dict[str, str]:
     return {ENV: str(password_file())}
 
 
+def export_for_tests() -> None:
+    """The rack lanes' conftests: as root, put ENV in this process's environment before anything reads Ansible's
+    settings, so every in-process load and every `provision`/`ansible-playbook` a test starts finds the password."""
+    if os.geteuid() == 0:
+        os.environ.update(env())
+
+
 def export_line() -> str:
     return f"export {ENV}={password_file()}"

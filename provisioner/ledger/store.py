@@ -148,18 +148,14 @@ class _Guarded:
         return LedgerError(f"the ledger {where}: {text}")
 
     def execute(self, sql: str, params: Any = ()) -> Any:
-        try:
-            return self._conn.execute(sql, params)
-        except LedgerError:
-            raise
-        except Exception as exc:
-            if _db_error(exc):
-                raise self._fail(exc) from None
-            raise
+        return self._call(self._conn.execute, sql, params)
 
     def executemany(self, sql: str, rows: Any) -> Any:
+        return self._call(self._conn.executemany, sql, rows)
+
+    def _call(self, fn: Any, *args: Any) -> Any:
         try:
-            return self._conn.executemany(sql, rows)
+            return fn(*args)
         except LedgerError:
             raise
         except Exception as exc:

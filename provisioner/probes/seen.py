@@ -175,16 +175,9 @@ def cell(f: Mapping[str, Any] | None, kind: str = "") -> str:
 
 def look(fleet: Any, hosts: Iterable[str], timeout: float = TIMEOUT, forks: int = 16) -> dict[str, dict[str, Any]]:
     """Run the snippet on every host, in parallel (at most `forks` at once, one exec each): {host: fields(...)}."""
-    import logging
     from concurrent.futures import ThreadPoolExecutor
 
-    from provisioner.probes.ssh import run_one, target_for
-
-    # paramiko's transport thread logs a failed handshake with its traceback, which Python's last-resort handler
-    # prints on stderr when nothing is configured; the failure is in the result already (`unreachable: ...`)
-    log = logging.getLogger("paramiko")
-    if not log.handlers:
-        log.addHandler(logging.NullHandler())
+    from provisioner.probes.ssh import run_one, target_for  # its paramiko logs nothing (ssh._quiet_paramiko)
 
     def one(h: str) -> tuple[str, dict[str, Any]]:
         t = target_for(fleet.hosts[h])

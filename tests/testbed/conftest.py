@@ -15,18 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
+# the racks' inventories vault their secrets: the password file through ANSIBLE_VAULT_PASSWORD_FILE, as a site's
+from provisioner_testbed import vault
 
-def _rack_vault() -> None:
-    """The racks' generated inventories vault their secrets (provisioner_testbed.vault): every `provision` and
-    `ansible-playbook` a test starts, and every in-process load, finds the password the way a site's does, through
-    ANSIBLE_VAULT_PASSWORD_FILE (set here, before anything reads Ansible's settings). Root only (the rack's lanes)."""
-    if os.geteuid() == 0:
-        from provisioner_testbed import vault
-
-        os.environ[vault.ENV] = str(vault.password_file())
-
-
-_rack_vault()
+vault.export_for_tests()
 
 from provisioner_testbed import rack  # noqa: E402  (after the vault environment)
 
