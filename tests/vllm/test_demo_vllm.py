@@ -46,8 +46,13 @@ def test_the_demo_says_where_each_cluster_answers_and_its_curl_works(vllm_rack: 
     lines = [ln.strip() for ln in out.splitlines()]
     for cluster in ("vllm_pp", "vllm_single"):
         assert any(ln.startswith(f"{cluster}: http://") and "model tiny-llama" in ln for ln in lines), cluster
+    # the rack's key is vaulted (as a site's is): the lines say so and tell the operator to export it, and the curl
+    # line reads $VLLM_API_KEY; the test does what the line says, then runs the curl as printed
+    assert any("vaulted" in ln and "export VLLM_API_KEY" in ln for ln in lines), out[-3000:]
+    env = {**os.environ, "VLLM_API_KEY": vllm_rack.api_key}
     for line in curls:
-        p = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
+        assert "$VLLM_API_KEY" in line, line
+        p = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT, env=env)
         assert p.returncode == 0 and "tiny-llama" in p.stdout, (line, p.stdout[-500:], p.stderr[-500:])
 
 
