@@ -88,7 +88,34 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         (inv / "hosts.ini").write_text("\n".join([*kept, "", "[execution_nodes]", *moved]) + "\n")
         (inv / "group_vars" / "execution_nodes.yml").write_text(
             f"execution_node_python: {py}/bin/python3\nexecution_node_wheelhouse: {wheelhouse()}\n")
+        _unvault(inv / "group_vars" / "all.yml")
         yield Rig(h, inv / "hosts.ini")
+
+
+def _unvault(all_yml: Path) -> None:
+    """Execution nodes get no vault password, so `--exec-node` refuses an inventory with vaulted values
+    (test_a_vaulted_inventory_is_refused_before_any_shard): the sharded tests run a copy whose secrets are plain."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    from provisioner_testbed import vault
+    from provisioner_testbed.inventory_writer import vaulted_values
+
+    text = all_yml.read_text()
+    lib = VaultLib([("default", VaultSecret(vault.password_file().read_text().strip().encode()))])
+    for var, cipher in vaulted_values(text).items():
+        plain = lib.decrypt(cipher.encode()).decode()
+        text = re.sub(rf"^{var}: !vault \|\n(?:[ ]+\S+\n)+", lambda _m, p=plain, v=var: f"{v}: {json.dumps(p)}\n",
+                      text, flags=re.M)
+    assert "!vault" not in text
+    all_yml.write_text(text)
+
+
+def test_a_vaulted_inventory_is_refused_before_any_shard(rig: Rig) -> None:
+    """The rack's own inventory vaults its secrets: `--exec-node` refuses it in one line (exit 2), touching nothing."""
+    r = rig.cli("run", str(rig.h.inventory), "--exec-node", ",".join(NODES), "--json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "--exec-node: the inventory holds vaulted values" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout.strip() == ""
 
 
 def result_of(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
