@@ -18,6 +18,7 @@ import shutil
 import sqlite3
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def test_bare_hosts_go_to_ansible_then_a_run_records_them(rig: Rig) -> None:
     assert all(reason(doc, h).startswith("no recorded state") for h in HOSTS), doc["summary"]["tiers"]
     data = rig.run()
     assert data["exit"] == 0 and "not recorded" not in data["stderr"], data["stderr"]
-    with sqlite3.connect(rig.ledger) as db:
+    with closing(sqlite3.connect(rig.ledger)) as db, db:
         assert sorted(r[0] for r in db.execute("SELECT host FROM host_state")) == list(HOSTS)
 
 
@@ -224,7 +225,7 @@ def test_failed_run_missing_and_corrupted_records_and_an_unreachable_host(rig: R
     data = rig.run("--limit", "node01")
     assert data["exit"] == 1 and data["failed_hosts"] == ["node01"], json.dumps(data["failures"])[:2000]
     rig.ssh("node01", "nft delete table inet h27block")
-    with sqlite3.connect(rig.ledger) as db:
+    with closing(sqlite3.connect(rig.ledger)) as db, db:
         assert db.execute("SELECT COUNT(*) FROM host_state WHERE host = 'node01'").fetchone()[0] == 0
         db.execute("DELETE FROM host_state WHERE host = 'node02'")  # missing
         db.execute("UPDATE host_state SET state = X'00' WHERE host = 'node03'")  # corrupted
