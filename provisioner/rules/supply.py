@@ -99,31 +99,31 @@ def pip_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 def pip_trusted_host(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """--trusted-host in vllm_pip_extra_args turns certificate checks off for that host (and allows plain HTTP to
     it): a proxy or a spoofed address can serve any package."""
-    for var in PIP_ARGS_VARS:
-        for g, h, v in places(fleet, var):
-            if not _literal(v):
-                continue
-            for opt, val in _pip_options(v):
-                if opt == "--trusted-host":
-                    yield Finding("SUP002", "warning", f"{var}: --trusted-host {val or ''} turns pip's certificate "
-                                  "check off for that host: remove it and give the mirror's CA in "
-                                  "site_ca_certificates (pip then verifies against it)", var=var, **_where(g, h))
+    for var, g, h, val in _pip_option_places(fleet, "--trusted-host"):
+        yield Finding("SUP002", "warning", f"{var}: --trusted-host {val or ''} turns pip's certificate "
+                      "check off for that host: remove it and give the mirror's CA in "
+                      "site_ca_certificates (pip then verifies against it)", var=var, **_where(g, h))
 
 
 @rule("SUP003", "a second pip index")
 def pip_extra_index(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """--extra-index-url in vllm_pip_extra_args: pip takes the highest version of a name from any index, so a
     package published under the same name on the other index replaces the one you meant (dependency confusion)."""
+    for var, g, h, val in _pip_option_places(fleet, "--extra-index-url"):
+        yield Finding("SUP003", "warning", f"{var}: --extra-index-url {val or ''}: pip installs the "
+                      "highest version of each name found on either index, so a same-named package on "
+                      "one index shadows the other's; mirror what you need into the one index of "
+                      "vllm_pip_index_url", var=var, **_where(g, h))
+
+
+def _pip_option_places(fleet: Fleet, option: str) -> Iterator[tuple[str, str | None, str | None, str | None]]:
+    """(variable, group, host, value) for each literal `option` in a pip-arguments variable, once per place."""
     for var in PIP_ARGS_VARS:
         for g, h, v in places(fleet, var):
-            if not _literal(v):
-                continue
-            for opt, val in _pip_options(v):
-                if opt == "--extra-index-url":
-                    yield Finding("SUP003", "warning", f"{var}: --extra-index-url {val or ''}: pip installs the "
-                                  "highest version of each name found on either index, so a same-named package on "
-                                  "one index shadows the other's; mirror what you need into the one index of "
-                                  "vllm_pip_index_url", var=var, **_where(g, h))
+            if _literal(v):
+                for opt, val in _pip_options(v):
+                    if opt == option:
+                        yield var, g, h, val
 
 
 @rule("SUP004", "apt repository over plain HTTP")
