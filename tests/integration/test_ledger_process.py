@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -60,23 +61,7 @@ def test_a_killed_run_reads_interrupted_and_a_finished_one_its_outcome(site: dic
            str(site["tmp"] / "slow.yml"), "--skip-preflight", "--quiet"]
     proc = subprocess.Popen(cmd, env=env(site), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # its own process group: the kill takes ansible with it
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the run's row is open and its playbook is under way
-            if site["db"].exists() and list((site["tmp"] / "runs").glob("*-run/artifacts/ansible/job_events/*")):
-                db = sqlite3.connect(site["db"])
-                if db.execute("SELECT COUNT(*) FROM runs WHERE ended IS NULL").fetchone()[0]:
-                    break
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.5)
-        else:
-            pytest.fail("the run never started")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    _kill_once_under_way(proc, site, "run")
     last = status(site)
     assert last["status"] == "interrupted" and last["outcome"] == "interrupted", last
     h = json.loads(provision(site, "history", "alpha", "--format", "json").stdout)
@@ -111,23 +96,7 @@ def test_a_killed_upgrade_run_is_interrupted_for_every_host_it_targeted(site: di
     proc = subprocess.Popen([sys.executable, str(script), str(site["inv"]), str(site["tmp"] / "slow.yml")],
                             env=env(site), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the run's row is open and its playbook is under way
-            if site["db"].exists() and list((site["tmp"] / "runs").glob("*-upgrade/artifacts/ansible/job_events/*")):
-                db = sqlite3.connect(site["db"])
-                if db.execute("SELECT COUNT(*) FROM runs WHERE ended IS NULL").fetchone()[0]:
-                    break
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.5)
-        else:
-            pytest.fail("the run never started")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    _kill_once_under_way(proc, site, "upgrade")
     p = provision(site, "status", str(site["inv"]), "--format", "json")
     assert p.returncode == 0, p.stderr
     rows = {h["host"]: h["last_run"] for h in json.loads(p.stdout)["hosts"]}
@@ -141,3 +110,24 @@ def test_a_killed_upgrade_run_is_interrupted_for_every_host_it_targeted(site: di
     assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
     assert sorted(db.execute("SELECT host, status FROM host_outcomes").fetchall()) == [
         ("alpha", "interrupted"), ("beta", "interrupted")]
+
+
+def _kill_once_under_way(proc: subprocess.Popen[str], site: dict[str, Path], kind: str) -> None:
+    """SIGKILL `proc`'s process group once its run row is open and its playbook (run dir `*-KIND`) is under way."""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if site["db"].exists() and list((site["tmp"] / "runs").glob(f"*-{kind}/artifacts/ansible/job_events/*")):
+                with closing(sqlite3.connect(site["db"])) as db:
+                    if db.execute("SELECT COUNT(*) FROM runs WHERE ended IS NULL").fetchone()[0]:
+                        break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.5)
+        else:
+            pytest.fail("the run never started")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
