@@ -111,13 +111,7 @@ def shard_targets(fleet: Fleet, targeted: list[str], names: list[str] | None,
     from provisioner.runner.shards import exec_nodes
     from provisioner.runner.stream import check_accelerate
 
-    check_accelerate(accelerate)
-    from provisioner import vault
-
-    if any(next(vault.vaulted_vars(fleet.hosts[h].vars), None) for h in targeted):
-        raise UsageError("--exec-node: the inventory holds vaulted values and execution nodes get no vault password; "
-                         "run without --exec-node", path=str(fleet.source))
-
+    check_accelerate(accelerate)  # vaulted values: checked by the shared options; the workers get the secrets
     nodes = exec_nodes(fleet, names)
     rest = [h for h in targeted if h not in nodes]
     if not rest:
