@@ -142,13 +142,13 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         fmt: Format = Format.text) -> int:
     from provisioner.commands.common import extra_vars, validate
     from provisioner.commands.drain import _user
+    from provisioner.hoststate import KEYED
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
-    from provisioner.paths import ledger_path
     from provisioner.rollout import members_that_balance, single_model_clusters, spec_digest
     from provisioner.serving_ops import Ops, dumps
-    from provisioner.tiers import digest_key, host_inputs
+    from provisioner.tiers import host_inputs
 
     if max_unavailable < 1:
         raise UsageError("--max-unavailable must be >= 1")
@@ -172,11 +172,11 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         return int(Exit.FAIL)
     models = _models(fleet)
     members = sorted({m for c in fleet.clusters.values() for m in c.members})
-    key = digest_key(ledger_path())
-    digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
     ok = True
     try:
         with open_ledger(fleet) as ledger:
+            key = ledger.digest_key()  # the ledger's one key (the spec digest is recorded there)
+            digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
             ops = Ops(inventory, fleet, ledger, actor=_user(), quiet=fmt is Format.json, extravars=xv,
                       command="upgrade")
             ro = ledger.open_rollout()  # the site's: a copy of the inventory (same provision_site) sees it too
@@ -191,6 +191,11 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
                     ok = _abort(ops, ledger, fleet, ro, wait_healthy)
                     rid = ro.id
             else:
+                if ro is not None and ro.digest != digest and not ro.digest.startswith(KEYED):
+                    sys.stderr.write(f"refused: rollout {ro.id} was started by an older provisioner (its spec digest "
+                                     "used digest.key, not the ledger's key): finish it with that version, or --abort "
+                                     "it first\n")
+                    return int(Exit.FAIL)
                 if ro is not None and ro.digest != digest:
                     at = next((c for c in ro.clusters if c.status != "done"), None)
                     sys.stderr.write(f"refused: rollout {ro.id} of another change is {ro.status}"

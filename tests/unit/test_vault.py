@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,19 +153,22 @@ def test_a_vaulted_extra_vars_file_without_a_password_is_one_line(tmp_path: Path
 
 
 def test_the_keyed_input_digest_moves_with_a_secret_and_hides_it(tmp_path: Path) -> None:
-    from provisioner.tiers import digest_key, host_inputs
+    from provisioner.hoststate import KEYED
+    from provisioner.ledger.store import Ledger
+    from provisioner.tiers import host_inputs
 
     pw = _pw(tmp_path)
     ledger = tmp_path / "runs" / "ledger.sqlite3"
-    key = digest_key(ledger)
-    f = tmp_path / "runs" / "digest.key"
-    assert len(key) == 32 and f.read_bytes() == key and stat.S_IMODE(os.stat(f).st_mode) == 0o600
-    assert digest_key(ledger) == key  # created once, then read
+    with Ledger.open(ledger) as lg:
+        key = lg.digest_key()
+    with Ledger.open(ledger) as lg:
+        assert len(key) == 32 and lg.digest_key() == key  # one key, in the ledger: created once, then read
+    assert sorted(p.name for p in ledger.parent.iterdir() if "digest" in p.name) == []  # no second key file
     a = load_fleet(_inv(tmp_path / "a", key="sk-one"), vault_password_file=pw)
     b = load_fleet(_inv(tmp_path / "b", key="sk-two"))
     da = host_inputs(a, ["n1"], key=key)["n1"]
     db = host_inputs(b, ["n1"], key=key)["n1"]
-    assert da != db  # the secret is part of the inputs
+    assert da != db and da.startswith(KEYED)  # the secret is part of the inputs
     # the same inventory and key: the same digest; another key: another digest
     assert host_inputs(a, ["n1"], key=key)["n1"] == da
     assert host_inputs(a, ["n1"], key=b"x" * 32)["n1"] != da
