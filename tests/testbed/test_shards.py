@@ -95,20 +95,25 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         yield Rig(h, inv / "hosts.ini")
 
 
-def _secrets(inv: Path) -> list[str]:
-    """The plain text of every vaulted value of the rack's inventory (its API key, BMC password...), then the vault
-    password itself."""
+def _vaulted(inv: Path) -> dict[str, str]:
+    """{variable: plain text} of every vaulted value of the rack's inventory (its API key, BMC password...)."""
     from ansible.parsing.vault import VaultLib, VaultSecret
 
     from provisioner_testbed import vault
     from provisioner_testbed.inventory_writer import vaulted_values
 
-    pw = vault.password_file().read_text().strip()
-    lib = VaultLib([("default", VaultSecret(pw.encode()))])
+    lib = VaultLib([("default", VaultSecret(vault.password_file().read_text().strip().encode()))])
     text = (inv / "group_vars" / "all.yml").read_text()
-    plain = [lib.decrypt(c.encode()).decode() for c in vaulted_values(text).values()]
-    assert plain and all(len(p) >= 8 for p in plain)
-    return [*plain, pw]
+    plain = {var: lib.decrypt(c.encode()).decode() for var, c in vaulted_values(text).items()}
+    assert "vllm_api_key" in plain and all(len(p) >= 8 for p in plain.values())
+    return plain
+
+
+def _secrets(inv: Path) -> list[str]:
+    """The vaulted values' plain text, then the vault password itself."""
+    from provisioner_testbed import vault
+
+    return [*_vaulted(inv).values(), vault.password_file().read_text().strip()]
 
 
 def _no_secret_left(rig: Rig, run_dir: Path) -> None:
@@ -158,6 +163,26 @@ def test_sharded_run_provisions_every_host_in_one_report(rig: Rig) -> None:
     run_dir = Path(res["run_dir"])
     assert (run_dir / "shards" / "node05" / "artifacts" / "ansible" / "job_events").is_dir()
     _no_secret_left(rig, run_dir)  # the workers decrypted the vaulted secrets, and nothing of them stayed
+
+
+def test_the_workers_decrypt_the_vaulted_values(rig: Rig, tmp_path: Path) -> None:
+    """A play that needs the vaulted API key's plain text on every target (compared by its sha256 only): each shard's
+    worker decrypts it, so the sharded run succeeds; without the secrets in the job it fails on every host."""
+    key = _vaulted(rig.inv.parent)["vllm_api_key"]
+    want = hashlib.sha256(key.encode()).hexdigest()
+    pb = tmp_path / "needs-the-key.yml"
+    pb.write_text(
+        "- hosts: gpu_nodes\n  gather_facts: false\n  tasks:\n"
+        "    - name: The vaulted value, decrypted by this worker\n"
+        "      ansible.builtin.assert:\n"
+        f"        that: (vllm_api_key | string | hash('sha256')) == '{want}'\n"
+        "        quiet: true\n      no_log: true\n")
+    r = rig.cli("run", str(rig.inv), "--exec-node", "node05,node06", "--playbook", str(pb), "--json")
+    res = result_of(r)
+    assert r.returncode == 0, (r.stderr, res.get("shards"), res["hosts"])
+    assert sorted(res["hosts"]) == TARGETS and all(h["failed"] == 0 for h in res["hosts"].values()), res["hosts"]
+    assert {s["node"] for s in res["shards"]} == set(NODES)
+    _no_secret_left(rig, Path(res["run_dir"]))
 
 
 def _items(report: dict[str, Any]) -> dict[str, set[tuple[str, str, str, str]]]:
