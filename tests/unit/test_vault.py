@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,3 +197,23 @@ def test_require_only_the_variables_a_command_needs(tmp_path: Path) -> None:
     vault.require(fleet, ["n1"], what="provision power", only=("bmc_password",))
     with pytest.raises(UsageError, match="vllm_api_key on host n1 is vaulted and none of the vault passwords given"):
         vault.require(fleet, ["n1"])
+
+
+def test_a_sharded_jobs_vault_files_hold_the_loaded_secret_privately_and_the_env_names_paths_only(
+        tmp_path: Path) -> None:
+    """What a worker gets for --exec-node (runner/stream._carry_vault): the loaded secret as a 0600 file in a 0700
+    dir of the job's private data dir (ansible-runner streams that dir over SSH), and an ANSIBLE_VAULT_IDENTITY_LIST
+    naming the file where the worker will extract it; the password is in no environment value."""
+    from provisioner.runner.stream import VAULT_DIR, _carry_vault
+
+    pdd = tmp_path / "pdd"
+    pdd.mkdir()
+    assert _carry_vault(pdd, "/var/lib/provisioner/jobs/j1") == {}  # no secret loaded: nothing carried
+    vault.setup(_pw(tmp_path))
+    assert vault.worker_secrets() == [("default", PW.encode())]
+    env = _carry_vault(pdd, "/var/lib/provisioner/jobs/j1")
+    assert env == {"ANSIBLE_VAULT_IDENTITY_LIST": f"default@/var/lib/provisioner/jobs/j1/{VAULT_DIR}/0"}
+    f = pdd / VAULT_DIR / "0"
+    assert f.read_bytes() == PW.encode()
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600 and stat.S_IMODE(f.parent.stat().st_mode) == 0o700
+    assert PW not in json.dumps(env)
