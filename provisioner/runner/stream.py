@@ -160,6 +160,26 @@ def _carry_vault(pdd: Path, worker_dir: str) -> dict[str, str]:
     return {"ANSIBLE_VAULT_IDENTITY_LIST": ",".join(ids)}
 
 
+def _carry_extra_files(cfg: RunConfig, pdd: Path, worker_dir: str) -> RunConfig:
+    """`cfg` with its vaulted `-e @FILE` files (ansible-playbook reads them itself: RunConfig.ansible_cmdline)
+    copied into the job's private data dir (still encrypted, 0600) and named by their path on the worker."""
+    from provisioner.runner.config import copy_extra
+
+    files = tuple(getattr(cfg.extravars, "files", ()))
+    if not files:
+        return cfg
+    (pdd / "extravars").mkdir(mode=0o700)
+    xv = copy_extra(cfg.extravars)
+    moved = []
+    for i, f in enumerate(files):
+        dest = pdd / "extravars" / f"{i}-{Path(f).name}"
+        shutil.copyfile(f, dest)
+        os.chmod(dest, 0o600)
+        moved.append(f"{worker_dir}/extravars/{dest.name}")
+    xv.files = tuple(moved)  # type: ignore[attr-defined]
+    return replace(cfg, extravars=xv)
+
+
 def worker_command(venv: str, worker_dir: str) -> list[str]:
     """`ansible-runner worker` on the node, its job dir removed whatever way it ends (`--delete` cleans up at a normal
     exit only; a worker killed mid-way would leave the carried key and vault passwords behind)."""
@@ -227,7 +247,8 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
                 raise UsageError(f"cannot carry {src} to execution node {shard.node}: {exc.strerror}",
                                  path=str(cfg.inventory)) from None
             os.chmod(pdd / rel, 0o600)
-        extravars = {**cfg.ansible_extravars(), **dict(conn.extravars)}
+        jcfg = _carry_extra_files(cfg, pdd, worker_dir)
+        extravars = {**jcfg.ansible_extravars(), **dict(conn.extravars)}
         envvars = {**_worker_env(cfg, run_dir, worker_dir, node), **_carry_vault(pdd, worker_dir)}
         remote = worker_command(_node_setting(node, "execution_node_venv"), worker_dir)
         proc = subprocess.Popen(ssh_command(node, remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -245,7 +266,7 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
                     streamer="transmit", _output=proc.stdin, private_data_dir=str(pdd),
                     playbook=str(pdd / "project" / playbook), inventory=str(pdd / inventory),
                     limit=",".join(shard.hosts), tags=cfg.tags, skip_tags=cfg.ansible_skip_tags(),
-                    forks=size_forks(len(shard.hosts)), extravars=extravars or None, cmdline=cfg.ansible_cmdline(),
+                    forks=size_forks(len(shard.hosts)), extravars=extravars or None, cmdline=jcfg.ansible_cmdline(),
                     envvars=envvars, fact_cache_type="none", timeout=cfg.timeout,
                     ident="ansible",
                 )

@@ -217,3 +217,26 @@ def test_a_sharded_jobs_vault_files_hold_the_loaded_secret_privately_and_the_env
     assert f.read_bytes() == PW.encode()
     assert stat.S_IMODE(f.stat().st_mode) == 0o600 and stat.S_IMODE(f.parent.stat().st_mode) == 0o700
     assert PW not in json.dumps(env)
+
+
+def test_a_sharded_job_carries_its_vaulted_extra_vars_files_encrypted_and_names_them_on_the_worker(
+        tmp_path: Path) -> None:
+    """`-e @vaulted.yml` with --exec-node: ansible-playbook reads such a file itself, so the job carries it (still
+    encrypted, 0600) and the worker's command line names its copy, never the controller's path."""
+    from provisioner.runner.config import ExtraVars, RunConfig
+    from provisioner.runner.stream import _carry_extra_files
+
+    f = tmp_path / "rotated.yml"
+    f.write_text(_vault_yaml("vllm_api_key", KEY))
+    xv = ExtraVars({"vllm_api_key": "x", "other": 1})
+    xv.files, xv.from_files = (str(f),), frozenset({"vllm_api_key"})
+    pdd = tmp_path / "pdd"
+    pdd.mkdir()
+    cfg = _carry_extra_files(RunConfig(inventory=tmp_path / "inv.ini", extravars=xv), pdd, "/jobs/j1")
+    (copy,) = (pdd / "extravars").iterdir()
+    assert copy.read_text() == f.read_text() and KEY not in copy.read_text()
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert cfg.ansible_cmdline() == f"-e @/jobs/j1/extravars/{copy.name}" and str(f) not in str(cfg.ansible_cmdline())
+    assert cfg.ansible_extravars() == {"other": 1}  # the file's keys come from the file, as on one controller
+    plain = RunConfig(inventory=tmp_path / "inv.ini", extravars={"a": 1})
+    assert _carry_extra_files(plain, pdd, "/jobs/j1") is plain
