@@ -256,7 +256,8 @@ def inputs_digest(*, host_vars: Mapping[str, Any], host_plan: Any, fleet_plan: A
     """One host's input digest: its resolved variables (vaulted ones decrypted: a new secret is a new input), its
     plan (and the fleet-wide parts: clusters, targets), what the run was asked (playbook, tags, skip-tags, extra
     vars), the suite's content hash and version. An HMAC-SHA256 keyed with `key` (random, kept 0600 beside the
-    ledger: provisioner.tiers.digest_key): without the key the digest gives no way to test guesses of a secret."""
+    ledger: Ledger.digest_key, the one key of its records): without it the digest gives no way to test guesses of a
+    secret."""
     doc = {"vars": _plain(host_vars), "plan": _plain(host_plan), "fleet": _plain(fleet_plan),
            "run": _plain(run_options), "content": content, "version": version}
     return keyed_digest(key, doc)
@@ -264,15 +265,21 @@ def inputs_digest(*, host_vars: Mapping[str, Any], host_plan: Any, fleet_plan: A
 
 #: Smallest digest key accepted (bytes): 256 bits.
 KEY_BYTES = 32
+#: How a keyed digest starts (the ledger's one key). Records written before it (a digest HMAC'd with `digest.key`
+#: beside the ledger, then again with the ledger's key) start "hmac-sha256:" and match nothing: `tier2_reason` says so.
+KEYED = "ledger-hmac:"
+LEGACY = "hmac-sha256:"
 
 
 def keyed_digest(key: bytes, doc: Any) -> str:
-    """HMAC-SHA256 of a JSON document (sorted keys) under `key`; ValueError for a key shorter than KEY_BYTES."""
+    """KEYED + HMAC-SHA256 of a JSON document (sorted keys) under `key`; ValueError for a key shorter than
+    KEY_BYTES."""
     import hmac
 
     if len(key) < KEY_BYTES:
         raise ValueError(f"digest key too short ({len(key)} bytes, at least {KEY_BYTES})")
-    return hmac.new(key, json.dumps(_plain(doc), sort_keys=True, default=str).encode(), hashlib.sha256).hexdigest()
+    return KEYED + hmac.new(key, json.dumps(_plain(doc), sort_keys=True, default=str).encode(),
+                            hashlib.sha256).hexdigest()
 
 
 # -- the tier decision ------------------------------------------------------------------------------------------------
@@ -296,6 +303,9 @@ def tier2_reason(record: Record | None, inputs: str) -> str | None:
         return "no recorded state (no complete run since the ledger began, or its last run failed)"
     if state_digest(record.state) != record.digest:
         return "recorded state corrupted (its digest does not match)"
+    if record.inputs.startswith(LEGACY):
+        return ("recorded by an older provisioner (its input digest used a second key, digest.key): checked with "
+                "Ansible once, then recorded under the ledger's key")
     if record.inputs != inputs:
         return "inputs changed since the last complete run (inventory, -e, tags, or the suite's content)"
     return None

@@ -23,73 +23,11 @@ def _content(code: bool = True) -> str:
     return hoststate.content_hash(paths.DATA_ROOT, *([paths.PACKAGE_DIR] if code else []))
 
 
-#: Overrides where the input digests' key lives (controllers sharing a PostgreSQL ledger share one key file).
-KEY_ENV = "PROVISION_DIGEST_KEY_FILE"
-
-
-def digest_key_file(ledger: Path | None = None) -> Path:
-    """Where the input digests' key lives: $PROVISION_DIGEST_KEY_FILE, else `digest.key` beside a SQLite ledger,
-    else (a PostgreSQL ledger) in the state directory."""
-    import os
-
-    from provisioner import paths
-
-    if os.environ.get(KEY_ENV):
-        return Path(os.environ[KEY_ENV]).expanduser()
-    ledger = ledger if ledger is not None else paths.ledger_path()
-    if isinstance(ledger, paths.LedgerUrl) or not isinstance(ledger, Path):
-        return paths.state_dir() / "digest.key"
-    return ledger.parent / "digest.key"
-
-
-def digest_key(ledger: Path | None = None) -> bytes:
-    """The random key of the input digests (hoststate.keyed_digest), created on first use: 32 bytes from
-    `secrets`, mode 0600, published atomically (a link: two processes starting at once agree on one key). A lost
-    key only sends every host to tier 2 once."""
-    from provisioner.errors import UsageError
-
-    f = digest_key_file(ledger)
-    try:
-        return _key_at(f)
-    except OSError as exc:
-        raise UsageError(f"cannot read or create the drift digest key: {exc.strerror or exc}", path=str(f)) from None
-
-
-def _key_at(f: Path) -> bytes:
-    import os
-    import secrets
-
-    try:
-        key = f.read_bytes()
-        if len(key) >= hoststate.KEY_BYTES:
-            return key
-    except FileNotFoundError:
-        pass
-    f.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(secrets.token_bytes(hoststate.KEY_BYTES))
-        try:
-            os.link(tmp, f)
-        except FileExistsError:
-            key = f.read_bytes()
-            if len(key) >= hoststate.KEY_BYTES:
-                return key
-            os.replace(tmp, f)  # a short (damaged) key: replaced
-            tmp = f
-    finally:
-        if tmp != f:
-            tmp.unlink(missing_ok=True)
-    return f.read_bytes()
-
-
 def host_inputs(fleet: Any, hosts: Iterable[str], *, playbook: Any = None, tags: str | None = None,
                 skip_tags: str | None = None, extra: Mapping[str, Any] | None = None,
-                code: bool = True, key: bytes | None = None) -> dict[str, str]:
+                code: bool = True, key: bytes) -> dict[str, str]:
     """{host: input digest} for `hosts` of a fleet that passed the rules (the plan is computed once for all), keyed
-    with `key` (default: the default ledger's, `digest_key()`).
+    with `key` (the ledger's: Ledger.digest_key, the one key of the digests it records).
 
     code=False: only what the roles apply (variables, plan, playbooks/roles/templates), without the run's options,
     the suite's Python or its version: a rollout's spec, which a CLI fix between a stop and its rerun keeps."""
@@ -101,7 +39,6 @@ def host_inputs(fleet: Any, hosts: Iterable[str], *, playbook: Any = None, tags:
                "skip_tags": ",".join(sorted(t for t in (skip_tags or "").split(",") if t.strip())),
                "extra": dict(extra or {})} if code else {}
     fleet_part = {"clusters": computed.get("clusters"), "targets": computed.get("targets")}
-    key = key if key is not None else digest_key()
     return {h: hoststate.inputs_digest(host_vars=fleet.hosts[h].vars, host_plan=computed["hosts"].get(h),
                                        fleet_plan=fleet_part, run_options=options, content=content,
                                        version=__version__ if code else "", key=key)
@@ -177,12 +114,13 @@ def record_run(fleet: Any, result: Any, *, playbook: Any = None, tags: str | Non
     done = [n for n, h in result.hosts.items() if h.state in ("ok", "changed") and n in fleet.hosts]
     drop = [n for n, h in result.hosts.items() if h.state in ("failed", "unreachable")]
     try:
-        inputs = host_inputs(fleet, done, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=extra,
-                             key=digest_key(_ledger_path(result.run_dir)))
-        probed = probe(fleet, done, via=via_nodes(fleet, done, exec_nodes))
-        drop += [h for h in done if probed[h].state is None]
         from provisioner.ledger.site import site_of
 
+        with Ledger.open(_ledger_path(result.run_dir), site=site_of(fleet)) as ledger:
+            key = ledger.digest_key()
+        inputs = host_inputs(fleet, done, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=extra, key=key)
+        probed = probe(fleet, done, via=via_nodes(fleet, done, exec_nodes))
+        drop += [h for h in done if probed[h].state is None]
         with Ledger.open(_ledger_path(result.run_dir), site=site_of(fleet)) as ledger:
             run = _run_id(ledger, result.run_dir)
             ledger.put_states([(h, run, inputs[h], st, result.hosts[h].roles) for h in done
@@ -238,23 +176,22 @@ def sort_hosts(fleet: Any, hosts: list[str], *, full: bool, playbook: Any = None
     from provisioner.ledger.site import site_of
     from provisioner.paths import ledger_path as default_path
 
-    t.inputs = host_inputs(fleet, hosts, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=extra,
-                           key=digest_key(ledger_path or default_path()))
     seal: Any = None
-    sealed: dict[str, str] = {}
     try:
-
         with Ledger.open(ledger_path or default_path(), site=site_of(fleet)) as ledger:
             records = ledger.records(hosts)
-            seal = ledger.sealer()  # the records hold keyed digests: the probe's are keyed the same way to compare
-            sealed = {h: ledger.seal_inputs(t.inputs[h]) for h in hosts}
+            key = ledger.digest_key()  # the one key: inputs, and the probe's file digests to compare (sealer)
+            seal = ledger.sealer()
     except Exception as exc:  # noqa: BLE001 (no ledger: everyone is checked by Ansible)
         sys.stderr.write(f"warning: ledger not readable ({exc}): every host is checked with Ansible\n")
-        records = {}
+        import secrets
+
+        records, key = {}, secrets.token_bytes(hoststate.KEY_BYTES)  # matches no record; none is written either
+    t.inputs = host_inputs(fleet, hosts, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=extra, key=key)
     t.records = records
     candidates = []
     for h in hosts:
-        why = hoststate.tier2_reason(records.get(h), sealed.get(h, t.inputs[h]))
+        why = hoststate.tier2_reason(records.get(h), t.inputs[h])
         if why:
             t.tier2[h] = why
         else:

@@ -148,6 +148,20 @@ def runner_env() -> dict[str, str]:
     return env
 
 
+def worker_secrets() -> list[tuple[str, bytes]]:
+    """(vault id, password) of every secret loaded in this process, for a sharded run's workers: they get them inside
+    the job's own stream (the authenticated SSH channel), never in argv, an environment value or a log."""
+    from ansible.parsing.vault import VaultSecretsContext
+
+    ctx = VaultSecretsContext.current(optional=True)
+    out: list[tuple[str, bytes]] = []
+    for vid, secret in ctx.secrets if ctx is not None else ():
+        pw = getattr(secret, "bytes", None)
+        if isinstance(pw, bytes) and pw and (str(vid), pw) not in out:
+            out.append((str(vid), pw))
+    return out
+
+
 def vaulted_vars(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(variable path, value) of every still-encrypted value in `values` (nested mappings and lists included)."""
     for k, v in values.items():
@@ -238,4 +252,4 @@ def _reset_for_tests() -> None:
 
 
 __all__ = ["SOURCES", "active", "configured", "decrypt_problem", "is_vaulted", "load_vars_file", "require",
-           "runner_env", "setup", "vaulted_vars"]
+           "runner_env", "setup", "vaulted_vars", "worker_secrets"]

@@ -8,7 +8,6 @@ per BMC (port, uuid, boot override, firmware versions). `testbed down` ends the 
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import secrets
@@ -70,39 +69,9 @@ def _free_port() -> int:
 
 def _tls(d: Path) -> None:
     """The rack's BMC CA and one server certificate for 127.0.0.1 it signed (kept across restarts)."""
-    if (d / "ca.pem").is_file() and (d / "server.pem").is_file():
-        return
-    import ipaddress
+    from provisioner_testbed import tls
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"provisioner testbed BMC CA ({d.parent.name})")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=365))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ADDRESS)]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ADDRESS))]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    (d / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()))
-    os.chmod(d / "server.key", 0o600)
-    (d / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    tls.ensure(d, ADDRESS, f"provisioner testbed BMC CA ({d.parent.name})")
 
 
 def _credentials(rack: str) -> None:

@@ -50,10 +50,13 @@ class InvRack:
     hosts: tuple[InvHost, ...]
     key_file: str
     known_hosts: str
-    repo_url: str  # http://GW:8090/nvidia/
+    repo_url: str  # https://GW:8091/nvidia/ (http://GW:8090/nvidia/ on a rack made before the repo had TLS)
     proxy_url: str  # http://GW:3128
     # the stand-in repo's signing key (provisioner_testbed.repo): the roles pin it as nvidia_repo_key_fingerprints
     repo_key_fingerprint: str = ""
+    # the CA that signed the repo server's certificate (provisioner_testbed.tls): the nodes trust it through
+    # site_ca_certificates (role site_trust), as a site's mirror CA
+    repo_ca_pem: str = ""
     extra_vars: dict[str, Any] = field(default_factory=dict)  # merged into group_vars/all.yml
     # group -> settings merged into its vllm_cluster (the vLLM layer's CPU settings; replaces model_arch)
     cluster_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -145,6 +148,7 @@ def render(rack: InvRack, encrypt: Encrypt | None = None) -> dict[str, str]:
         "nvidia_repo_key_url": rack.repo_url + "testbed-archive-keyring.gpg",
         # the stand-in key, pinned as a site pins its mirror's key (NVIDIA's own is the role default)
         **({"nvidia_repo_key_fingerprints": [rack.repo_key_fingerprint]} if rack.repo_key_fingerprint else {}),
+        **({"site_ca_certificates": [rack.repo_ca_pem]} if rack.repo_ca_pem else {}),
         "apt_proxy": rack.proxy_url,
         # Containers run the controller's kernel: no headers/DKMS build.
         "nvidia_driver_install_headers": False,

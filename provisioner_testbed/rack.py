@@ -200,6 +200,7 @@ def _new_state(opts: UpOptions, index: int) -> RackState:
         clusters=opts.want_clusters,
         spec_file=str(opts.spec_file.resolve()) if opts.spec_file else None,
         repo_url=f"http://{gw}:{serve.PORT}/nvidia/",
+        repo_tls_url=f"https://{gw}:{serve.TLS_PORT}/nvidia/",
         inventory=str(invw.inventory_dir(opts.name) / "hosts.ini"),
     )
     st.hosts = [
@@ -309,7 +310,8 @@ def _create_inner(opts: UpOptions, specs: dict[str, dict[str, Any]], log: Log) -
     network.ensure_bridge(index)
     st.proxy = proxy.start(st.gateway, f"{network.subnet(index)}", st.dir / "proxy").to_json()
     mapping = {"/nvidia/": repo_dir} if repo_dir else {}
-    st.serve = serve.start(f"{st.gateway}:{serve.PORT}", mapping, st.dir / "serve.log", tag=st.dir).to_json()
+    st.serve = serve.start(f"{st.gateway}:{serve.PORT}", mapping, st.dir / "serve.log", tag=st.dir,
+                           tls=_repo_tls(st)).to_json()
     st.save()
 
     key = _keypair(st)
@@ -463,7 +465,8 @@ def _write_inventory(st: RackState) -> None:
         hosts=inv_hosts,
         key_file=str(st.dir / "ssh" / "id_ed25519"),
         known_hosts=str(st.dir / "ssh" / "known_hosts"),
-        repo_url=st.repo_url,
+        repo_url=st.repo_tls_url or st.repo_url,
+        repo_ca_pem=(tls_dir[1] / "ca.pem").read_text() if (tls_dir := _repo_tls(st)) else "",
         proxy_url=f"http://{st.gateway}:{proxy.PORT}",
         repo_key_fingerprint=_repo_key_fingerprint(_ensure_repo(rootfs.cache_dir(), _nolog)),
         extra_vars={**extra, **bmc.group_vars(st.name)},
@@ -483,6 +486,18 @@ def _load_spec(st: RackState, h: HostState) -> dict[str, Any]:
         return {"node": h.name}
 
 
+def _repo_tls(st: RackState) -> tuple[str, Path] | None:
+    """(HTTPS address, certificate dir) of the rack's repo server: its own CA signs the bridge address, as a site's
+    internal CA signs its mirror; None for a rack made before (its inventory keeps the plain-HTTP URL)."""
+    if not st.repo_tls_url:
+        return None
+    from provisioner_testbed import tls
+
+    d = st.dir / "repo-tls"
+    tls.ensure(d, st.gateway, f"provisioner testbed repo CA ({st.name})")
+    return f"{st.gateway}:{serve.TLS_PORT}", d
+
+
 def _repair(st: RackState, log: Log) -> list[str]:
     """Restart what died (proxy, repo server, stopped hosts); return the names of what was restarted."""
     fixed: list[str] = []
@@ -494,7 +509,7 @@ def _repair(st: RackState, log: Log) -> list[str]:
     if not (p := Proc.from_json(st.serve)) or not p.alive():
         repo_dir = _ensure_repo(rootfs.cache_dir(), log)
         st.serve = serve.start(f"{st.gateway}:{serve.PORT}", {"/nvidia/": repo_dir} if repo_dir else {},
-                               st.dir / "serve.log", tag=st.dir).to_json()
+                               st.dir / "serve.log", tag=st.dir, tls=_repo_tls(st)).to_json()
         fixed.append("repo server")
     down = [h for h in st.hosts if h.proc is None or not h.proc.alive()]
     for h in down:
@@ -935,9 +950,10 @@ class Handle:
     known_hosts: Path
     gateway: str
     bridge: str
-    repo_url: str
+    repo_url: str  # plain HTTP, for test tools
     proxy_url: str
     state_dir: Path
+    repo_tls_url: str = ""  # the inventory's nvidia_repo_url (HTTPS, the rack's repo CA), "" on an older rack
 
     @property
     def names(self) -> list[str]:
@@ -965,6 +981,7 @@ def handle(st: RackState) -> Handle:
         repo_url=st.repo_url,
         proxy_url=f"http://{st.gateway}:{proxy.PORT}",
         state_dir=st.dir,
+        repo_tls_url=st.repo_tls_url,
     )
 
 

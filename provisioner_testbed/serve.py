@@ -1,6 +1,8 @@
 """A small static HTTP server for the rack's bridge address: the stand-in NVIDIA repo at `/nvidia/` (and any other
-directory mapped under a prefix). Run as its own process: `python -m provisioner_testbed.serve --listen ADDR:PORT
---map /nvidia/=DIR ...`; `start()` launches it detached and tracked.
+directory mapped under a prefix), plain HTTP on PORT and, with a certificate, the same over HTTPS on TLS_PORT (what
+the rack's inventory points the roles at: a site serves its mirror over TLS). Run as its own process: `python -m
+provisioner_testbed.serve --listen ADDR:PORT --map /nvidia/=DIR [--tls-listen ADDR:PORT --tls-dir DIR]`; `start()`
+launches it detached and tracked.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 from provisioner_testbed.state import Proc
 
 PORT = 8090
+TLS_PORT = 8091
 
 
 def resolve_path(mapping: dict[str, Path], url_path: str) -> Path | None:
@@ -55,26 +58,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--listen", required=True, help="ADDR:PORT")
     ap.add_argument("--map", action="append", default=[], help="/prefix/=DIR")
     ap.add_argument("--tag", default="", help="the rack directory (lets `down` find this process after a crash)")
+    ap.add_argument("--tls-listen", default="", help="ADDR:PORT for HTTPS (needs --tls-dir)")
+    ap.add_argument("--tls-dir", default="", help="holds server.pem and server.key (provisioner_testbed.tls)")
     a = ap.parse_args(argv)
-    addr, _, port = a.listen.rpartition(":")
     mapping = {}
     for m in a.map:
         prefix, _, d = m.partition("=")
         mapping[prefix] = Path(d)
-    handler = type("MappedHandler", (Handler,), {"mapping": mapping})
-    httpd = ThreadingHTTPServer((addr, int(port)), partial(handler, directory="/nonexistent"))
-    httpd.daemon_threads = True
-    httpd.serve_forever()
+    handler = partial(type("MappedHandler", (Handler,), {"mapping": mapping}), directory="/nonexistent")
+    addr, _, port = a.listen.rpartition(":")
+    # the plain port listens last: start() waits for it, so the HTTPS one is ready by then
+    servers = [ThreadingHTTPServer((addr, int(port)), handler, bind_and_activate=False)]
+    if a.tls_listen:
+        import ssl
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(Path(a.tls_dir) / "server.pem", Path(a.tls_dir) / "server.key")
+        taddr, _, tport = a.tls_listen.rpartition(":")
+        https = ThreadingHTTPServer((taddr, int(tport)), handler, bind_and_activate=False)
+        https.socket = ctx.wrap_socket(https.socket, server_side=True)
+        https.server_bind()
+        https.server_activate()
+        servers.append(https)
+    servers[0].server_bind()
+    servers[0].server_activate()
+    import threading
+
+    for srv in servers:
+        srv.daemon_threads = True
+    for srv in servers[1:]:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    servers[0].serve_forever()
     return 0
 
 
-def start(listen: str, mapping: dict[str, Path], log: Path, *, tag: Path | None = None) -> Proc:
-    """Start the server detached (own session); wait until it accepts connections; return it."""
+def start(listen: str, mapping: dict[str, Path], log: Path, *, tag: Path | None = None,
+          tls: tuple[str, Path] | None = None) -> Proc:
+    """Start the server detached (own session); wait until it accepts connections; return it. `tls`: (ADDR:PORT,
+    the directory of its certificate and key) to serve the same over HTTPS too."""
     import socket
 
     args = [sys.executable, "-m", "provisioner_testbed.serve", "--listen", listen]
     for prefix, d in mapping.items():
         args += ["--map", f"{prefix}={d}"]
+    if tls is not None:
+        args += ["--tls-listen", tls[0], "--tls-dir", str(tls[1])]
     if tag is not None:
         args += ["--tag", f"{tag}/"]
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -177,7 +177,8 @@ class RackState:
     spec_file: str | None = None
     lowers: list[str] = field(default_factory=list)  # overlay lower dirs, top first
     inventory: str = ""
-    repo_url: str = ""
+    repo_url: str = ""  # plain HTTP (test tools, the EFA installer)
+    repo_tls_url: str = ""  # the same over HTTPS, signed by the rack's repo CA: what the inventory names ("" before)
     proxy: list[int] | None = None
     serve: list[int] | None = None
     hosts: list[HostState] = field(default_factory=list)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provisioner.errors import UsageError
+from provisioner.reports.untrusted import printable  # noqa: F401  (commands import it from here)
 
 if TYPE_CHECKING:
     from provisioner.model import Fleet
@@ -20,16 +21,6 @@ def validate(fleet: Fleet, targeted: set[str] | None = None) -> tuple[list[Any],
     from provisioner.rules import run_rules, split_findings
 
     return split_findings(list(run_rules(fleet)), targeted)
-
-
-def printable(text: str) -> str:
-    """`text` for a terminal: every character that is not printable (ESC and the other C0/C1 controls, DEL, a
-    newline or tab inside a value, bidi overrides and other format characters) shown as its escape (`\\x1b`,
-    `\\n`, `\\u202e`), so a value from the ledger or a node can neither move the cursor, recolour the terminal, nor
-    forge a line of its own. Backslashes stay as they are."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def finding_line(f: Any) -> str:
@@ -111,13 +102,7 @@ def shard_targets(fleet: Fleet, targeted: list[str], names: list[str] | None,
     from provisioner.runner.shards import exec_nodes
     from provisioner.runner.stream import check_accelerate
 
-    check_accelerate(accelerate)
-    from provisioner import vault
-
-    if any(next(vault.vaulted_vars(fleet.hosts[h].vars), None) for h in targeted):
-        raise UsageError("--exec-node: the inventory holds vaulted values and execution nodes get no vault password; "
-                         "run without --exec-node", path=str(fleet.source))
-
+    check_accelerate(accelerate)  # vaulted values: checked by the shared options; the workers get the secrets
     nodes = exec_nodes(fleet, names)
     rest = [h for h in targeted if h not in nodes]
     if not rest:

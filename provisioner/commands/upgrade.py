@@ -145,10 +145,9 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
-    from provisioner.paths import ledger_path
-    from provisioner.rollout import members_that_balance, single_model_clusters, spec_digest
+    from provisioner.rollout import members_that_balance, spec_digest
     from provisioner.serving_ops import Ops, dumps
-    from provisioner.tiers import digest_key, host_inputs
+    from provisioner.tiers import host_inputs
 
     if max_unavailable < 1:
         raise UsageError("--max-unavailable must be >= 1")
@@ -172,16 +171,29 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         return int(Exit.FAIL)
     models = _models(fleet)
     members = sorted({m for c in fleet.clusters.values() for m in c.members})
-    key = digest_key(ledger_path())
-    digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
     ok = True
     try:
         with open_ledger(fleet) as ledger:
+            key = ledger.digest_key()  # the ledger's one key (the spec digest is recorded there)
+            digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
             ops = Ops(inventory, fleet, ledger, actor=_user(), quiet=fmt is Format.json, extravars=xv,
                       command="upgrade")
-            ro = ledger.open_rollout()  # the site's: a copy of the inventory (same provision_site) sees it too
-            if ro is not None and ro.status == "running":
-                sys.stderr.write(f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})\n")
+            rid: int | None = None
+            order: list[str] = []
+            with ledger.atomic():  # check and claim in one write transaction: of two starts at once, one is refused
+                ro = ledger.open_rollout()  # the site's: a copy of the inventory (same provision_site) sees it too
+                refusal = _refusal(ro, inventory, digest=digest, abort=abort, force=force, models=models)
+                if refusal is None and not abort:
+                    if ro is None:
+                        order = list(fleet.clusters)
+                        rid = ledger.rollout_started(_key(inventory), {"extra_keys": sorted(xv), "order": order,
+                                                                       "max_unavailable": max_unavailable}, digest,
+                                                     order)
+                    else:
+                        rid = ro.id
+                        ledger.rollout_claimed(rid)
+            if refusal is not None:
+                sys.stderr.write(refusal + "\n")
                 return int(Exit.FAIL)
             if abort:
                 if ro is None:
@@ -191,22 +203,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
                     ok = _abort(ops, ledger, fleet, ro, wait_healthy)
                     rid = ro.id
             else:
-                if ro is not None and ro.digest != digest:
-                    at = next((c for c in ro.clusters if c.status != "done"), None)
-                    sys.stderr.write(f"refused: rollout {ro.id} of another change is {ro.status}"
-                                     + (f" at cluster {at.cluster} ({at.status})" if at else "") +
-                                     ": rerun it with its own inventory and -e to resume, or --abort it first\n")
-                    return int(Exit.FAIL)
                 if ro is None:
-                    single = single_model_clusters(models)
-                    if single and not force:
-                        c, m = single[0]
-                        sys.stderr.write(f"refused: cluster {c} is the only one serving {m}: a rolling upgrade "
-                                         "would stop the model (add --force to upgrade it anyway)\n")
-                        return int(Exit.FAIL)
-                    order = list(fleet.clusters)
-                    rid = ledger.rollout_started(_key(inventory), {"extra_keys": sorted(xv), "order": order,
-                                                                   "max_unavailable": max_unavailable}, digest, order)
                     ops.say("rollout", f"rollout {rid}: {len(order)} cluster(s), at most {max_unavailable} out at a "
                             f"time: {', '.join(order)}", rollout=rid)
                     members_of = {name: cl.members for name, cl in fleet.clusters.items()}
@@ -215,12 +212,11 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
                                 f"with it while {cluster} is upgraded (give the balancer a host of its own)",
                                 rollout=rid)
                 else:
-                    rid = ro.id
-                    ledger.rollout_claimed(rid)
                     left = [f"{c.cluster} ({c.status}{', ' + c.step if c.step else ''})" for c in ro.clusters
                             if c.status != "done"]
                     ops.say("rollout", f"rollout {rid} resumed ({ro.status}): {len(ro.clusters) - len(left)} done, "
                             f"left: {', '.join(left)}", rollout=rid)
+                assert rid is not None
                 ok = _roll(ops, ledger, rid, fleet, models, max_unavailable=max_unavailable, force=force,
                            reason=f"upgrade: {why}", wait=wait, wait_healthy=wait_healthy, xv=xv)
     except LedgerError as exc:
@@ -229,6 +225,31 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     if fmt is Format.json:
         sys.stdout.write(dumps(ops, rollout=rid))
     return int(Exit.OK if ok else Exit.FAIL)
+
+
+def _refusal(ro: Any, inventory: Path, *, digest: str, abort: bool, force: bool, models: dict[str, str]) -> str | None:
+    """Why this upgrade may not start or resume (one line), given the site's open rollout `ro`; None: it may. Pure."""
+    from provisioner.hoststate import KEYED
+    from provisioner.rollout import single_model_clusters
+
+    if ro is not None and ro.status == "running":
+        return f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})"
+    if abort:
+        return None
+    if ro is not None and ro.digest != digest and not ro.digest.startswith(KEYED):
+        return (f"refused: rollout {ro.id} was started by an older provisioner (its spec digest used digest.key, not "
+                "the ledger's key): finish it with that version, or --abort it first")
+    if ro is not None and ro.digest != digest:
+        at = next((c for c in ro.clusters if c.status != "done"), None)
+        return (f"refused: rollout {ro.id} of another change is {ro.status}"
+                + (f" at cluster {at.cluster} ({at.status})" if at else "")
+                + ": rerun it with its own inventory and -e to resume, or --abort it first")
+    single = single_model_clusters(models) if ro is None else []
+    if single and not force:
+        c, m = single[0]
+        return (f"refused: cluster {c} is the only one serving {m}: a rolling upgrade would stop the model (add "
+                "--force to upgrade it anyway)")
+    return None
 
 
 def _roll(ops: Any, ledger: Any, rid: int, fleet: Any, models: dict[str, str], *, max_unavailable: int, force: bool,

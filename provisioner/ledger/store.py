@@ -3,7 +3,6 @@ provisioner/ledger/pg.py adapts the connection)."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import secrets
@@ -352,7 +351,10 @@ class Ledger:
         return pg.redact(self.path) if pg.is_url(self.path) else self.path
 
     # -- keyed digests (no plain digest of a file that may hold a secret) ---------------------------------------
-    def _digest_key(self) -> bytes:
+    def digest_key(self) -> bytes:
+        """The ledger's one digest key (`ledger_meta.digest_key`, 32 random bytes made on first use): the input and
+        spec digests (hoststate.keyed_digest) and the recorded file digests (sealer) are keyed with it, so every
+        controller sharing the ledger shares it and nothing else holds it."""
         if self._key is None:
             row = self._db.execute("SELECT value FROM ledger_meta WHERE name = 'digest_key'").fetchone()
             if row is None:
@@ -369,12 +371,8 @@ class Ledger:
         """The function that turns a probed state map into what this ledger records (hoststate.seal with its key)."""
         from provisioner.hoststate import seal
 
-        key = self._digest_key()
+        key = self.digest_key()
         return lambda state: seal(state, key)
-
-    def seal_inputs(self, digest: str) -> str:
-        """An input digest as recorded: keyed with this ledger's key."""
-        return "hmac-sha256:" + hmac.new(self._digest_key(), digest.encode(), "sha256").hexdigest()
 
     def _migrate(self) -> None:
         try:  # a current schema needs no write lock (an open must not wait for another controller's transaction)
@@ -592,14 +590,14 @@ class Ledger:
                    drop: Iterable[str] = ()) -> None:
         """In one transaction: record (host, run, inputs digest, state map[, roles that ran]) per host of this site
         (replacing its last record) and forget the records of `drop` (hosts whose run failed: their state is no
-        longer converged). The inputs digest and every file's content digest are recorded keyed (sealer,
-        seal_inputs): the ledger holds no plain digest of a file that may hold a secret."""
+        longer converged). The inputs digest comes keyed with `digest_key()` (tiers.host_inputs) and every file's
+        content digest is keyed here (sealer): the ledger holds no plain digest of a file that may hold a secret."""
         from provisioner.hoststate import state_digest
 
         now = time.time()
         seal = self.sealer()
         sealed: list[tuple[str, int | None, str, dict[str, str], list[str]]] = [
-            (row[0], row[1], self.seal_inputs(row[2]), seal(row[3]), list(row[4]) if len(row) > 4 else [])
+            (row[0], row[1], row[2], seal(row[3]), list(row[4]) if len(row) > 4 else [])
             for row in rows]
         with self._tx() as db:
             db.executemany("DELETE FROM host_state WHERE site = ? AND host = ?", [(self.site, h) for h in drop])

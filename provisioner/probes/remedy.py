@@ -1,5 +1,6 @@
 """The remediation steps on a node: GPU reset (only when no process holds a GPU; the holders are named), reboot
-over SSH, power cycle through the BMC, each waiting for the node to answer again (a new boot id)."""
+over SSH, power cycle through the BMC, each waiting for the node to answer again (a new boot id, systemd done
+booting)."""
 
 from __future__ import annotations
 
@@ -75,15 +76,50 @@ def _boot_id(fleet: Fleet, host: str) -> str | None:
     return r.stdout.strip() if r.ok and r.rc == 0 and r.stdout.strip() else None
 
 
+#: How long one poll lets systemd finish booting before it answers (`--wait` blocks while the state is starting).
+READY_WAIT = 60
+#: systemd states that mean booted: `degraded` is up with a failed unit (the health gate judges those).
+READY_STATES = ("running", "degraded")
+
+
+def back_command(wait: int = READY_WAIT) -> str:
+    """One exec: the boot id, then systemd's state once booting is over (at most `wait` s: `--wait` blocks while it
+    is initializing or starting), as the driver role's reboot handler tests it."""
+    return (f"{BOOT_ID}; timeout {int(wait)} systemctl is-system-running --wait 2>/dev/null; true")
+
+
+def not_back(before: str | None, out: str | None) -> str | None:
+    """Why a node that answered `back_command` with `out` is not back yet (None: it is): the same boot id as before
+    the reboot, or a new one with systemd not running yet (a new boot id alone is a host still starting its
+    services: sshd answers before them). Pure."""
+    if out is None:
+        return "not answering over SSH"
+    lines = [ln.strip() for ln in out.strip().splitlines()]
+    boot = lines[0] if lines else ""
+    state = lines[1] if len(lines) > 1 else ""
+    if not boot:
+        return "no boot id"
+    if boot == before:
+        return "not rebooted yet (same boot id)"
+    if state not in READY_STATES:
+        return f"rebooted, but systemd is {state or 'still starting'}"
+    return None
+
+
 def wait_back(fleet: Fleet, host: str, before: str | None, timeout: float, poll: float = 5.0) -> StepResult:
-    """Until the node answers over SSH with a boot id other than `before`."""
+    """Until the node answers over SSH with a boot id other than `before` and systemd says it finished booting
+    (running or degraded), within `timeout`."""
     deadline = time.monotonic() + timeout
+    why = "not answering over SSH"
+    t = target_for(fleet.hosts[host])
     while time.monotonic() < deadline:
-        now = _boot_id(fleet, host)
-        if now is not None and now != before:
+        wait = max(1, min(READY_WAIT, int(deadline - time.monotonic())))
+        r = run_one(t, back_command(wait), timeout=wait + 15.0)
+        why = not_back(before, r.stdout if r.ok and r.rc == 0 else None) or ""
+        if not why:
             return StepResult(True, "back after a reboot")
         time.sleep(poll)
-    return StepResult(False, f"not back within {timeout:g}s")
+    return StepResult(False, f"not back within {timeout:g}s: {why}")
 
 
 def reboot(fleet: Fleet, host: str, timeout: float = 900.0) -> StepResult:

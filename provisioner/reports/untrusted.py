@@ -8,6 +8,20 @@ import re
 from typing import Any
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+def printable(text: str, keep: str = "") -> str:
+    """`text` for a terminal: every character that is not printable (ESC and the other C0/C1 controls, DEL, a
+    newline or tab, bidi overrides and other format characters), except those in `keep`, shown as its escape
+    (`\\x1b`, `\\n`, `\\u202e`), so text from the ledger or a node can neither move the cursor, recolour or clear
+    the terminal, retitle it, nor forge a line of its own. Backslashes stay as they are."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def terminal_safe(text: str) -> str:
+    """Multi-line text from a node or a task's result (Ansible failure messages, stderr, diffs): `printable` with
+    its lines and tabs kept."""
+    return printable(text, keep="\n\t")
 
 
 def node_text(v: Any, limit: int = 300) -> str:

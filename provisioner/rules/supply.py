@@ -135,8 +135,9 @@ def apt_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
         for g, h, v in places(fleet, var):
             if _literal(v) and _http(v):
                 yield Finding("SUP004", "warning", f"{var} = {v!r} is plain HTTP: apt checks the signature, but the "
-                              "path sees every package and can serve stale (validly signed) metadata; serve the "
-                              "mirror over https (a site CA goes in site_ca_certificates)", var=var, **_where(g, h))
+                              "path sees every package and can serve stale (validly signed) metadata; set "
+                              f"{var} to the mirror's https:// URL (a site CA that signs it goes in "
+                              "site_ca_certificates)", var=var, **_where(g, h))
 
 
 def _fingerprint_problem(var: str, v: Any) -> str | None:

@@ -88,7 +88,9 @@ def _error_tail(stdout: Path, lines: int = 8) -> str | None:
         text = stdout.read_text(errors="replace")
     except OSError:
         return None
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    from provisioner.reports.untrusted import terminal_safe
+
+    text = terminal_safe(re.sub(r"\x1b\[[0-9;]*m", "", text))  # Ansible's colours dropped, anything else shown
     keep = [ln for ln in text.strip().splitlines() if ln.strip()]
     errs = [i for i, ln in enumerate(keep) if ln.startswith("ERROR!") or "[ERROR]" in ln]
     if errs:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from provisioner.reports.untrusted import terminal_safe
 from provisioner.results import DriftItem, HostResult, RunResult, TaskFailure
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def render_diff(diff: Any, path: str | None = None) -> str | None:
         bh, ah = (path, path) if path else (d.get("before_header", ""), d.get("after_header", ""))
         out.extend(difflib.unified_diff(a, b, fromfile=f"before: {bh}".rstrip(": "),
                                         tofile=f"after: {ah}".rstrip(": ")))
-    text = "".join(out)
+    text = terminal_safe("".join(out))  # a file's content from the node: escapes shown, never acted on
     return text or None
 
 
@@ -206,7 +207,7 @@ def resources_of(action: str, res: dict[str, Any], task: str) -> list[tuple[str,
 def failure_message(res: dict[str, Any]) -> str:
     """A short, censored-aware message for a failed result."""
     if not isinstance(res, dict):
-        return str(res)[:MAX_MESSAGE]
+        return terminal_safe(str(res))[:MAX_MESSAGE]
     if res.get("censored"):
         return CENSORED
     parts: list[str] = []
@@ -227,7 +228,7 @@ def failure_message(res: dict[str, Any]) -> str:
     if not parts and res.get("stdout"):
         parts.append("\n".join(str(res["stdout"]).strip().splitlines()[-5:]))
     text = "\n".join(parts) or "failed (no message)"
-    return text[:MAX_MESSAGE]
+    return terminal_safe(text)[:MAX_MESSAGE]  # a node's text: escapes shown, never acted on
 
 
 #: A fact named `<name>_reboot_required` set true by a task (set_fact, a module's ansible_facts) marks its host as

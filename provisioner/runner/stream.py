@@ -34,8 +34,10 @@ PROJECT_PARTS = ("ansible.cfg", "galaxy.yml", "meta", "playbooks", "roles", "tem
 #: Environment a worker may not inherit from the controller (paths of this machine).
 _ENV_DROP = ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CACHE_PLUGIN_CONNECTION", "PATH",
              "ANSIBLE_STRATEGY_PLUGINS", "ANSIBLE_STRATEGY", "AWX_LIB_DIRECTORY",
-             # the controller's vault password files (a sharded run with vaulted values is refused)
+             # the controller's vault password files: the worker gets the secrets in its job (_carry_vault)
              "ANSIBLE_VAULT_IDENTITY_LIST", "ANSIBLE_VAULT_PASSWORD_FILE")
+#: Where a job's vault passwords lie in its private data dir (0700 dir, 0600 files; the job's dir is removed after).
+VAULT_DIR = "vault"
 
 
 @dataclass
@@ -137,6 +139,55 @@ def _worker_env(cfg: RunConfig, run_dir: Path, worker_dir: str, node: Host) -> d
     return env
 
 
+def _carry_vault(pdd: Path, worker_dir: str) -> dict[str, str]:
+    """This controller's vault secrets written into the job's private data dir (a 0700 temp dir here; ansible-runner
+    streams it over the SSH channel, the worker extracts it keeping the modes, in its 0700 jobs dir): the environment
+    naming them for the worker's ansible-playbook, paths only. {} when no secret is loaded."""
+    from provisioner import vault
+
+    secrets = vault.worker_secrets()
+    if not secrets:
+        return {}
+    (pdd / VAULT_DIR).mkdir(mode=0o700)
+    ids = []
+    for i, (vid, pw) in enumerate(secrets):
+        fd = os.open(pdd / VAULT_DIR / str(i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, pw)
+        finally:
+            os.close(fd)
+        ids.append(f"{vid}@{worker_dir}/{VAULT_DIR}/{i}")
+    return {"ANSIBLE_VAULT_IDENTITY_LIST": ",".join(ids)}
+
+
+def _carry_extra_files(cfg: RunConfig, pdd: Path, worker_dir: str) -> RunConfig:
+    """`cfg` with its vaulted `-e @FILE` files (ansible-playbook reads them itself: RunConfig.ansible_cmdline)
+    copied into the job's private data dir (still encrypted, 0600) and named by their path on the worker."""
+    from provisioner.runner.config import copy_extra
+
+    files = tuple(getattr(cfg.extravars, "files", ()))
+    if not files:
+        return cfg
+    (pdd / "extravars").mkdir(mode=0o700)
+    xv = copy_extra(cfg.extravars)
+    moved = []
+    for i, f in enumerate(files):
+        dest = pdd / "extravars" / f"{i}-{Path(f).name}"
+        shutil.copyfile(f, dest)
+        os.chmod(dest, 0o600)
+        moved.append(f"{worker_dir}/extravars/{dest.name}")
+    xv.files = tuple(moved)  # type: ignore[attr-defined]
+    return replace(cfg, extravars=xv)
+
+
+def worker_command(venv: str, worker_dir: str) -> list[str]:
+    """`ansible-runner worker` on the node, its job dir removed whatever way it ends (`--delete` cleans up at a normal
+    exit only; a worker killed mid-way would leave the carried key and vault passwords behind)."""
+    script = 'd=$1; shift; trap \'rm -rf -- "$d"\' EXIT; trap "exit 129" HUP; trap "exit 143" TERM; "$@"; exit "$?"'
+    return ["sh", "-c", script, "sh", worker_dir, f"{venv}/bin/ansible-runner", "worker", "--private-data-dir",
+            worker_dir, "--delete"]
+
+
 class _Locked:
     """The run's progress display, for the shards' threads (play/task/host events; start and finish are the run's)."""
 
@@ -196,9 +247,10 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
                 raise UsageError(f"cannot carry {src} to execution node {shard.node}: {exc.strerror}",
                                  path=str(cfg.inventory)) from None
             os.chmod(pdd / rel, 0o600)
-        extravars = {**cfg.ansible_extravars(), **dict(conn.extravars)}
-        venv = _node_setting(node, "execution_node_venv")
-        remote = [f"{venv}/bin/ansible-runner", "worker", "--private-data-dir", worker_dir, "--delete"]
+        jcfg = _carry_extra_files(cfg, pdd, worker_dir)
+        extravars = {**jcfg.ansible_extravars(), **dict(conn.extravars)}
+        envvars = {**_worker_env(cfg, run_dir, worker_dir, node), **_carry_vault(pdd, worker_dir)}
+        remote = worker_command(_node_setting(node, "execution_node_venv"), worker_dir)
         proc = subprocess.Popen(ssh_command(node, remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -214,8 +266,8 @@ def run_shard(cfg: RunConfig, shard: Shard, fleet: Fleet, run_dir: Path, folder:
                     streamer="transmit", _output=proc.stdin, private_data_dir=str(pdd),
                     playbook=str(pdd / "project" / playbook), inventory=str(pdd / inventory),
                     limit=",".join(shard.hosts), tags=cfg.tags, skip_tags=cfg.ansible_skip_tags(),
-                    forks=size_forks(len(shard.hosts)), extravars=extravars or None, cmdline=cfg.ansible_cmdline(),
-                    envvars=_worker_env(cfg, run_dir, worker_dir, node), fact_cache_type="none", timeout=cfg.timeout,
+                    forks=size_forks(len(shard.hosts)), extravars=extravars or None, cmdline=jcfg.ansible_cmdline(),
+                    envvars=envvars, fact_cache_type="none", timeout=cfg.timeout,
                     ident="ansible",
                 )
             except (BrokenPipeError, OSError):

@@ -78,7 +78,8 @@ def test_schema_writes_and_reads(pg_url: str) -> None:
         lg.put_states([("n1", run, "digest-1", {"file:/etc/nccl.conf": "sha256:ab"}, ["nccl_tuning"])])
         lg.put_states([("n1", run, "digest-2", {"file:/etc/nccl.conf": "sha256:cd"}, ["nccl_tuning"])])
         rec = lg.records(["n1", "n2"])
-        assert rec["n1"].inputs == lg.seal_inputs("digest-2")  # recorded keyed (no plain digest in the ledger)
+        assert rec["n1"].inputs == "digest-2"  # as given: keyed by the caller with lg.digest_key() (host_inputs)
+        assert len(lg.digest_key()) == 32 and lg.digest_key() == lg.digest_key()
         assert list(rec) == ["n1"] and rec["n1"].roles == ("nccl_tuning",)
         assert rec["n1"].state == {"file:/etc/nccl.conf": "sha256:cd"}
         lg.full_drift_done("inv.ini", at=1.0)
@@ -215,3 +216,30 @@ def test_a_ledger_from_before_sites_migrates_and_is_adopted(pg_url: str) -> None
     with Ledger.open(url, site="rack-b") as lg:
         assert lg.state("n1")[0] == "new" and lg.runs() == []
         assert [s["site"] for s in lg.sites()] == ["rack-a"]
+
+
+def test_two_upgrades_started_at_once_the_second_is_refused_naming_the_first(pg_url: str, tmp_path: Path) -> None:
+    """`provision upgrade` twice at once on PostgreSQL (tests/support/rollout_race.py): while A is held between its
+    open-rollout check and its claim, B is seen waiting for the advisory lock; released, A records its rollout and B,
+    seeing it running, is refused in one line naming it."""
+    import psycopg
+    import rollout_race
+    from inventory_factory import write_inventory
+
+    inv = write_inventory(tmp_path / "inv", ini=rollout_race.INI, group_vars=rollout_race.GROUP_VARS)
+
+    def b_waits_for_the_lock() -> bool:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            return bool(c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                        .fetchone()[0])  # type: ignore[index]
+
+    a, b, how = rollout_race.race(tmp_path, inv, pg_url, blocked=b_waits_for_the_lock)
+    with Ledger.open(pg_url, site=str(inv.resolve())) as lg:
+        rollouts = lg.rollouts()
+    assert len(rollouts) == 1, f"two rollouts started at once: {[(r.id, r.status) for r in rollouts]}"
+    assert how == "locking" and a.returncode == 0, a.stdout + a.stderr
+    assert b.returncode == 1 and b.stderr.strip().splitlines() == [
+        f"refused: rollout {rollouts[0].id} of {inv} is running (pid {rollouts[0].pid} on {rollouts[0].node})"], \
+        b.stdout + b.stderr
+    for out in (a.stdout, a.stderr, b.stdout, b.stderr):
+        assert PASSWORD not in out and "Traceback" not in out

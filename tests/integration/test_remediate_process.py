@@ -192,3 +192,21 @@ def test_upgrade_abort_with_a_cluster_out_tries_its_return_and_closes_the_rollou
         assert [lg.state(h)[0] for h in ("n1", "n2", "n3", "n4")] == ["burn-in", "burn-in", "in-service",
                                                                       "in-service"]
     assert ("maintenance", "burn-in", f"rollout {rid} aborted") in [t[:3] for t in transitions(db, "n1")]
+
+
+def test_the_back_command_runs_and_its_output_is_judged_as_the_node_would_answer() -> None:
+    """remedy.back_command through a real shell on this machine (its systemd, if any, is not a booted node's): the
+    first line is this boot id, the verdict names systemd's state, never "back"."""
+    import subprocess
+
+    from provisioner.probes.remedy import back_command, not_back
+
+    r = subprocess.run(["sh", "-c", back_command(5)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert r.stdout.splitlines()[0] == boot
+    assert not_back(boot, r.stdout) == "not rebooted yet (same boot id)"
+    state = (r.stdout.splitlines()[1:] or [""])[0]
+    verdict = not_back("another-boot", r.stdout)
+    assert verdict is None if state in ("running", "degraded") else verdict == (
+        f"rebooted, but systemd is {state or 'still starting'}")

@@ -355,3 +355,44 @@ def test_playbooks_honour_the_serial_contract() -> None:
             if "provision_max_fail_percent" not in str(play.get("max_fail_percentage", "")):
                 missing.append(f"{pb.name}: play {play.get('name')!r}: max_fail_percentage")
     assert not missing, "plays without the rolling-batch keywords:\n" + "\n".join(missing)
+
+
+HOSTILE_PLAYBOOK = r"""
+- name: Nodes that answer with terminal escape sequences
+  hosts: alpha,beta
+  gather_facts: false
+  tasks:
+    - name: Fail with a screen clear, a window title and a forged link in the message
+      ansible.builtin.fail:
+        msg: "\e[2J\e[H\e]0;owned\athe disk is \e]8;;http://evil.invalid\e\\gone\e]8;;\e\\ \u202eexe.txt"
+      when: inventory_hostname == 'alpha'
+    - name: A command that prints escapes to stderr and fails
+      ansible.builtin.shell: "printf '\\033[2J\\033]0;owned\\007bad sector\\r\\n' >&2; exit 3"
+      changed_when: false
+      when: inventory_hostname == 'beta'
+"""
+
+
+def test_escape_sequences_from_a_node_are_shown_never_acted_on(site: dict[str, Path]) -> None:
+    """What a node sends back is data: ESC/OSC/BEL/CR/bidi characters in a failed task's message or stderr reach
+    neither the progress lines, the text report nor the JSON report raw; they are shown escaped (\\x1b...)."""
+    pb = site["tmp"] / "hostile.yml"
+    pb.write_text(HOSTILE_PLAYBOOK)
+    env = dict(os.environ, PROVISION_RUNS_DIR=str(site["runs"]),
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(site["tmp"] / "facts"), COLUMNS="200")
+    prov = [sys.executable, "-m", "provisioner.cli"]
+    for fmt in ([], ["--json"]):
+        p = subprocess.run([*prov, "run", str(site["inv"]), "--playbook", str(pb), "--skip-preflight", *fmt],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 1, p.stdout + p.stderr
+        out = p.stdout + p.stderr
+        assert not [c for c in out if c in "\x1b\x07\r\u202e"], repr(out[-3000:])
+        assert "Traceback" not in out
+        flat = "".join(out.split())
+        assert "\\x1b[2J" in flat and "\\x07" in flat, out
+        if fmt:
+            data = json.loads(p.stdout)
+            msgs = [f["message"] for h in data["hosts"].values() for f in h["failures"]]
+            assert any("thediskis" in "".join(m.split()) and "\\x1b]0;owned\\x07" in m for m in msgs), msgs
+            assert any("badsector" in "".join(m.split()) and "\\x1b[2J" in m for m in msgs if "rc 3" in m), msgs
+            assert not [m for m in msgs if any(c in m for c in "\x1b\x07\r\u202e")], msgs

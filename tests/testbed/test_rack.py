@@ -124,7 +124,12 @@ def test_inventory_follows_the_contract(testbed: rack.Handle) -> None:
     assert fleet.clusters == {}
     anyhost = fleet.hosts[testbed.names[0]]
     assert anyhost.vars["apt_proxy"] == testbed.proxy_url
-    assert anyhost.vars["nvidia_repo_url"] == testbed.repo_url
+    # the repo over HTTPS, its certificate signed by the rack's CA (site_ca_certificates), its key pinned: the rack's
+    # own inventory validates with no warning (SUP004 would flag a plain-HTTP repo)
+    assert testbed.repo_tls_url.startswith("https://") and anyhost.vars["nvidia_repo_url"] == testbed.repo_tls_url
+    v = subprocess.run([str(Path(sys.executable).with_name("provision")), "validate", str(testbed.inventory)],
+                       capture_output=True, text=True, timeout=300)
+    assert v.returncode == 0 and "(0 error(s), 0 warning(s))" in v.stdout + v.stderr, v.stdout + v.stderr
     # Ansible itself, through the generated inventory (real OpenSSH, host key checking on).
     env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True"}
     r = subprocess.run([str(Path(sys.executable).with_name("ansible")), "-i", str(testbed.inventory), "all",

@@ -6,9 +6,12 @@ node03, node04 alone), node05/06 the execution nodes (group execution_nodes, a c
 nodes' Python 3.12+ is the controller's own interpreter, bound read-only into every rack host by the testbed
 (provisioner_testbed.hosts.controller_python); their wheelhouse is `pip wheel` of this checkout (the controller's pip).
 
+The inventory is the rack's own, its secrets vaulted: the workers get the vault password inside each job's stream.
+
 1. `provision run --limit execution_nodes` sets the nodes up; a second run changes nothing.
 2. `provision run --exec-node node05,node06` provisions node01-04: two shards (a cluster never split), every host
-   converged (its nccl.conf really there), nothing of the jobs left on the nodes, no key in the run directory.
+   converged (its nccl.conf really there), nothing of the jobs left on the nodes, no key, vault password or vaulted
+   value in the run directory or on the nodes.
 3. tamper node02 (shard 1) and node04 (shard 2): the sharded drift and a single-controller drift report the same items
    per host in the same JSON shape; the hosts stay unchanged.
 4. node06 powered off: its shard's hosts are unreachable naming the node, the other shard is checked; exit 1.
@@ -88,34 +91,45 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         (inv / "hosts.ini").write_text("\n".join([*kept, "", "[execution_nodes]", *moved]) + "\n")
         (inv / "group_vars" / "execution_nodes.yml").write_text(
             f"execution_node_python: {py}/bin/python3\nexecution_node_wheelhouse: {wheelhouse()}\n")
-        _unvault(inv / "group_vars" / "all.yml")
+        assert "!vault" in (inv / "group_vars" / "all.yml").read_text()  # the rack's vaulted secrets, as they are
         yield Rig(h, inv / "hosts.ini")
 
 
-def _unvault(all_yml: Path) -> None:
-    """Execution nodes get no vault password, so `--exec-node` refuses an inventory with vaulted values
-    (test_a_vaulted_inventory_is_refused_before_any_shard): the sharded tests run a copy whose secrets are plain."""
+def _vaulted(inv: Path) -> dict[str, str]:
+    """{variable: plain text} of every vaulted value of the rack's inventory (its API key, BMC password...)."""
     from ansible.parsing.vault import VaultLib, VaultSecret
 
     from provisioner_testbed import vault
     from provisioner_testbed.inventory_writer import vaulted_values
 
-    text = all_yml.read_text()
     lib = VaultLib([("default", VaultSecret(vault.password_file().read_text().strip().encode()))])
-    for var, cipher in vaulted_values(text).items():
-        plain = lib.decrypt(cipher.encode()).decode()
-        text = re.sub(rf"^{var}: !vault \|\n(?:[ ]+\S+\n)+", lambda _m, p=plain, v=var: f"{v}: {json.dumps(p)}\n",
-                      text, flags=re.M)
-    assert "!vault" not in text
-    all_yml.write_text(text)
+    text = (inv / "group_vars" / "all.yml").read_text()
+    plain = {var: lib.decrypt(c.encode()).decode() for var, c in vaulted_values(text).items()}
+    assert "vllm_api_key" in plain and all(len(p) >= 8 for p in plain.values())
+    return plain
 
 
-def test_a_vaulted_inventory_is_refused_before_any_shard(rig: Rig) -> None:
-    """The rack's own inventory vaults its secrets: `--exec-node` refuses it in one line (exit 2), touching nothing."""
-    r = rig.cli("run", str(rig.h.inventory), "--exec-node", ",".join(NODES), "--json")
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "--exec-node: the inventory holds vaulted values" in r.stderr and "Traceback" not in r.stderr
-    assert r.stdout.strip() == ""
+def _secrets(inv: Path) -> list[str]:
+    """The vaulted values' plain text, then the vault password itself."""
+    from provisioner_testbed import vault
+
+    return [*_vaulted(inv).values(), vault.password_file().read_text().strip()]
+
+
+def _no_secret_left(rig: Rig, run_dir: Path) -> None:
+    """No secret (vaulted values, the vault password, the SSH key) in any file of the run directory here, and nothing
+    of the job on the execution nodes: their jobs dir is empty and no file there or in /tmp or /root holds one."""
+    secrets = [*_secrets(rig.inv.parent), Path(rig.h.key).read_text()]
+    for p in run_dir.rglob("*"):
+        if p.is_file():
+            text = p.read_text(errors="replace")
+            assert not any(s in text for s in secrets), f"a secret in {p}"
+    for node in NODES:
+        assert rig.ssh(node, "ls -A /var/lib/provisioner/jobs").strip() == ""
+        # the patterns on grep's stdin (-f -), never on a command line
+        found = subprocess.run(rig.h.ssh_argv(node, "grep -rlF -f - /var/lib/provisioner /tmp /root; true"),
+                               input="\n".join(secrets[:-1]) + "\n", capture_output=True, text=True, timeout=120)
+        assert found.returncode == 0 and found.stdout.strip() == "", f"{node}: a secret in {found.stdout}"
 
 
 def result_of(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -146,12 +160,29 @@ def test_sharded_run_provisions_every_host_in_one_report(rig: Rig) -> None:
     assert all(h["state"] == "changed" and h["failed"] == 0 for h in res["hosts"].values()), res["hosts"]
     for host in TARGETS:  # really provisioned, by the node that ran its shard
         assert "NCCL_IB_HCA" in rig.ssh(host, "cat /etc/nccl.conf")
-    for node in NODES:  # `worker --delete`: no job (and no carried key) left on the node
-        assert rig.ssh(node, "ls -A /var/lib/provisioner/jobs").strip() == ""
     run_dir = Path(res["run_dir"])
     assert (run_dir / "shards" / "node05" / "artifacts" / "ansible" / "job_events").is_dir()
-    key = Path(rig.h.key).read_text()
-    assert not any(key in p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file())
+    _no_secret_left(rig, run_dir)  # the workers decrypted the vaulted secrets, and nothing of them stayed
+
+
+def test_the_workers_decrypt_the_vaulted_values(rig: Rig, tmp_path: Path) -> None:
+    """A play that needs the vaulted API key's plain text on every target (compared by its sha256 only): each shard's
+    worker decrypts it, so the sharded run succeeds; without the secrets in the job it fails on every host."""
+    key = _vaulted(rig.inv.parent)["vllm_api_key"]
+    want = hashlib.sha256(key.encode()).hexdigest()
+    pb = tmp_path / "needs-the-key.yml"
+    pb.write_text(
+        "- hosts: gpu_nodes\n  gather_facts: false\n  tasks:\n"
+        "    - name: The vaulted value, decrypted by this worker\n"
+        "      ansible.builtin.assert:\n"
+        f"        that: (vllm_api_key | string | hash('sha256')) == '{want}'\n"
+        "        quiet: true\n      no_log: true\n")
+    r = rig.cli("run", str(rig.inv), "--exec-node", "node05,node06", "--playbook", str(pb), "--json")
+    res = result_of(r)
+    assert r.returncode == 0, (r.stderr, res.get("shards"), res["hosts"])
+    assert sorted(res["hosts"]) == TARGETS and all(h["failed"] == 0 for h in res["hosts"].values()), res["hosts"]
+    assert {s["node"] for s in res["shards"]} == set(NODES)
+    _no_secret_left(rig, Path(res["run_dir"]))
 
 
 def _items(report: dict[str, Any]) -> dict[str, set[tuple[str, str, str, str]]]:
@@ -175,6 +206,7 @@ def test_sharded_drift_reports_what_one_controller_reports_and_changes_nothing(r
     assert sharded.returncode == 3 and single.returncode == 3, (sharded.stderr, single.stderr)
     a, b = result_of(sharded), result_of(single)
     assert _items(a) == _items(b)
+    _no_secret_left(rig, Path(a["run_dir"]))
     assert ("file", "/etc/nccl.conf") in {i[:2] for i in _items(a)["node02"]}
     assert ("service", "nvidia-persistenced") in {i[:2] for i in _items(a)["node04"]}
     assert _items(a)["node01"] == _items(a)["node03"] == set()

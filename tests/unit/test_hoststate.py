@@ -131,12 +131,27 @@ def test_ledger_keeps_one_record_per_host_and_drops_failed_ones() -> None:
     lg.put_states([("n1", None, "i3", {"file:/a": "3"}, ["", "nvidia_driver", "nccl_tuning"])], drop=["n2"])
     recs = lg.records(["n1", "n2", "n3"])
     assert list(recs) == ["n1"] and recs["n1"].state == {"file:/a": "3"}
-    assert recs["n1"].inputs == lg.seal_inputs("i3")
-    assert recs["n1"].inputs != "i3"  # the input digest is recorded keyed, not as given
+    assert recs["n1"].inputs == "i3"  # as given: the caller keyed it with the ledger's one key (host_inputs)
     assert recs["n1"].roles == ("", "nvidia_driver", "nccl_tuning")
-    assert tier2_reason(recs["n1"], lg.seal_inputs("i3")) is None
+    assert tier2_reason(recs["n1"], "i3") is None
     lg._db.execute("UPDATE host_state SET state = X'00'")
-    assert tier2_reason(lg.records(["n1"])["n1"], lg.seal_inputs("i3")).startswith("recorded state corrupted")
+    assert tier2_reason(lg.records(["n1"])["n1"], "i3").startswith("recorded state corrupted")
+
+
+def test_a_record_of_the_two_key_scheme_is_checked_by_ansible_once_saying_why() -> None:
+    """A ledger written before the one key (inputs HMAC'd with digest.key, then sealed "hmac-sha256:..." with the
+    ledger's key): its records match no new digest, and the reason says why, not "inputs changed"; the next record
+    is the new kind, and then the host is tier 1 again."""
+    from provisioner.hoststate import KEYED, keyed_digest
+
+    lg = Ledger.open(":memory:")
+    new = keyed_digest(lg.digest_key(), {"vars": {"a": 1}})
+    assert new.startswith(KEYED)
+    lg.put_states([("n1", None, "hmac-sha256:" + "0" * 64, {"file:/a": "1"})])
+    why = tier2_reason(lg.records(["n1"])["n1"], new)
+    assert why is not None and "older provisioner" in why and "once" in why
+    lg.put_states([("n1", None, new, {"file:/a": "1"})])
+    assert tier2_reason(lg.records(["n1"])["n1"], new) is None
 
 
 def test_no_plain_digest_of_a_file_is_recorded(tmp_path: Path) -> None:
@@ -155,14 +170,15 @@ def test_no_plain_digest_of_a_file_is_recorded(tmp_path: Path) -> None:
     for name in ("a", "b"):
         db = tmp_path / f"{name}.sqlite3"
         with Ledger.open(db, site="s") as lg:
-            lg.put_states([("n1", None, "inputs-digest", state)])
+            keyed = hoststate.keyed_digest(lg.digest_key(), {"vars": {"vllm_api_key": "sk-guessable-1234"}})
+            lg.put_states([("n1", None, keyed, state)])
             rec = lg.records(["n1"])["n1"]
             assert hoststate.compare(rec.state, lg.sealer()(state)) == []
             assert hoststate.compare(rec.state, lg.sealer()({**state, "file:/etc/vllm/env": "0" * 64 + " 600 0 0"}))
             sealed.append(rec.state["file:/etc/vllm/env"])
         raw = sqlite3.connect(db).execute("SELECT inputs, state FROM host_state").fetchone()
         text = raw[0] + zlib.decompress(raw[1]).decode()
-        assert plain not in text and "inputs-digest" not in text
+        assert plain not in text and "sk-guessable" not in text and raw[0] == keyed
         assert rec.state["file:/etc/vllm"] == "dir 755 0 0" and rec.state["package:nginx"] == state["package:nginx"]
     assert sealed[0] != sealed[1] and all(v.endswith(" 600 0 0") for v in sealed)
 

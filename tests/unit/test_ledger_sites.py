@@ -113,10 +113,10 @@ def test_two_racks_with_node01_keep_apart(checkout: dict[str, object], monkeypat
     with Ledger.open(db, site=site_of(fleet_b)) as lg:  # type: ignore[arg-type]
         lg.put_states([("node01", rb, "inputs-b", {"file:/etc/nccl.conf": "b" * 64 + " 644 0 0"})],
                       drop=["node02"])
-        assert lg.records(["node01"])["node01"].inputs == lg.seal_inputs("inputs-b")
+        assert lg.records(["node01"])["node01"].inputs == "inputs-b"
     with Ledger.open(db, site=site_of(load_fleet(a))) as lg:  # type: ignore[arg-type]
         rec = lg.records(["node01"])["node01"]
-        assert rec.run == ra and rec.inputs == lg.seal_inputs("inputs-a")
+        assert rec.run == ra and rec.inputs == "inputs-a"
 
     r = provision("status", "--all-sites", "-f", "json", env=checkout["env"])
     assert r.returncode == 0, r.stderr

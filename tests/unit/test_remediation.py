@@ -122,3 +122,19 @@ def test_a_return_names_the_health_run_that_passed_not_a_failed_gate() -> None:
     runs = ((6, q + 200, "failed"), (7, q + 400, "ok"))
     a = decide(facts(state="quarantined", since=q, steps=tried, health=gate, health_runs=runs), P)
     assert a.reason == "health gate passed after reboot (health run #7)"
+
+
+def test_a_new_boot_id_is_not_back_until_systemd_finished_booting() -> None:
+    """remedy.wait_back's verdict on one poll: a new boot id alone is a host still starting its services (sshd comes
+    up first); back means systemd says running or degraded, as the driver role's reboot handler tests it."""
+    from provisioner.probes.remedy import back_command, not_back
+
+    assert not_back("b1", None) == "not answering over SSH"
+    assert not_back("b1", "b1\nrunning\n") == "not rebooted yet (same boot id)"
+    assert not_back("b1", "b2\nstarting\n") == "rebooted, but systemd is starting"
+    assert not_back("b1", "b2\n") == "rebooted, but systemd is still starting"  # --wait cut by its timeout
+    assert not_back("b1", "b2\nrunning\n") is None and not_back("b1", "b2\ndegraded\n") is None
+    assert not_back(None, "b2\nrunning\n") is None  # no boot id before (unreachable): a running host is back
+    assert not_back("b1", "\n") == "no boot id"
+    cmd = back_command(30)
+    assert "is-system-running --wait" in cmd and "timeout 30 " in cmd and cmd.startswith("cat /proc/sys/kernel")

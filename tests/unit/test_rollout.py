@@ -117,6 +117,20 @@ def test_upgrade_refuses_a_model_served_by_one_cluster(tmp_path: Path) -> None:
         assert lg.rollouts() == [] and all(s["site"] == "" for s in lg.sites())
 
 
+def test_a_rollout_of_the_two_key_scheme_is_refused_saying_why(tmp_path: Path) -> None:
+    """A rollout started before the ledger's one key (its spec digest HMAC'd with digest.key): the rerun cannot tell
+    its spec, and says so instead of "another change"."""
+    from cli_inproc import provision
+
+    inv, db = _inv(tmp_path), tmp_path / "ledger.sqlite3"
+    with Ledger.open(db, site=path_site(inv)) as lg:
+        rid = lg.rollout_started(str(inv.resolve()), {}, "0" * 64, ["pp", "pp2"], pid=DEAD_PID)
+    r = provision("upgrade", str(inv), env={"PROVISION_LEDGER": str(db)})
+    assert r.returncode == 1 and r.stderr.startswith(f"refused: rollout {rid} was started by an older provisioner"), \
+        r.stderr
+    assert "--abort" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_upgrade_refuses_another_change_while_one_is_open_and_a_running_one(tmp_path: Path) -> None:
     import os
 
@@ -125,7 +139,7 @@ def test_upgrade_refuses_another_change_while_one_is_open_and_a_running_one(tmp_
     inv, db = _inv(tmp_path), tmp_path / "ledger.sqlite3"
     env = {"PROVISION_LEDGER": str(db)}
     with Ledger.open(db, site=path_site(inv)) as lg:
-        rid = lg.rollout_started(str(inv.resolve()), {}, "another-digest", ["pp", "pp2"], pid=DEAD_PID)
+        rid = lg.rollout_started(str(inv.resolve()), {}, "ledger-hmac:another", ["pp", "pp2"], pid=DEAD_PID)
         lg.rollout_step(rid, ["pp"], "upgrading")
     r = provision("upgrade", str(inv), "-e", "{\"nccl_ib_timeout\": 23}", env=env)
     assert r.returncode == 1 and r.stderr.startswith(

@@ -64,6 +64,8 @@ def test_plain_http_apt_repo_is_a_warning(tmp_path: Path) -> None:
     assert {(f.group, f.host, f.var) for f in fs} == {
         (None, "n2", "infiniband_doca_repo_url"), ("gpu_nodes", None, "nvidia_repo_url")}
     assert all(f.severity == "warning" and "signature" in f.message for f in fs)
+    assert all(f"set {f.var} to the mirror's https:// URL" in f.message and "site_ca_certificates" in f.message
+               for f in fs)  # what to set, by name
 
 
 def test_fingerprint_pins(tmp_path: Path) -> None:

@@ -85,6 +85,27 @@ def test_plain_rack_inventory_passes_the_rules(tmp_path: Path) -> None:
     assert fleet.clusters["vllm_pp"].get("model_arch") == "Llama-3.1-70B"
 
 
+def test_the_rack_inventory_with_its_tls_repo_validates_with_no_warning_a_plain_http_repo_warns(tmp_path: Path) -> None:
+    """A new rack's inventory names its repo over HTTPS with the rack's CA in site_ca_certificates and the repo key
+    pinned: zero findings of any severity (validate says 0 warnings). The same rack with the plain-HTTP URL (a rack
+    made before) still gets SUP004: the rule is not weakened for it."""
+    from provisioner.rules import run_rules
+    from provisioner_testbed import tls
+
+    tls.ensure(tmp_path / "ca", "198.18.0.1", "test repo CA")
+    pem = (tmp_path / "ca" / "ca.pem").read_text()
+    rack = _rack(4, clusters=False, repo_key_fingerprint="AB" * 20, repo_ca_pem=pem)
+    rack = dataclasses.replace(rack, repo_url="https://198.18.0.1:8091/nvidia/")
+    fleet = load_fleet(invw.write(rack, tmp_path / "tls"))
+    h = fleet.hosts["node01"]
+    assert h.vars["nvidia_repo_url"] == "https://198.18.0.1:8091/nvidia/"
+    assert [c.strip() for c in h.vars["site_ca_certificates"]] == [pem.strip()]
+    assert [(f.code, f.message) for f in run_rules(fleet) if f.severity in ("error", "warning")] == []
+    plain = load_fleet(invw.write(dataclasses.replace(rack, repo_url="http://198.18.0.1:8090/nvidia/"),
+                                  tmp_path / "plain"))
+    assert [f.code for f in run_rules(plain) if f.severity == "warning"] == ["SUP004"]
+
+
 def test_vllm_layer_settings_replace_the_catalog_model(tmp_path: Path) -> None:
     hosts = tuple(invw.InvHost(name=f"node{i:02d}", address=f"198.18.0.{10 + i}", gpu_count=1) for i in (1, 2, 3))
     r = invw.InvRack(name="rack", hosts=hosts, key_file="/k", known_hosts="/kh", repo_url="http://g/nvidia/",

@@ -154,19 +154,22 @@ def test_a_vaulted_extra_vars_file_without_a_password_is_one_line(tmp_path: Path
 
 
 def test_the_keyed_input_digest_moves_with_a_secret_and_hides_it(tmp_path: Path) -> None:
-    from provisioner.tiers import digest_key, host_inputs
+    from provisioner.hoststate import KEYED
+    from provisioner.ledger.store import Ledger
+    from provisioner.tiers import host_inputs
 
     pw = _pw(tmp_path)
     ledger = tmp_path / "runs" / "ledger.sqlite3"
-    key = digest_key(ledger)
-    f = tmp_path / "runs" / "digest.key"
-    assert len(key) == 32 and f.read_bytes() == key and stat.S_IMODE(os.stat(f).st_mode) == 0o600
-    assert digest_key(ledger) == key  # created once, then read
+    with Ledger.open(ledger) as lg:
+        key = lg.digest_key()
+    with Ledger.open(ledger) as lg:
+        assert len(key) == 32 and lg.digest_key() == key  # one key, in the ledger: created once, then read
+    assert sorted(p.name for p in ledger.parent.iterdir() if "digest" in p.name) == []  # no second key file
     a = load_fleet(_inv(tmp_path / "a", key="sk-one"), vault_password_file=pw)
     b = load_fleet(_inv(tmp_path / "b", key="sk-two"))
     da = host_inputs(a, ["n1"], key=key)["n1"]
     db = host_inputs(b, ["n1"], key=key)["n1"]
-    assert da != db  # the secret is part of the inputs
+    assert da != db and da.startswith(KEYED)  # the secret is part of the inputs
     # the same inventory and key: the same digest; another key: another digest
     assert host_inputs(a, ["n1"], key=key)["n1"] == da
     assert host_inputs(a, ["n1"], key=b"x" * 32)["n1"] != da
@@ -194,3 +197,46 @@ def test_require_only_the_variables_a_command_needs(tmp_path: Path) -> None:
     vault.require(fleet, ["n1"], what="provision power", only=("bmc_password",))
     with pytest.raises(UsageError, match="vllm_api_key on host n1 is vaulted and none of the vault passwords given"):
         vault.require(fleet, ["n1"])
+
+
+def test_a_sharded_jobs_vault_files_hold_the_loaded_secret_privately_and_the_env_names_paths_only(
+        tmp_path: Path) -> None:
+    """What a worker gets for --exec-node (runner/stream._carry_vault): the loaded secret as a 0600 file in a 0700
+    dir of the job's private data dir (ansible-runner streams that dir over SSH), and an ANSIBLE_VAULT_IDENTITY_LIST
+    naming the file where the worker will extract it; the password is in no environment value."""
+    from provisioner.runner.stream import VAULT_DIR, _carry_vault
+
+    pdd = tmp_path / "pdd"
+    pdd.mkdir()
+    assert _carry_vault(pdd, "/var/lib/provisioner/jobs/j1") == {}  # no secret loaded: nothing carried
+    vault.setup(_pw(tmp_path))
+    assert vault.worker_secrets() == [("default", PW.encode())]
+    env = _carry_vault(pdd, "/var/lib/provisioner/jobs/j1")
+    assert env == {"ANSIBLE_VAULT_IDENTITY_LIST": f"default@/var/lib/provisioner/jobs/j1/{VAULT_DIR}/0"}
+    f = pdd / VAULT_DIR / "0"
+    assert f.read_bytes() == PW.encode()
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600 and stat.S_IMODE(f.parent.stat().st_mode) == 0o700
+    assert PW not in json.dumps(env)
+
+
+def test_a_sharded_job_carries_its_vaulted_extra_vars_files_encrypted_and_names_them_on_the_worker(
+        tmp_path: Path) -> None:
+    """`-e @vaulted.yml` with --exec-node: ansible-playbook reads such a file itself, so the job carries it (still
+    encrypted, 0600) and the worker's command line names its copy, never the controller's path."""
+    from provisioner.runner.config import ExtraVars, RunConfig
+    from provisioner.runner.stream import _carry_extra_files
+
+    f = tmp_path / "rotated.yml"
+    f.write_text(_vault_yaml("vllm_api_key", KEY))
+    xv = ExtraVars({"vllm_api_key": "x", "other": 1})
+    xv.files, xv.from_files = (str(f),), frozenset({"vllm_api_key"})
+    pdd = tmp_path / "pdd"
+    pdd.mkdir()
+    cfg = _carry_extra_files(RunConfig(inventory=tmp_path / "inv.ini", extravars=xv), pdd, "/jobs/j1")
+    (copy,) = (pdd / "extravars").iterdir()
+    assert copy.read_text() == f.read_text() and KEY not in copy.read_text()
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert cfg.ansible_cmdline() == f"-e @/jobs/j1/extravars/{copy.name}" and str(f) not in str(cfg.ansible_cmdline())
+    assert cfg.ansible_extravars() == {"other": 1}  # the file's keys come from the file, as on one controller
+    plain = RunConfig(inventory=tmp_path / "inv.ini", extravars={"a": 1})
+    assert _carry_extra_files(plain, pdd, "/jobs/j1") is plain

@@ -1,0 +1,48 @@
+"""A rack's own small CA and one server certificate it signed for an IP address (kept across restarts): the BMC
+emulator's (127.0.0.1) and the stand-in repository's (the bridge address), as a site's internal CA would sign its
+mirrors. The CA goes to the nodes as `site_ca_certificates`; the private keys never leave the rack directory."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+
+def ensure(d: Path, address: str, ca_label: str) -> None:
+    """`d/ca.pem`, `d/server.pem` (SAN: `address`) and `d/server.key` (0600), made once."""
+    if (d / "ca.pem").is_file() and (d / "server.pem").is_file():
+        return
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_label)])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=365))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, address)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    fd = os.open(d / "server.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+    (d / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
