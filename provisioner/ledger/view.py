@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from provisioner.ledger.store import Ledger
 
 if TYPE_CHECKING:
-    from provisioner.lifecycle import Context
+    from provisioner.day2.lifecycle import Context
     from provisioner.model import Fleet
 
 
@@ -174,7 +174,7 @@ def serving_clusters(fleet: Fleet, ledger: Ledger) -> set[str]:
 def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
     """The lifecycle rules' context for `host`: its health gate, its cluster, every cluster's model and members,
     every host's state."""
-    from provisioner.lifecycle import ClusterInfo, Context
+    from provisioner.day2.lifecycle import ClusterInfo, Context
 
     states = ledger.states()
     since = states.get(host, ("new", None))[1]
