@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -28,6 +29,12 @@ health` first: its results are the ledger's.
 --dry-run prints the next action per node and changes nothing (neither the nodes nor the ledger). One line per
 action; docs/lifecycle.md has the table of decisions.
 
+Rails (remediation_rails, docs/lifecycle.md#rails) hold every action that takes a node or cluster out, whoever asks
+(--source operator, timer or alert): a circuit breaker (too many taken out within a window: automatic take-outs stop
+until --close-breaker --reason WHY), a capacity floor per model for soft signals, a rate limit and a cool-down per
+node, flap damping. In mode recommend (the default) actions are recorded, not executed: --approve ID executes one;
+in mode observe they are only recorded; mode act executes. --alert-key KEY acts at most once per key.
+
 Exit codes: 0 done (nodes staying quarantined included), 1 a step, a mark or the ledger failed, or lifecycle_policy
 is invalid, 2 usage.""")
 
@@ -41,15 +48,31 @@ def _app_faults(given: list[str]) -> dict[str, str]:
     return out
 
 
+class Source(str, Enum):
+    operator = "operator"
+    timer = "timer"
+    alert = "alert"
+
+
 def run(inventory: Path, *, limit: str | None = None, dry_run: bool = False, app_fault: list[str] | None = None,
-        fmt: Format = Format.text, timeout: float = 900.0) -> int:
+        fmt: Format = Format.text, timeout: float = 900.0, source: Source = Source.operator,
+        alert_key: str | None = None, approve: int | None = None, close_breaker: bool = False,
+        reason: str | None = None) -> int:
     from provisioner.day2.lifecycle import Refused
+    from provisioner.day2.service import close_breaker as close
     from provisioner.day2.service import remediate
     from provisioner.ledger import LedgerError
 
     try:
+        if close_breaker:
+            from provisioner.day2.executor import actor_user
+
+            was_open, line = close(inventory, reason=reason or "", actor=actor_user())
+            sys.stdout.write(json.dumps({"ok": True, "was_open": was_open, "line": line}) + "\n"
+                             if fmt is Format.json else line + "\n")
+            return int(Exit.OK)
         res = remediate(inventory, limit=limit, dry_run=dry_run, app_faults=_app_faults(app_fault or []),
-                        timeout=timeout)
+                        timeout=timeout, source=source.value, alert_key=alert_key, approve=approve)
     except (LedgerError, Refused) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
@@ -61,7 +84,8 @@ def run(inventory: Path, *, limit: str | None = None, dry_run: bool = False, app
         sys.stdout.write("remediate: no GPU node has lifecycle_policy (docs/lifecycle.md): nothing to do\n")
         return int(Exit.OK)
     if fmt is Format.json:
-        sys.stdout.write(json.dumps({"ok": res.ok, "dry_run": dry_run, "actions": res.lines}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"ok": res.ok, "dry_run": dry_run, "source": source.value,
+                                     "duplicate": res.duplicate, "actions": res.lines}, indent=2) + "\n")
     else:
         for ln in res.lines:
             sys.stdout.write(ln["line"] + "\n")
@@ -79,9 +103,21 @@ def register(app: typer.Typer) -> None:
             "--dry-run", help="Print the next action per node; change nothing.")] = False,
         app_fault: Annotated[list[str] | None, typer.Option(
             "--app-fault", help="HOST=WHY: an application fault seen on HOST (repeat).", show_default=False)] = None,
+        source: Annotated[Source, typer.Option("--source", help="Who asks (kept with every action).")
+                          ] = Source.operator,
+        alert_key: Annotated[str | None, typer.Option(
+            "--alert-key", help="Idempotency key: the same key acts at most once.", show_default=False)] = None,
+        approve: Annotated[int | None, typer.Option(
+            "--approve", help="Execute recommended action ID (mode recommend).", show_default=False)] = None,
+        close_breaker: Annotated[bool, typer.Option(
+            "--close-breaker", help="Close the circuit breaker (needs --reason).")] = False,
+        reason: Annotated[str | None, typer.Option("--reason", "-r", help="Why the breaker is closed.",
+                                                   show_default=False)] = None,
         fmt: Annotated[Format, typer.Option("--format", "-f", help="Text or JSON.")] = Format.text,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds per health gate.")] = 900.0,
         vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
         use_vault(vault_password_file)
-        raise typer.Exit(run(inventory, limit=limit, dry_run=dry_run, app_fault=app_fault, fmt=fmt, timeout=timeout))
+        raise typer.Exit(run(inventory, limit=limit, dry_run=dry_run, app_fault=app_fault, fmt=fmt, timeout=timeout,
+                             source=source, alert_key=alert_key, approve=approve, close_breaker=close_breaker,
+                             reason=reason))
