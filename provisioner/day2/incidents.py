@@ -1,13 +1,13 @@
 """Incidents measured, as pure data: each incident's time to detect, drain and return, the time between one node's
-incidents, and their distributions (p50/p99)
-(provisioner/reports/incidents_prometheus.py exposes them as Prometheus histograms). The incidents come in
-as plain records (provisioner/ledger/day2.py's `Incident` or anything with the same attributes)."""
+incidents, and their distributions (p50/p99). The incidents come in as plain records (the ledger's `Incident`, or
+anything with its attributes: id, host, cluster, source, cause, status and the timestamps signal, detected,
+quarantined, drained, returned, replaced); provisioner/reports/incidents_prometheus.py exposes the histograms."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 #: histogram buckets, seconds: a drain within a minute, a return within minutes, incidents days apart
 BUCKETS: tuple[float, ...] = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 21600, 86400, 604800)
@@ -19,26 +19,11 @@ METRICS = {
 }
 
 
-class IncidentLike(Protocol):
-    id: int
-    host: str
-    cluster: str | None
-    source: str
-    cause: str
-    signal: float
-    detected: float
-    quarantined: float | None
-    drained: float | None
-    returned: float | None
-    replaced: float | None
-    status: str
-
-
 def _d(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else max(0.0, b - a)
 
 
-def row(i: IncidentLike, previous: float | None = None) -> dict[str, Any]:
+def row(i: Any, previous: float | None = None) -> dict[str, Any]:
     """One incident as a plain dict with its durations (None: not reached yet); `previous`: when the node's
     previous incident was detected."""
     return {"id": i.id, "host": i.host, "cluster": i.cluster, "source": i.source, "cause": i.cause,
@@ -48,7 +33,7 @@ def row(i: IncidentLike, previous: float | None = None) -> dict[str, Any]:
             "return_s": _d(i.detected, i.returned), "since_previous_s": _d(previous, i.detected)}
 
 
-def rows(incidents: Iterable[IncidentLike]) -> list[dict[str, Any]]:
+def rows(incidents: Iterable[Any]) -> list[dict[str, Any]]:
     """Every incident (oldest first) with its durations and the time since its node's previous incident."""
     last: dict[str, float] = {}
     out = []

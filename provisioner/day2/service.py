@@ -51,8 +51,9 @@ def _recent(fleet: Any, ledger: Any, host: str, check: str | None, rails: Any, n
 
     models = {n: cluster_model(c, n) for n, c in fleet.clusters.items()}
     since = now - max(3600.0, rails.breaker_window_s, rails.cooldown_s)
-    done = tuple(TakeOut(a.at, a.host, a.cluster, a.model) for a in ledger.actions(status="done", since=since)
-                 if a.kind in TAKE_OUT)
+    # executed take-outs count whether their steps on the nodes worked or not: the node left service either way
+    done = tuple(TakeOut(a.at, a.host, a.cluster, a.model) for a in ledger.actions(since=since)
+                 if a.kind in TAKE_OUT and a.status in ("done", "failed", "running"))
     ev, closed = ledger.breaker()
     streak = 0
     if check is not None:
@@ -137,7 +138,7 @@ class _Loop:
         start = len(self.rn.lines)
         self.rn.run(a)
         ok = all(ln["ok"] for ln in self.rn.lines[start:])
-        self.incident_after(host, a, inc)
+        self.incident_after(host, a, inc, ok)
         self.ledger.action_done(aid, "done" if ok else "failed", incident=inc,
                                 decided_by=self.approver if approved is not None else None,
                                 detail=None if ok else next((ln["line"] for ln in self.rn.lines[start:]
@@ -157,7 +158,8 @@ class _Loop:
         return int(self.ledger.incident_opened(host, cluster=cluster, source=self.source, cause=a.reason,
                                                signal=min(signal, f.now), detected=f.now))
 
-    def incident_after(self, host: str, a: Any, inc: int | None) -> None:
+    def incident_after(self, host: str, a: Any, inc: int | None, ok: bool) -> None:
+        """The incident's timestamps after `a` ran: drained only when every step of the take-out worked."""
         import time
 
         if inc is None:
@@ -166,15 +168,16 @@ class _Loop:
         if a.kind in ("quarantine", "replace") and state == "quarantined":
             t = [x.at for x in self.ledger.transitions(host) if x.to_state == "quarantined"]
             self.ledger.incident_mark(inc, "quarantined", at=t[-1] if t else None)
-            self.ledger.incident_mark(inc, "drained", at=time.time())
+            if ok:
+                self.ledger.incident_mark(inc, "drained", at=time.time())
             if a.kind == "replace":
                 self.ledger.incident_mark(inc, "replaced")
         elif a.kind == "remediate" and a.step:
             steps = [r for r in self.ledger.remediations(host) if r.step == a.step]
             self.ledger.incident_step(inc, a.step, steps[-1].outcome if steps else "unknown")
         elif a.kind == "restart_cluster":
-            self.ledger.incident_step(inc, "restart_cluster", "done" if not self.rn.failed else "failed")
-            if not self.rn.failed:
+            self.ledger.incident_step(inc, "restart_cluster", "done" if ok else "failed")
+            if ok:
                 self.ledger.incident_mark(inc, "returned")
         elif a.kind == "return" and state == "in-service":
             self.ledger.incident_mark(inc, "returned")

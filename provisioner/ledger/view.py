@@ -201,3 +201,17 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
             "runs": runs,
             "remediations": [{"step": s.step, "outcome": s.outcome, "detail": s.detail, "at": s.at, "actor": s.actor}
                              for s in ledger.remediations(host)]}
+
+
+def day2_view(ledger: Ledger) -> dict[str, Any]:
+    """The day-2 automation as status shows it: the breaker, open incidents (with their durations so far), the
+    recommendations waiting for --approve, and every incident's row (provisioner/day2/incidents.py)."""
+    from provisioner.day2.incidents import rows
+
+    ev, closed = ledger.breaker()
+    table = rows(ledger.incidents())
+    rec = [{"id": a.id, "at": a.at, "host": a.host, "kind": a.kind, "step": a.step, "reason": a.reason,
+            "source": a.source} for a in ledger.actions(status="recommended")]
+    return {"breaker": {"open": ev is not None, "why": ev.why if ev else None, "since": ev.at if ev else None,
+                        "closed_at": closed or None},
+            "open_incidents": [r for r in table if r["status"] == "open"], "recommended": rec, "incidents": table}
