@@ -100,12 +100,18 @@ class Day2Records:
 
     def action_done(self, action: int, status: str, *, detail: str | None = None, incident: int | None = None,
                     decided_by: str | None = None) -> None:
+        sets, args = ["status = ?"], [status]  # type: list[str], list[Any]
+        for col, val in (("detail", (detail or None) and detail[:1000]), ("incident", incident),
+                         ("decided_by", decided_by)):
+            if val is not None:
+                sets.append(f"{col} = ?")
+                args.append(val)
+        if decided_by is not None:
+            sets.append("decided_at = ?")
+            args.append(time.time())
         with self._tx() as db:
-            db.execute("UPDATE day2_actions SET status = ?, detail = COALESCE(?, detail), "
-                       "incident = COALESCE(?, incident), decided_by = COALESCE(?, decided_by), "
-                       "decided_at = CASE WHEN ? IS NULL THEN decided_at ELSE ? END WHERE id = ? AND site = ?",
-                       (status, (detail or None) and detail[:1000], incident, decided_by, decided_by, time.time(),
-                        action, self.site))
+            db.execute(f"UPDATE day2_actions SET {', '.join(sets)} WHERE id = ? AND site = ?",
+                       (*args, action, self.site))
 
     def actions(self, *, host: str | None = None, status: str | None = None, since: float | None = None,
                 limit: int = 500) -> list[Action]:

@@ -215,3 +215,15 @@ def test_a_ledger_from_before_sites_migrates_and_is_adopted(pg_url: str) -> None
     with Ledger.open(url, site="rack-b") as lg:
         assert lg.state("n1")[0] == "new" and lg.runs() == []
         assert [s["site"] for s in lg.sites()] == ["rack-a"]
+
+
+def test_day2_records_and_one_alert_key_claimed_once(pg_url: str) -> None:
+    """Schema 7 on PostgreSQL: the same exercise as on SQLite (tests/support/day2_ledger.py), another site sees none
+    of it, and two controllers claiming one alert key act once (the advisory lock)."""
+    from tests.support.day2_ledger import exercise, other_site_sees_nothing, race_alert_key
+
+    with Ledger.open(pg_url, site="day2-a") as lg:
+        exercise(lg)
+    with Ledger.open(pg_url, site="day2-b") as lg:
+        other_site_sees_nothing(lg)
+    assert race_alert_key(lambda: Ledger.open(pg_url, site="day2-a"), "fp:race") == [False, True]
