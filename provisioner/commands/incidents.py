@@ -59,7 +59,8 @@ def run(inventory: Path, fmt: Format = Format.text, host: str | None = None, ope
 
         try:
             write_atomic(prometheus, render(view["incidents"], site=site, open_incidents=len(view["open_incidents"]),
-                                            breaker_open=view["breaker"]["open"]))
+                                            breaker_open=view["breaker"]["open"],
+                                            recommended=len(view["recommended"])))
         except OSError as exc:
             raise UsageError(f"cannot write the metrics: {exc.strerror or exc}", path=str(prometheus)) from None
     if fmt is Format.json:

@@ -15,9 +15,10 @@ def _fmt(v: float) -> str:
 
 
 def render(table: Sequence[Mapping[str, Any]], *, site: str = "", open_incidents: int | None = None,
-               breaker_open: bool | None = None) -> str:
+               breaker_open: bool | None = None, recommended: int | None = None) -> str:
     """The incidents' histograms in the Prometheus text exposition format (version 0.0.4), plus the number of open
-    incidents and the breaker's state when given. Labels are escaped; values are numbers only."""
+    incidents, the breaker's state and the recommendations waiting for --approve when given. Labels are escaped;
+    values are numbers only."""
     lbl = f'site="{escape_label(site)}"'
     lines: list[str] = []
     dist = distributions(table)
@@ -36,4 +37,8 @@ def render(table: Sequence[Mapping[str, Any]], *, site: str = "", open_incidents
         lines += ["# HELP provisioner_remediation_breaker_open 1 while the remediation circuit breaker is open.",
                   "# TYPE provisioner_remediation_breaker_open gauge",
                   f"provisioner_remediation_breaker_open{{{lbl}}} {int(breaker_open)}"]
+    if recommended is not None:
+        lines += ["# HELP provisioner_remediation_recommended Recommended actions waiting for --approve.",
+                  "# TYPE provisioner_remediation_recommended gauge",
+                  f"provisioner_remediation_recommended{{{lbl}}} {recommended}"]
     return "\n".join(lines) + "\n"

@@ -49,7 +49,7 @@ def test_quantiles_distributions_and_per_node() -> None:
 
 
 def test_prometheus_histograms_are_cumulative_and_labels_escaped() -> None:
-    text = render(rows(sample()), site='rack "a"\nx', open_incidents=2, breaker_open=True)
+    text = render(rows(sample()), site='rack "a"\nx', open_incidents=2, breaker_open=True, recommended=3)
     lines = text.splitlines()
     assert "# TYPE provisioner_incident_drain_seconds histogram" in lines
     lbl = 'site="rack \\"a\\"\\nx"'
@@ -60,6 +60,7 @@ def test_prometheus_histograms_are_cumulative_and_labels_escaped() -> None:
     assert f"provisioner_incident_return_seconds_count{{{lbl}}} 1" in lines
     assert f"provisioner_incidents_open{{{lbl}}} 2" in lines
     assert f"provisioner_remediation_breaker_open{{{lbl}}} 1" in lines
+    assert f"provisioner_remediation_recommended{{{lbl}}} 3" in lines
     for name in ("detect", "drain", "return", "between"):
         counts = [int(ln.rsplit(" ", 1)[1]) for ln in lines
                   if ln.startswith(f"provisioner_incident_{name}_seconds_bucket")]
