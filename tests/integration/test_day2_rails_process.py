@@ -233,3 +233,23 @@ def test_invalid_rails_stop_before_acting(tmp_path: Path, rails: dict[str, Any],
     p = provision(site, "remediate", str(site["inv"]))
     assert p.returncode == 1 and code in p.stderr and "remediation_rails" in p.stderr and p.stdout == ""
     assert set(states(site).values()) == {"in-service"}
+
+
+def test_a_flapping_ib_port_drains_nothing_until_it_persists(tmp_path: Path) -> None:
+    site = make(tmp_path, {"mode": "act"})
+    down = ("ib", "mlx5_0:1 state DOWN")
+    for passes in ([down], [down, None], [down, None, down]):  # bouncing: never 3 failures in a row
+        for bad in passes:
+            health(site, **({"n1": bad} if bad else {}))
+        p = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
+        if passes[-1]:  # failing now, not for long enough: held; passing now: nothing to do
+            assert "HELD by the rails: flap damping: ib failed in 1 consecutive observation(s), 3 needed" \
+                in p.stdout, p.stdout + p.stderr
+        assert states(site)["n1"] == "in-service" and p.returncode == 0
+    health(site, n1=down)
+    health(site, n1=down)  # now three in a row
+    p = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
+    assert "n1: draining -> quarantined (ib: mlx5_0:1 state DOWN)" in p.stdout, p.stdout
+    with ledger(site) as lg:
+        held = [a for a in lg.actions(host="n1") if a.status == "blocked"]
+        assert held and {a.rail for a in held} == {"flap"}
