@@ -52,8 +52,8 @@ def _recent(fleet: Any, ledger: Any, host: str, check: str | None, rails: Any, n
     models = {n: cluster_model(c, n) for n, c in fleet.clusters.items()}
     since = now - max(3600.0, rails.breaker_window_s, rails.cooldown_s)
     # executed take-outs count whether their steps on the nodes worked or not: the node left service either way
-    done = tuple(TakeOut(a.at, a.host, a.cluster, a.model) for a in ledger.actions(since=since)
-                 if a.kind in TAKE_OUT and a.status in ("done", "failed", "running"))
+    done = tuple(TakeOut(a.at, a.host, a.cluster, a.model) for a in ledger.actions(
+        since=since, kinds=TAKE_OUT, statuses=("done", "failed", "running"), limit=100_000))
     ev, closed = ledger.breaker()
     streak = 0
     if check is not None:

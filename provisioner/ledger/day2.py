@@ -114,14 +114,18 @@ class Day2Records:
                        (*args, action, self.site))
 
     def actions(self, *, host: str | None = None, status: str | None = None, since: float | None = None,
-                limit: int = 500) -> list[Action]:
-        """Newest last."""
+                kinds: tuple[str, ...] = (), statuses: tuple[str, ...] = (), limit: int = 500) -> list[Action]:
+        """The newest `limit` actions matching, newest last."""
         q = "SELECT * FROM day2_actions WHERE site = ?"
         args: list[Any] = [self.site]
         for col, val in (("host", host), ("status", status)):
             if val is not None:
                 q += f" AND {col} = ?"
                 args.append(val)
+        for col, vals in (("kind", kinds), ("status", statuses)):
+            if vals:
+                q += f" AND {col} IN ({', '.join('?' for _ in vals)})"
+                args += list(vals)
         if since is not None:
             q += " AND at >= ?"
             args.append(since)

@@ -26,6 +26,8 @@ def exercise(lg: Ledger) -> None:
     assert [x.id for x in lg.actions()] == [a, b]
     assert [x.id for x in lg.actions(status="blocked")] == [b] and lg.actions(host="n9") == []
     assert [x.id for x in lg.actions(since=150.0)] == [b]
+    assert [x.id for x in lg.actions(kinds=("quarantine",), statuses=("done", "failed"))] == [a]
+    assert [x.id for x in lg.actions(limit=1)] == [b]
     # alert keys: one claim wins
     assert lg.claim_alert_key("fp:1", "n1") is True
     assert lg.claim_alert_key("fp:1", "n1") is False
