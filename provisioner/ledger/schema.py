@@ -179,6 +179,8 @@ MIGRATIONS: tuple[str, ...] = (
         decided_at REAL
     );
     CREATE INDEX day2_actions_site ON day2_actions (site, id);
+    CREATE INDEX day2_actions_site_at ON day2_actions (site, at);
+    CREATE INDEX day2_actions_site_host ON day2_actions (site, host, id);
     CREATE TABLE alert_keys (
         site   TEXT NOT NULL,
         key    TEXT NOT NULL,
