@@ -18,10 +18,11 @@ T=tests/testbed
 # test_inservice_gate reuses test_preflight_health's rack `health` (after it)
 RACK_A="$T/test_fabrics.py $T/test_drift_matrix.py $T/test_dataflow.py $T/test_preflight_health.py
         $T/test_inservice_gate.py $T/test_site_trust.py $T/test_drift_tiers.py"
-# test_demo converges the session rack `rack`; test_installed_rack, test_preflight_iface_rack, test_rack and
-# test_unit_restarts reuse it (in this order: test_rack stops and restarts a host)
+# test_demo converges the session rack `rack`; test_installed_rack, test_preflight_iface_rack, test_rack,
+# test_unit_restarts and test_remediation_modes reuse it (in this order: test_rack stops and restarts a host)
 RACK_B="$T/test_run_drift.py $T/test_site.py $T/test_bmc_rack.py $T/test_demo.py $T/test_installed_rack.py
-        $T/test_preflight_iface_rack.py $T/test_rack.py $T/test_unit_restarts.py $T/test_shards.py"
+        $T/test_preflight_iface_rack.py $T/test_rack.py $T/test_unit_restarts.py $T/test_remediation_modes.py
+        $T/test_shards.py"
 declare -A args=([unit]='tests/unit' [integration]='tests/integration' [rack-a]="$RACK_A" [rack-b]="$RACK_B"
                  [vllm]=tests/vllm)
 # CPU priority: the rack and vLLM lanes are the long poles (~25 min); integration (~14 min) yields the CPU to them

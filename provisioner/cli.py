@@ -39,6 +39,7 @@ COMMANDS = (
     "drain",
     "upgrade",
     "remediate",
+    "incidents",
     "ledger",
     "bench",
     "monitoring",

@@ -163,6 +163,9 @@ def render(rack: InvRack, encrypt: Encrypt | None = None) -> dict[str, str]:
         # The rack's ledger site (docs/lifecycle.md, Sites): a copy of this inventory elsewhere (the tests make some)
         # is the same site; two racks, both with a node01, are two.
         "provision_site": f"testbed-{rack.name}",
+        # The remediation loop acts on the rack (a new site records and recommends: docs/lifecycle.md#rails); the
+        # other rails keep their defaults.
+        "remediation_rails": {"mode": "act"},
         **rack.extra_vars,
     }
     if encrypt is not None:

@@ -82,3 +82,33 @@ def before_after_table(title: str, rows: list[dict[str, Any]], last: str,
 
 
 __all__ = ["BmcConfigError", "before_after_table", "bmc_target", "each", "select", "setup_vault"]
+
+
+def boot_id(fleet: Any, host: str, timeout: float) -> tuple[str | None, str | None]:
+    """(the host's boot id, None) over SSH (the preflight's connection settings), or (None, why not)."""
+    from provisioner.probes import ssh
+
+    r = ssh.run_one(ssh.target_for(fleet.hosts[host]), "cat /proc/sys/kernel/random/boot_id",
+                    timeout=max(1.0, timeout))
+    if r.ok and r.rc == 0 and r.stdout.strip():
+        return r.stdout.strip(), None
+    return None, r.error or f"exit {r.rc}: {r.stderr.strip()[:200]}"
+
+
+def wait_ssh(fleet: Any, host: str, deadline: float, *, not_boot: str | None = None, poll: float = 2.0) -> str:
+    """Wait until SSH answers (with another boot id than `not_boot`); the boot id, or BmcError at the deadline."""
+    import time
+
+    from provisioner.bmc.redfish import BmcError
+
+    why = "not tried"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BmcError(f"{host}: powered on, but SSH did not answer{' with a new boot id' if not_boot else ''} "
+                           f"in time ({why})")
+        bid, err = boot_id(fleet, host, min(left, 15.0))
+        if bid is not None and bid != not_boot:
+            return bid
+        why = err or "the old boot id: not restarted yet"
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))

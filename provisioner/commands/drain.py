@@ -4,8 +4,6 @@ service through the balancer and bring them back through the health gate."""
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,17 +35,8 @@ balancer (group lb). A member failing the gate stays in burn-in and its cluster 
 Exit codes: 0 returned, 1 refused or a step failed, 2 usage.""")
 
 
-def _user() -> str:
-    import getpass
-
-    try:
-        return f"user:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "user:?"
-
-
 def _prepare(inventory: Path, targets: list[str]) -> tuple[Any, Any]:
-    from provisioner.drain import plan
+    from provisioner.day2.drain import plan
     from provisioner.inventory import load_fleet
 
     if not targets:
@@ -56,82 +45,12 @@ def _prepare(inventory: Path, targets: list[str]) -> tuple[Any, Any]:
     return fleet, plan(fleet, targets)
 
 
-def drain_clusters(ops: Any, p: Any, *, reason: str, force: bool, wait: float) -> bool:
-    """The drain of plan `p` with `ops` (also the rolling upgrade's first step). False: a step failed."""
-    from provisioner.serving_ops import drain_moves
-
-    t0 = time.monotonic()
-    moves, others = drain_moves(ops, p)
-    def notes() -> None:
-        for n in p.notes:
-            ops.say("note", f"note: {n}")
-        for o in others:
-            ops.say("note", f"note: {o} is not in service: its lifecycle state stays")
-
-    ops.move(moves, reason, force=force, before=notes)  # checked and recorded at once; Refused: nothing changed
-    if p.heads and not ops.balancer(add=[h.server for h in p.heads]):
-        return False
-    t_lb = time.monotonic()
-    if p.heads:
-        ops.wait_inflight(p.heads, wait)
-    t_wait = time.monotonic()
-    for c in p.clusters:
-        if not ops.stop(c, p.members[c]):
-            return False
-    if not ops.mark(p.hosts, False, f"drained: {reason}"):
-        return False
-    finish = [(h, "maintenance") for h in p.hosts if ops.state(h) == "draining"]
-    ops.move(finish, reason)
-    ops.say("drained", f"drained {', '.join(p.clusters) or ', '.join(p.hosts)} in {time.monotonic() - t0:.1f} s "
-            f"(balancer {t_lb - t0:.1f} s, in flight {t_wait - t_lb:.1f} s, stop {time.monotonic() - t_wait:.1f} s)",
-            seconds=round(time.monotonic() - t0, 1))
-    return True
-
-
-def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_timeout: float = 900.0,
-                    passed: Collection[str] = ()) -> bool:
-    """The return of plan `p`: burn-in, health gate, in-service + mark, launch, /health, balancer. Hosts in `passed`
-    passed a health gate since they left service (remediation's): they are not gated again."""
-    from provisioner.lifecycle import Refused, path_to
-
-    t0 = time.monotonic()
-    moves = []
-    for h in p.hosts:
-        s = ops.state(h)
-        if s == "in-service":
-            continue
-        if s not in ("draining", "maintenance", "quarantined", "burn-in"):
-            raise Refused(f"{h} is {s}: return brings back drained, maintenance, quarantined or burn-in nodes "
-                          f"(onboard a new one with provision onboard)")
-        moves += [(h, t) for t in path_to(s, "burn-in")]
-    ops.move(moves, reason)
-    back = [h for h in p.hosts if ops.state(h) != "in-service"]
-    gated = [h for h in back if h not in passed]
-    if gated and not ops.gate(gated, timeout=gate_timeout):
-        ops.say("stopped", f"return stopped: the health gate failed; {', '.join(gated)} stay in burn-in, out of the "
-                "balancer", ok=False)
-        return False
-    ops.move([(h, "in-service") for h in back], reason, health_passed=True)
-    if not ops.mark(p.hosts, True, f"returned: {reason}"):
-        return False
-    for c in p.clusters:
-        if not ops.launch(c, p.members[c]):
-            return False
-    if p.heads and not ops.wait_healthy(p.heads, wait_healthy):
-        return False
-    if p.heads and not ops.balancer(remove=[h.server for h in p.heads]):
-        return False
-    ops.say("returned", f"returned {', '.join(p.clusters) or ', '.join(p.hosts)} in {time.monotonic() - t0:.1f} s",
-            seconds=round(time.monotonic() - t0, 1))
-    return True
-
-
 def run(inventory: Path, targets: list[str], *, back: bool, reason: str | None, force: bool = False,
         wait: float = 120.0, wait_healthy: float = 900.0, fmt: Format = Format.text) -> int:
+    from provisioner.day2.executor import Ops, actor_user, drain_clusters, dumps, return_clusters
+    from provisioner.day2.lifecycle import Refused
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
-    from provisioner.lifecycle import Refused
-    from provisioner.serving_ops import Ops, dumps
 
     if wait < 0 or wait_healthy <= 0:
         raise UsageError("--wait must be >= 0 and --wait-healthy > 0")
@@ -141,7 +60,7 @@ def run(inventory: Path, targets: list[str], *, back: bool, reason: str | None, 
     fleet, p = _prepare(inventory, targets)
     try:
         with open_ledger(fleet) as ledger:
-            ops = Ops(inventory, fleet, ledger, actor=_user(), quiet=fmt is Format.json,
+            ops = Ops(inventory, fleet, ledger, actor=actor_user(), quiet=fmt is Format.json,
                       command="return" if back else "drain")
             ok = (return_clusters(ops, p, reason=why, wait_healthy=wait_healthy) if back
                   else drain_clusters(ops, p, reason=why, force=force, wait=wait))

@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 
 from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
+from provisioner.day2.lifecycle import STATES
 from provisioner.errors import Exit, UsageError
-from provisioner.lifecycle import STATES
 
 HELP = unwrap("""Move HOST of INVENTORY to another lifecycle state, with a reason; the ledger keeps it.
 
@@ -36,10 +36,10 @@ def actor() -> str:
 
 def run(inventory: Path, host: str, state: str, reason: str, *, force: bool = False,
         fmt: Format = Format.text) -> int:
+    from provisioner.day2.lifecycle import Refused, transition
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import lifecycle_context, open_ledger
-    from provisioner.lifecycle import Refused, transition
 
     if not reason.strip():
         raise UsageError("--reason must say why (it is kept in the ledger)")

@@ -92,43 +92,6 @@ def _mark(fleet: Fleet, results: dict[str, Outcome], timeout: float, passed: lis
             o.problems.append(f"could not write {IN_SERVICE}: {r.error or r.stderr.strip()[:200]}")
 
 
-def lifecycle_target(state: str, in_service: bool) -> str:
-    """Where onboarding moves a node in the ledger: in-service when it passed; when it failed, provisioning from
-    new, maintenance from in-service or draining (its mark was removed), else where it is. Pure."""
-    if in_service:
-        return "in-service"
-    return {"new": "provisioning", "in-service": "maintenance", "draining": "maintenance"}.get(state, state)
-
-
-def record_lifecycle(fleet: Fleet, out: dict[str, Outcome], warn: Any) -> None:
-    """Move each onboarded node through the lifecycle to where `lifecycle_target` says, one ledger transition per
-    step (reason: the gates passed, or the stage it was left out at). A ledger that cannot be written is a warning."""
-    from dataclasses import replace
-
-    from provisioner.ledger import LedgerError
-    from provisioner.ledger.view import lifecycle_context, open_ledger
-    from provisioner.lifecycle import Refused, path_to, transition
-
-    try:
-        with open_ledger(fleet) as ledger:  # the inventory's site: another rack's node01 is not this one
-            for h, o in out.items():
-                state = ledger.state(h)[0]
-                target = lifecycle_target(state, o.in_service)
-                why = (f"onboard: {', '.join(o.passed)} passed" if o.in_service
-                       else f"onboard: left out at {o.stage}: {'; '.join(o.problems)[:300] or 'failed'}")
-                try:
-                    for to in path_to(state, target) if target != state else ():
-                        ctx = replace(lifecycle_context(fleet, ledger, h), health_passed=o.in_service)
-                        res = transition(state, to, reason=why, host=h, force=True, context=ctx)
-                        ledger.record_transition(h, state, to, reason=res.reason, actor="onboard", forced=res.forced)
-                        state = to
-                except Refused as exc:
-                    warn(f"{h}: lifecycle not moved: {exc}")
-                o.lifecycle = state
-    except LedgerError as exc:
-        warn(f"the ledger was not written: {exc}")
-
-
 def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float,
                 say: Any) -> list[str]:
     """Stage 0: power on from the BMC what is off and wait for SSH (hosts with a bmc_address), then the firmware
@@ -137,8 +100,7 @@ def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout
     from provisioner.bmc.config import BmcConfigError
     from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, node_part, wanted_map
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
-    from provisioner.bmc.session import bmc_target, each, setup_vault
-    from provisioner.commands.power import wait_ssh
+    from provisioner.bmc.session import bmc_target, each, setup_vault, wait_ssh
     from provisioner.probes.firmware import read_nodes
 
     with_bmc = [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")]
@@ -321,7 +283,9 @@ def register(app: typer.Typer) -> None:
         _mark(fleet, out, timeout=min(timeout, 60.0), passed=stages)
         for o in out.values():
             o.passed = stages
-        record_lifecycle(fleet, out, lambda m: err.print(f"[yellow]warning:[/] {escape(m)}", highlight=False))
+        from provisioner.day2.executor import record_onboarding
+
+        record_onboarding(fleet, out, lambda m: err.print(f"[yellow]warning:[/] {escape(m)}", highlight=False))
 
         # 5. vLLM launch for the clusters of the hosts now in service (after the mark: the launch checks it)
         launch_dir = None

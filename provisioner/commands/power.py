@@ -34,42 +34,12 @@ class Boot(str, Enum):
     disk = "disk"
 
 
-def boot_id(fleet: Any, host: str, timeout: float) -> tuple[str | None, str | None]:
-    """(the host's boot id, None) over SSH (the preflight's connection settings), or (None, why not)."""
-    from provisioner.probes import ssh
-
-    r = ssh.run_one(ssh.target_for(fleet.hosts[host]), "cat /proc/sys/kernel/random/boot_id",
-                    timeout=max(1.0, timeout))
-    if r.ok and r.rc == 0 and r.stdout.strip():
-        return r.stdout.strip(), None
-    return None, r.error or f"exit {r.rc}: {r.stderr.strip()[:200]}"
-
-
-def wait_ssh(fleet: Any, host: str, deadline: float, *, not_boot: str | None = None, poll: float = 2.0) -> str:
-    """Wait until SSH answers (with another boot id than `not_boot`); the boot id, or BmcError at the deadline."""
-    import time
-
-    from provisioner.bmc.redfish import BmcError
-
-    why = "not tried"
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise BmcError(f"{host}: powered on, but SSH did not answer{' with a new boot id' if not_boot else ''} "
-                           f"in time ({why})")
-        bid, err = boot_id(fleet, host, min(left, 15.0))
-        if bid is not None and bid != not_boot:
-            return bid
-        why = err or "the old boot id: not restarted yet"
-        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
-
-
 def run(inventory: Path, args: list[str], *, yes: bool = False, boot: Boot | None = None, timeout: float = 300.0,
         forks: int = 16, fmt: Format = Format.text, vault_password_file: Path | None = None,
         ssh_wait: bool = True) -> int:
     from provisioner.bmc.config import BmcConfigError
     from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
-    from provisioner.bmc.session import before_after_table, bmc_target, each, select, setup_vault
+    from provisioner.bmc.session import before_after_table, bmc_target, boot_id, each, select, setup_vault, wait_ssh
     from provisioner.inventory import load_fleet
 
     if len(args) < 2 or args[-1] not in ACTIONS:

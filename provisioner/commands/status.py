@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,6 +16,9 @@ HELP = unwrap("""Show every host of INVENTORY: lifecycle state and since, cluste
 
 The states and runs come from the ledger (PROVISION_LEDGER, else ledger.sqlite3 in the runs directory: see
 docs/lifecycle.md); a host the ledger has never seen is `new`. A run whose process was killed reads `interrupted`.
+Under the table: the remediation breaker when open, the open incidents and the recommendations waiting for
+`provision remediate --approve ID` (JSON: `day2`).
+
 --html FILE also writes one self-contained page: the same table and each node's timeline of transitions, health
 passes and remediation steps.
 
@@ -61,13 +64,14 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.site import site_of
-    from provisioner.ledger.view import history, read_ledger, status_rows, unowned_warning, when
+    from provisioner.ledger.view import day2_view, history, read_ledger, status_rows, unowned_warning, when
 
     fleet = load_fleet(inventory)
     site = site_of(fleet)
     try:
         with read_ledger(site=site) as ledger:
             rows = status_rows(fleet, ledger)
+            day2 = day2_view(ledger)
             histories = {r["host"]: history(ledger, r["host"]) for r in rows} if html is not None else {}
             warning = unowned_warning(ledger)
         if warning:
@@ -88,11 +92,13 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
         from provisioner.reports.textfile import write_atomic
 
         try:
-            write_atomic(html, render(str(inventory), rows, histories, when, time.time()))
+            write_atomic(html, render(str(inventory), rows, histories, when, time.time(), day2=day2))
         except OSError as exc:
             raise UsageError(f"cannot write the HTML page: {exc.strerror or exc}", path=str(html)) from None
     if fmt is Format.json:
-        sys.stdout.write(json.dumps({"inventory": str(inventory), "site": site, "hosts": rows}, indent=2) + "\n")
+        brief = {k: v for k, v in day2.items() if k != "incidents"}
+        sys.stdout.write(json.dumps({"inventory": str(inventory), "site": site, "hosts": rows, "day2": brief},
+                                    indent=2) + "\n")
         return int(Exit.OK)
     from rich.console import Console
 
@@ -102,7 +108,25 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
 
     render_text(Console(highlight=False), f"fleet status: {printable(str(inventory))}",
            [{k: printable(v) for k, v in cells(r, when, cell).items()} for r in rows])  # text, never a control
+    for line in day2_lines(day2, when, str(inventory)):
+        sys.stdout.write(printable(line) + "\n")
     return int(Exit.OK)
+
+
+def day2_lines(day2: dict[str, Any], when: Any, inventory: str) -> list[str]:
+    """The breaker, open incidents and waiting recommendations under the table (nothing when there are none)."""
+    out = []
+    b = day2["breaker"]
+    if b["open"]:
+        out.append(f"remediation breaker: OPEN since {when(b['since'])}: {b['why']} (automatic take-outs stopped; "
+                   f"provision remediate {inventory} --close-breaker --reason WHY)")
+    for r in day2["open_incidents"]:
+        out.append(f"open incident #{r['id']}: {r['host']} since {when(r['detected'])} ({r['source']}): {r['cause']}")
+    for a in day2["recommended"]:
+        what = a["kind"] + (f" {a['step']}" if a["step"] else "")
+        out.append(f"recommended #{a['id']}: {a['host']}: {what} ({a['reason']}): provision remediate {inventory} "
+                   f"--approve {a['id']}")
+    return out
 
 
 def register(app: typer.Typer) -> None:

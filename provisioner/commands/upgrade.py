@@ -4,7 +4,6 @@ and return, recorded in the ledger so that a rerun resumes where it stopped."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,15 +30,6 @@ and closes it. Hosts outside any vLLM cluster are not touched (provision run --l
 Exit codes: 0 done (or nothing to abort), 1 refused, stopped or a return failed, 2 usage.""")
 
 
-def _with(xv: Any, **more: Any) -> Any:
-    """-e values plus `more` (a vaulted -e @FILE stays a file for ansible-playbook: runner.ExtraVars)."""
-    from provisioner.runner.config import copy_extra
-
-    out = copy_extra(xv)
-    out.update(more)
-    return out
-
-
 def _key(inventory: Path) -> str:
     return str(inventory.resolve())
 
@@ -50,103 +40,15 @@ def _models(fleet: Any) -> dict[str, str]:
     return {n: cluster_model(c, n) for n, c in fleet.clusters.items()}
 
 
-def _last_failure(ops: Any, default: str) -> str:
-    bad = [ln["line"] for ln in ops.lines if not ln["ok"]]
-    return bad[-1] if bad else default
-
-
-def _upgrade_batch(ops: Any, ledger: Any, rid: int, fleet: Any, batch: list[str], statuses: dict[str, tuple[str, str]],
-                   *, reason: str, force: bool, wait: float, wait_healthy: float, xv: dict[str, Any]) -> bool:
-    """One batch: drain, holders, the roles, return. False (after recording the cluster failed) when a step fails."""
-    from provisioner.commands.drain import drain_clusters, return_clusters
-    from provisioner.drain import plan
-    from provisioner.lifecycle import Refused
-    from provisioner.runner import make_progress, run_playbook
-
-    t0 = time.monotonic()
-    full = [c for c in batch if statuses[c][0] != "returning" and statuses[c][1] != "returning"]
-    step = "draining"
-
-    def failed(what: str, clusters: list[str]) -> bool:
-        ledger.rollout_step(rid, clusters, "failed", step=step, detail=what)
-        return False
-
-    try:
-        if full:
-            p = plan(fleet, full)
-            members = list(p.hosts)
-            ledger.rollout_step(rid, full, "draining")
-            if not drain_clusters(ops, p, reason=reason, force=force, wait=wait):
-                return failed(_last_failure(ops, "the drain failed"), full)
-            step = "holders"
-            if not ops.holders(members):
-                return failed(_last_failure(ops, "a process holds /dev/nvidia*"), full)
-            step = "upgrading"
-            ledger.rollout_step(rid, full, "upgrading")
-            t1 = time.monotonic()
-            r = run_playbook(ops.inventory, command="upgrade", limit=",".join(members), skip_tags="vllm",
-                             extravars=_with(xv, provision_allow_reboot=True), progress=make_progress("none"),
-                             fleet=fleet)
-            bad = r.failed_hosts + r.unreachable_hosts
-            ok = not r.error and not bad and r.rc in (0, None)
-            changed = sorted(n for n, h in r.hosts.items() if h.state == "changed")
-            rebooted = sorted(n for n, h in r.hosts.items() if h.rebooted)
-            ops.say("upgrade", f"{', '.join(full)}: roles applied on {', '.join(members)} in "
-                    f"{time.monotonic() - t1:.1f} s (changed: {', '.join(changed) or 'none'}; rebooted: "
-                    f"{', '.join(rebooted) or 'none'})" if ok else
-                    f"{', '.join(full)}: the roles FAILED on {', '.join(bad) or 'the play'} "
-                    f"({r.error or 'see the run'}; run dir {r.run_dir})", ok=ok,
-                    seconds=round(time.monotonic() - t1, 1))
-            if not ok:
-                return failed(_last_failure(ops, "the roles failed"), full)
-            from provisioner.tiers import record_run
-
-            warning = record_run(fleet, r, skip_tags="vllm", extra={"provision_allow_reboot": True, **xv})
-            if warning:
-                ops.say("note", warning)
-        step = "returning"
-        ledger.rollout_step(rid, batch, "returning")
-        if not return_clusters(ops, plan(fleet, batch), reason=reason, wait_healthy=wait_healthy):
-            return failed(_last_failure(ops, "the return failed"), batch)
-    except Refused as exc:
-        ops.say("refused", f"refused: {exc}", ok=False)
-        return failed(f"refused: {exc}", batch)
-    ledger.rollout_step(rid, batch, "done", seconds=round(time.monotonic() - t0, 1))
-    return True
-
-
-def _abort(ops: Any, ledger: Any, fleet: Any, ro: Any, wait_healthy: float) -> bool:
-    from provisioner.commands.drain import return_clusters
-    from provisioner.drain import plan
-    from provisioner.lifecycle import Refused
-
-    out = [c.cluster for c in ro.clusters if c.status not in ("pending", "done") and c.cluster in fleet.clusters]
-    ok = True
-    if out:
-        ops.say("abort", f"abort: returning {', '.join(out)}")
-        try:
-            ok = return_clusters(ops, plan(fleet, out), reason=f"rollout {ro.id} aborted", wait_healthy=wait_healthy)
-        except Refused as exc:
-            ops.say("refused", f"refused: {exc}", ok=False)
-            ok = False
-    done = [c.cluster for c in ro.clusters if c.status == "done"]
-    ledger.rollout_ended(ro.id, "aborted", "aborted" + ("" if ok else f": {_last_failure(ops, 'a return failed')}"))
-    ops.say("aborted", f"rollout {ro.id} aborted: {len(done)} cluster(s) had been upgraded "
-            f"({', '.join(done) or 'none'})" + (f", {', '.join(out)} returned" if out and ok else "") +
-            ("" if ok else "; what could not return stays drained (provision status)"), ok=ok)
-    return ok
-
-
 def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int = 1, abort: bool = False,
         force: bool = False, reason: str | None = None, wait: float = 120.0, wait_healthy: float = 900.0,
         fmt: Format = Format.text) -> int:
     from provisioner.commands.common import extra_vars, validate
-    from provisioner.commands.drain import _user
+    from provisioner.day2.executor import Ops, abort_rollout, actor_user, dumps, roll
+    from provisioner.day2.rollout import members_that_balance, spec_digest
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
-    from provisioner.rollout import members_that_balance, spec_digest
-    from provisioner.serving_ops import Ops, dumps
     from provisioner.tiers import host_inputs
 
     if max_unavailable < 1:
@@ -176,7 +78,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         with open_ledger(fleet) as ledger:
             key = ledger.digest_key()  # the ledger's one key (the spec digest is recorded there)
             digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
-            ops = Ops(inventory, fleet, ledger, actor=_user(), quiet=fmt is Format.json, extravars=xv,
+            ops = Ops(inventory, fleet, ledger, actor=actor_user(), quiet=fmt is Format.json, extravars=xv,
                       command="upgrade")
             rid: int | None = None
             order: list[str] = []
@@ -200,7 +102,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
                     ops.say("abort", f"no rollout of {inventory} to abort")
                     rid = None
                 else:
-                    ok = _abort(ops, ledger, fleet, ro, wait_healthy)
+                    ok = abort_rollout(ops, ledger, fleet, ro, wait_healthy)
                     rid = ro.id
             else:
                 if ro is None:
@@ -217,7 +119,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
                     ops.say("rollout", f"rollout {rid} resumed ({ro.status}): {len(ro.clusters) - len(left)} done, "
                             f"left: {', '.join(left)}", rollout=rid)
                 assert rid is not None
-                ok = _roll(ops, ledger, rid, fleet, models, max_unavailable=max_unavailable, force=force,
+                ok = roll(ops, ledger, rid, fleet, models, max_unavailable=max_unavailable, force=force,
                            reason=f"upgrade: {why}", wait=wait, wait_healthy=wait_healthy, xv=xv)
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
@@ -230,7 +132,7 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
 def _refusal(ro: Any, inventory: Path, *, digest: str, abort: bool, force: bool, models: dict[str, str]) -> str | None:
     """Why this upgrade may not start or resume (one line), given the site's open rollout `ro`; None: it may. Pure."""
     from provisioner.hoststate import KEYED
-    from provisioner.rollout import single_model_clusters
+    from provisioner.day2.rollout import single_model_clusters
 
     if ro is not None and ro.status == "running":
         return f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})"
@@ -250,41 +152,6 @@ def _refusal(ro: Any, inventory: Path, *, digest: str, abort: bool, force: bool,
         return (f"refused: cluster {c} is the only one serving {m}: a rolling upgrade would stop the model (add "
                 "--force to upgrade it anyway)")
     return None
-
-
-def _roll(ops: Any, ledger: Any, rid: int, fleet: Any, models: dict[str, str], *, max_unavailable: int, force: bool,
-          reason: str, wait: float, wait_healthy: float, xv: dict[str, Any]) -> bool:
-    """Batch after batch until every cluster is done (True) or a step fails or nothing may go out (False)."""
-    from provisioner.ledger.view import serving_clusters as serving
-    from provisioner.rollout import next_batch, progress
-
-    t0 = time.monotonic()
-    while True:
-        ro = ledger.rollout(rid)
-        statuses = {c.cluster: (c.status, c.step or "") for c in ro.clusters}
-        pending = sorted((c for c in ro.clusters if c.status != "done"), key=lambda c: (c.status == "pending",
-                                                                                        c.position))
-        if not pending:
-            ledger.rollout_ended(rid, "done")
-            ops.say("done", f"rollout {rid} done: {len(statuses)} cluster(s) upgraded in "
-                    f"{time.monotonic() - t0:.1f} s", seconds=round(time.monotonic() - t0, 1))
-            return True
-        batch, why = next_batch([c.cluster for c in pending], models, serving(fleet, ledger), max_unavailable,
-                                force=force)
-        if not batch:
-            ledger.rollout_ended(rid, "stopped", why)
-            ops.say("stopped", f"rollout {rid} stopped: {why}", ok=False)
-            return False
-        ops.say("batch", f"upgrading {', '.join(batch)}", clusters=batch)
-        if not _upgrade_batch(ops, ledger, rid, fleet, batch, statuses, reason=reason, force=force, wait=wait,
-                              wait_healthy=wait_healthy, xv=xv):
-            detail = _last_failure(ops, "a step failed")
-            ledger.rollout_ended(rid, "stopped", detail)
-            ops.say("stopped", f"rollout {rid} stopped at {', '.join(batch)}: {detail}; the cluster stays out of "
-                    "service: fix it and rerun the same command to resume, or --abort", ok=False)
-            return False
-        now = {c.cluster: c.status for c in ledger.rollout(rid).clusters}
-        ops.say("progress", f"rollout {rid}: {progress(now, models, serving(fleet, ledger))}")
 
 
 Inv = Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)]

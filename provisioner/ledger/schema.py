@@ -152,6 +152,71 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     );
     """,
+    # 7: day-2 automation (issue 44): every automated action with its source, mode and outcome (a rail that held
+    # it; a recommendation waiting for --approve), the alert keys already acted on (idempotency), the circuit
+    # breaker's openings and closings, and incidents (detected -> quarantined -> drained -> steps -> returned or
+    # marked for replacement), one row each with its timestamps
+    """
+    CREATE TABLE day2_actions (
+        id         INTEGER PRIMARY KEY,
+        site       TEXT NOT NULL DEFAULT '',
+        at         REAL NOT NULL,
+        host       TEXT NOT NULL,
+        kind       TEXT NOT NULL,            -- quarantine, replace, remediate, gate, return, restart_cluster
+        step       TEXT,
+        "check"    TEXT,
+        cluster    TEXT,
+        model      TEXT,
+        reason     TEXT NOT NULL,
+        source     TEXT NOT NULL,            -- operator, timer, alert
+        mode       TEXT NOT NULL,            -- observe, recommend, act
+        status     TEXT NOT NULL,            -- observed, recommended, approved, done, failed, blocked, stale
+        rail       TEXT,                     -- breaker, flap, cooldown, rate, floor (blocked)
+        detail     TEXT,
+        alert_key  TEXT,
+        incident   INTEGER,
+        decided_by TEXT,                     -- who approved it
+        decided_at REAL
+    );
+    CREATE INDEX day2_actions_site ON day2_actions (site, id);
+    CREATE INDEX day2_actions_site_at ON day2_actions (site, at);
+    CREATE INDEX day2_actions_site_host ON day2_actions (site, host, id);
+    CREATE TABLE alert_keys (
+        site   TEXT NOT NULL,
+        key    TEXT NOT NULL,
+        at     REAL NOT NULL,
+        host   TEXT,
+        outcome TEXT,
+        PRIMARY KEY (site, key)
+    );
+    CREATE TABLE breaker_events (
+        id     INTEGER PRIMARY KEY,
+        site   TEXT NOT NULL DEFAULT '',
+        at     REAL NOT NULL,
+        state  TEXT NOT NULL,                -- open, closed
+        why    TEXT NOT NULL,
+        actor  TEXT NOT NULL,
+        source TEXT
+    );
+    CREATE INDEX breaker_events_site ON breaker_events (site, id);
+    CREATE TABLE incidents (
+        id          INTEGER PRIMARY KEY,
+        site        TEXT NOT NULL DEFAULT '',
+        host        TEXT NOT NULL,
+        cluster     TEXT,
+        source      TEXT NOT NULL,
+        cause       TEXT NOT NULL,
+        signal      REAL NOT NULL,           -- when the signal was seen (the health pass, the alert's start)
+        detected    REAL NOT NULL,           -- when the loop decided to act
+        quarantined REAL,
+        drained     REAL,
+        returned    REAL,
+        replaced    REAL,
+        status      TEXT NOT NULL DEFAULT 'open',  -- open, returned, replaced
+        steps       TEXT NOT NULL DEFAULT '[]'     -- JSON: [{step, at, outcome}]
+    );
+    CREATE INDEX incidents_site_host ON incidents (site, host, id);
+    """,
 )
 
 #: The version a database opened by this code ends at.

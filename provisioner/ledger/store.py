@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provisioner.ledger.day2 import Day2Records
 from provisioner.ledger.schema import MIGRATIONS, VERSION
 
 
@@ -197,7 +198,7 @@ def _private_file(where: str) -> None:
         pass
 
 
-class Ledger:
+class Ledger(Day2Records):
     """One open ledger. `Ledger.open(path)` creates the file and migrates the schema; use as a context manager or
     call close(). Every write method is one transaction."""
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from provisioner.ledger.store import Ledger
 
 if TYPE_CHECKING:
-    from provisioner.lifecycle import Context
+    from provisioner.day2.lifecycle import Context
     from provisioner.model import Fleet
 
 
@@ -174,7 +174,7 @@ def serving_clusters(fleet: Fleet, ledger: Ledger) -> set[str]:
 def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
     """The lifecycle rules' context for `host`: its health gate, its cluster, every cluster's model and members,
     every host's state."""
-    from provisioner.lifecycle import ClusterInfo, Context
+    from provisioner.day2.lifecycle import ClusterInfo, Context
 
     states = ledger.states()
     since = states.get(host, ("new", None))[1]
@@ -201,3 +201,17 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
             "runs": runs,
             "remediations": [{"step": s.step, "outcome": s.outcome, "detail": s.detail, "at": s.at, "actor": s.actor}
                              for s in ledger.remediations(host)]}
+
+
+def day2_view(ledger: Ledger) -> dict[str, Any]:
+    """The day-2 automation as status shows it: the breaker, open incidents (with their durations so far), the
+    recommendations waiting for --approve, and every incident's row (provisioner/day2/incidents.py)."""
+    from provisioner.day2.incidents import rows
+
+    ev, closed = ledger.breaker()
+    table = rows(ledger.incidents())
+    rec = [{"id": a.id, "at": a.at, "host": a.host, "kind": a.kind, "step": a.step, "reason": a.reason,
+            "source": a.source} for a in ledger.actions(status="recommended")]
+    return {"breaker": {"open": ev is not None, "why": ev.why if ev else None, "since": ev.at if ev else None,
+                        "closed_at": closed or None},
+            "open_incidents": [r for r in table if r["status"] == "open"], "recommended": rec, "incidents": table}

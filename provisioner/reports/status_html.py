@@ -1,5 +1,6 @@
-"""`provision status --html FILE`: the fleet table and each node's timeline (transitions, health passes,
-remediation records) as one self-contained page: inline CSS, no script, no external asset, every value escaped."""
+"""`provision status --html FILE`: the remediation breaker and open incidents at the top, the fleet table, the
+incidents' distributions and each node's timeline (transitions, health passes, remediation records) as one
+self-contained page: inline CSS, no script, no external asset, every value escaped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ th{background:#f3f3f3}.state{font-weight:600}.quarantined,.fail,.failed{color:#b
 ol.timeline{list-style:none;padding-left:1em;border-left:3px solid #ddd}ol.timeline li{margin:.3em 0}
 .when{color:#666;font-family:monospace;margin-right:.6em}
 .seen.unreachable,.seen.error{color:#b00}.seen.yes{color:#070}
+.breaker{border:2px solid #b00;background:#fee;padding:.6em 1em;font-weight:600}
 """
 
 
@@ -41,9 +43,61 @@ def events(history: Mapping[str, Any]) -> list[tuple[float, str, str, str]]:
     return sorted(out, key=lambda e: e[0])
 
 
+def _secs(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.1f} s"
+
+
+def day2_top(day2: Mapping[str, Any] | None, when: Any) -> list[str]:
+    """The breaker (when open), the open incidents and the recommendations waiting for --approve."""
+    if not day2:
+        return []
+    out = []
+    b = day2["breaker"]
+    if b["open"]:
+        out.append(f'<p class="breaker" id="breaker">remediation breaker OPEN since {_e(when(b["since"]))}: '
+                   f"{_e(b['why'])} (automatic take-outs stopped until provision remediate --close-breaker)</p>")
+    inc = day2["open_incidents"]
+    out.append(f'<h2>open incidents ({len(inc)})</h2>')
+    if inc:
+        out.append('<table id="open-incidents"><thead><tr><th>#</th><th>host</th><th>cluster</th><th>source</th>'
+                   "<th>cause</th><th>detected</th><th>to detect</th><th>to drain</th></tr></thead><tbody>")
+        for r in inc:
+            out.append(f'<tr data-incident="{_e(r["id"])}"><td>{_e(r["id"])}</td><td>{_e(r["host"])}</td>'
+                       f"<td>{_e(r['cluster'])}</td><td>{_e(r['source'])}</td><td>{_e(r['cause'])}</td>"
+                       f"<td>{_e(when(r['detected']))}</td><td>{_secs(r['detect_s'])}</td>"
+                       f"<td>{_secs(r['drain_s'])}</td></tr>")
+        out.append("</tbody></table>")
+    if day2["recommended"]:
+        out.append('<h2>recommended, waiting for --approve</h2><ul id="recommended">')
+        for a in day2["recommended"]:
+            what = a["kind"] + (f" {a['step']}" if a["step"] else "")
+            out.append(f"<li>#{_e(a['id'])} {_e(a['host'])}: {_e(what)} ({_e(a['reason'])})</li>")
+        out.append("</ul>")
+    return out
+
+
+def distributions(day2: Mapping[str, Any] | None) -> list[str]:
+    """The incidents' time to detect, drain, return and between incidents: count, p50, p99, max."""
+    if not day2 or not day2.get("incidents"):
+        return []
+    from provisioner.day2.incidents import distributions as dist
+
+    d = dist(day2["incidents"])
+    out = ['<h2>incidents: distributions</h2><table id="incident-distributions"><thead><tr><th>time</th>'
+           "<th>count</th><th>p50</th><th>p99</th><th>max</th></tr></thead><tbody>"]
+    for name in ("detect", "drain", "return", "between"):
+        x = d[name]
+        out.append(f'<tr data-metric="{name}"><td>{"to " + name if name != "between" else "between incidents"}'
+                   f"</td><td>{x['count']}</td><td>{_secs(x['p50'])}</td><td>{_secs(x['p99'])}</td>"
+                   f"<td>{_secs(x['max'])}</td></tr>")
+    out.append("</tbody></table>")
+    return out
+
+
 def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping[str, Mapping[str, Any]],
-           when: Any, generated: float) -> str:
-    """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter."""
+           when: Any, generated: float, day2: Mapping[str, Any] | None = None) -> str:
+    """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter; `day2`:
+    view.day2_view() (the breaker, open incidents, recommendations, incidents)."""
     rows = list(rows)
     from provisioner.probes.seen import cell
 
@@ -51,6 +105,7 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>fleet status: {_e(inventory)}</title><style>{CSS}</style></head><body>",
            f"<h1>fleet status: {_e(inventory)}</h1>", f"<p>generated {_e(when(generated))}</p>",
+           *day2_top(day2, when),
            '<table id="status"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"]
     for r in rows:
         last, health, drift = r["last_run"], r["health"], r["drift"]
@@ -70,6 +125,7 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
             cells.append(f'<td class="seen {word}"{tip}>{_e(text)}</td>')
         out.append(f'<tr data-host="{_e(r["host"])}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
+    out += distributions(day2)
     for r in rows:
         host = r["host"]
         out.append(f'<section id="node-{_cls(host)}"><h2>{_e(host)}: {_e(r["state"])}</h2>')

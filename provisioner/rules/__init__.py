@@ -68,6 +68,7 @@ def rule(code: str, title: str) -> Callable[[RuleFn], RuleFn]:
 def _load_all() -> None:
     from provisioner.rules import cluster, env, firmware, flags, hardware, memory, nccl, nvlink, supply, text, types  # noqa: F401,E501
     from provisioner.rules import lifecycle as _lifecycle  # noqa: F401
+    from provisioner.rules import rails as _rails  # noqa: F401
 
 
 def run_rules(fleet: Fleet, ctx: RuleContext | None = None) -> list[Finding]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from provisioner.day2.policy import HARD_CHECKS, POLICY_KEYS, REPLACE_KEYS, STEPS
 from provisioner.model import Fleet
-from provisioner.remediation import HARD_CHECKS, POLICY_KEYS, REPLACE_KEYS, STEPS
 from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
 from provisioner.rules.context import RuleContext

@@ -243,3 +243,13 @@ def test_two_upgrades_started_at_once_the_second_is_refused_naming_the_first(pg_
         b.stdout + b.stderr
     for out in (a.stdout, a.stderr, b.stdout, b.stderr):
         assert PASSWORD not in out and "Traceback" not in out
+def test_day2_records_and_one_alert_key_claimed_once(pg_url: str) -> None:
+    """Schema 7 on PostgreSQL: the same exercise as on SQLite (tests/support/day2_ledger.py), another site sees none
+    of it, and two controllers claiming one alert key act once (the advisory lock)."""
+    from tests.support.day2_ledger import exercise, other_site_sees_nothing, race_alert_key
+
+    with Ledger.open(pg_url, site="day2-a") as lg:
+        exercise(lg)
+    with Ledger.open(pg_url, site="day2-b") as lg:
+        other_site_sees_nothing(lg)
+    assert race_alert_key(lambda: Ledger.open(pg_url, site="day2-a"), "fp:race") == [False, True]

@@ -39,6 +39,8 @@ POLICY = {"quarantine_on": ["ecc", "xid", "fabricmanager", "ib"], "remediation":
 CLUSTER = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8,
            "pipeline_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 64}
 REMAP = "GPU 3: row remap pending (reset the GPU)"
+OPEN_RAILS = {"mode": "act", "breaker_share": 1.0, "breaker_model_share": 1.0, "actions_per_hour": 100,
+              "cooldown_s": 0, "soft_checks": [], "min_serving_clusters": 0}
 
 
 def _open(db: Path) -> Ledger:
@@ -57,6 +59,8 @@ def site(tmp_path: Path) -> dict[str, Path]:
         "ansible_ssh_common_args": "-o ConnectTimeout=3", "lifecycle_policy": POLICY}))
     for c in ("c1", "c2"):
         (inv / "group_vars" / f"{c}.yml").write_text(yaml.safe_dump({"vllm_cluster": CLUSTER}))
+    # these tests are about the policy's decisions: the rails act and hold nothing here (tests/unit/test_rails.py)
+    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump({"remediation_rails": OPEN_RAILS}))
     (inv / "host_vars" / "n4.yml").write_text(yaml.safe_dump(
         {"lifecycle_policy": {**POLICY, "replace_after": {"quarantines": 1, "window_days": 30}}}))
     db = tmp_path / "ledger.sqlite3"

@@ -314,7 +314,9 @@ def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
     execs = [ln for ln in rem.splitlines() if ln.startswith("ExecStart=")]
     bin_ = next(ln for ln in service.splitlines() if ln.startswith("ExecStart=")).split()[0].removeprefix("ExecStart=")
     assert execs == [f"ExecStart=-{bin_} health /srv/inv/rack-a.ini --prometheus {textfiles}/provisioner_health.prom",
-                     f"ExecStart={bin_} remediate /srv/inv/rack-a.ini"], rem
+                     f"ExecStart={bin_} remediate /srv/inv/rack-a.ini --source timer"], rem
+    assert f"ExecStopPost=-{bin_} incidents /srv/inv/rack-a.ini --prometheus {textfiles}/provisioner_incidents.prom" \
+        in rem.splitlines(), rem
     assert "After=network-online.target provision-drift.service" in rem
     assert "OnCalendar=*-*-* 03:30:00" in (units / "provision-remediate.timer").read_text()
     r = run_playbook(inv, playbook=PLAYBOOKS / "drift_timer.yml", runs_dir=tmp_path / "runs",

@@ -2,8 +2,8 @@
 check: process A is held right after its check said yes; B is started and released only once it has made its own
 check (no atomic check-and-write: both drain, the bug of issue 43) or announced that it waits for the ledger's
 write transaction (`Ledger.atomic`: A holds it); then both go on. No sleep orders anything: each step waits for a
-file the other side writes. The hooks wrap `provisioner.lifecycle.transition` and, where it exists, `Ledger.atomic`
-from outside (a wrapper script), so the same test runs against code with or without the fix."""
+file the other side writes. The hooks wrap `provisioner.day2.lifecycle.transition` and, where it exists,
+`Ledger.atomic` from outside (a wrapper script), so the same test runs against code with or without the fix."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ GROUP_VARS = {"c1": {"vllm_cluster": {**CLUSTER, "port": 8000}}, "c2": {"vllm_cl
 WRAPPER = r'''
 import os, sys, time
 from pathlib import Path
-import provisioner.lifecycle as lc
+import provisioner.day2.lifecycle as lc
 from provisioner.ledger.store import Ledger
 
 sig, me = Path(os.environ["RACE_DIR"]), os.environ["RACE_NAME"]

@@ -1,4 +1,4 @@
-"""Drain/return planning (provisioner/drain.py) and the refusals `provision drain` / `return` give before they
+"""Drain/return planning (provisioner/day2/drain.py) and the refusals `provision drain` / `return` give before they
 touch a node (in-process, the ledger in tmp_path)."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cli_inproc import provision
 from inventory_factory import write_inventory
-from provisioner.drain import drained_list, inflight, plan
+
+from provisioner.day2.drain import drained_list, inflight, plan
 from provisioner.errors import UsageError
 from provisioner.inventory import load_fleet
 from provisioner.ledger import Ledger
@@ -102,7 +102,7 @@ def test_return_refuses_a_node_that_never_served_and_usage_errors(inv: Path, tmp
 
 
 def test_rewrite_conf_renders_a_drained_head_as_the_template_does() -> None:
-    from provisioner.drain import rewrite_conf
+    from provisioner.day2.drain import rewrite_conf
 
     conf = ("upstream vllm_model_0 {\n    server 198.18.1.11:8000 max_fails=3 fail_timeout=10s;  # node01\n"
             "    server 198.18.1.13:8000 max_fails=3 fail_timeout=10s;  # node03\n}\n")
@@ -117,7 +117,7 @@ def test_rewrite_conf_renders_a_drained_head_as_the_template_does() -> None:
 def test_the_balancer_step_over_ssh_uses_the_roles_paths(tmp_path: Path) -> None:
     """direct_paths resolves serving_lb's defaults with the balancer's own variables, as the role does, and sends
     the active health check and non-absolute paths to the playbook."""
-    from provisioner.drain import direct_paths
+    from provisioner.day2.drain import direct_paths
 
     base = load_fleet(write_inventory(tmp_path / "a", ini=INI, group_vars={"all": {"vllm_cluster": C}}))
     assert direct_paths(base, "lb1") == ("/var/lib/vllm-lb/drained", "/etc/nginx/conf.d/vllm-lb.conf")

@@ -74,13 +74,14 @@ def test_the_site_is_provision_site_else_the_resolved_path(tmp_path: Path) -> No
 def test_two_racks_with_node01_keep_apart(checkout: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's scenario: onboarding/marking the second rack leaves the first's never-onboarded node01 alone;
     each status and history shows its own runs only; a run on one keeps the other's recorded state."""
-    from provisioner.commands.onboard import Outcome, record_lifecycle
+    from provisioner.commands.onboard import Outcome
+    from provisioner.day2.executor import record_onboarding
 
     a, b, db = checkout["a"], checkout["b"], checkout["db"]
     monkeypatch.setenv("PROVISION_LEDGER", str(db))
     warnings: list[str] = []
     fleet_b = load_fleet(b)  # type: ignore[arg-type]
-    record_lifecycle(fleet_b, {"node01": Outcome(host="node01", in_service=True, passed=["health"])},
+    record_onboarding(fleet_b, {"node01": Outcome(host="node01", in_service=True, passed=["health"])},
                      warnings.append)
     assert warnings == []
     r = provision("node", str(b), "node02", "--state", "provisioning", "--reason", "racked", env=checkout["env"])

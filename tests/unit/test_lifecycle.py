@@ -1,4 +1,4 @@
-"""provisioner/lifecycle.py: every pair of states is either allowed (and yields a Result) or refused (one line);
+"""provisioner/day2/lifecycle.py: every pair of states is either allowed (and yields a Result) or refused (one line);
 the two rule refusals: into in-service without a passed health gate, draining the last serving cluster."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from provisioner.lifecycle import ALLOWED, STATES, ClusterInfo, Context, Refused, transition
+from provisioner.day2.lifecycle import ALLOWED, STATES, ClusterInfo, Context, Refused, transition
 
 EXPECTED = {
     ("new", "provisioning"), ("new", "retired"),
@@ -109,7 +109,7 @@ def test_a_single_model_cluster_is_its_models_last() -> None:
     ("burn-in", "burn-in", ()),
 ])
 def test_path_to_is_the_shortest_chain_of_allowed_transitions(start: str, target: str, chain: tuple[str, ...]) -> None:
-    from provisioner.lifecycle import path_to
+    from provisioner.day2.lifecycle import path_to
 
     assert path_to(start, target) == chain
     state = start
@@ -119,7 +119,7 @@ def test_path_to_is_the_shortest_chain_of_allowed_transitions(start: str, target
 
 
 def test_path_to_out_of_retired_is_refused() -> None:
-    from provisioner.lifecycle import path_to
+    from provisioner.day2.lifecycle import path_to
 
     with pytest.raises(Refused, match="no lifecycle path from retired to in-service"):
         path_to("retired", "in-service")
@@ -131,6 +131,6 @@ def test_path_to_out_of_retired_is_refused() -> None:
     ("quarantined", False, "quarantined"),
 ])
 def test_onboarding_moves_a_node_to_in_service_or_out_of_it(state: str, passed: bool, target: str) -> None:
-    from provisioner.commands.onboard import lifecycle_target
+    from provisioner.day2.lifecycle import lifecycle_target
 
     assert lifecycle_target(state, passed) == target

@@ -111,7 +111,7 @@ def test_probe_free_text_is_one_bounded_line() -> None:
 
 
 def test_inflight_reads_numbers_only() -> None:
-    from provisioner.drain import inflight
+    from provisioner.day2.drain import inflight
 
     text = ('vllm:num_requests_running{model="m"} abc\nvllm:num_requests_waiting{model="m"} NaN\n'
             'vllm:num_requests_running{model="m"} 3\nvllm:num_requests_waiting{model="m"} +Inf\n')

@@ -1,10 +1,10 @@
-"""The quarantine/remediation decision (provisioner/remediation.py): pure, failing and passing inputs."""
+"""The quarantine/remediation decision (provisioner/day2/policy.py): pure, failing and passing inputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from provisioner.remediation import Facts, Health, Policy, Step, decide, policy_of
+from provisioner.day2.policy import Facts, Health, Policy, Step, decide, policy_of
 
 DAY = 86400.0
 NOW = 100 * DAY

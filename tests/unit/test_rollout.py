@@ -1,4 +1,4 @@
-"""The rolling upgrade's pure parts (provisioner/rollout.py) and its ledger records: batches never take out the
+"""The rolling upgrade's pure parts (provisioner/day2/rollout.py) and its ledger records: batches never take out the
 last cluster serving a model, the progress line, the spec digest, and a rollout whose process died reading
 `interrupted` (resumable) in the ledger."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from provisioner.day2.rollout import members_that_balance, next_batch, progress, single_model_clusters, spec_digest
 from provisioner.ledger import Ledger
 from provisioner.ledger.site import path_site
-from provisioner.rollout import members_that_balance, next_batch, progress, single_model_clusters, spec_digest
 
 DEAD_PID = 2**31 - 2
 MODELS = {"a1": "llama", "a2": "llama", "a3": "llama", "b1": "qwen", "b2": "qwen"}

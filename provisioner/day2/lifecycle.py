@@ -151,3 +151,11 @@ def path_to(current: str, target: str) -> tuple[str, ...]:
         chain.append(s)
         s = prev[s]
     return tuple(reversed(chain))
+
+
+def lifecycle_target(state: str, in_service: bool) -> str:
+    """Where onboarding moves a node in the ledger: in-service when it passed; when it failed, provisioning from
+    new, maintenance from in-service or draining (its mark was removed), else where it is. Pure."""
+    if in_service:
+        return "in-service"
+    return {"new": "provisioning", "in-service": "maintenance", "draining": "maintenance"}.get(state, state)
