@@ -131,8 +131,8 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
 
 def _refusal(ro: Any, inventory: Path, *, digest: str, abort: bool, force: bool, models: dict[str, str]) -> str | None:
     """Why this upgrade may not start or resume (one line), given the site's open rollout `ro`; None: it may. Pure."""
-    from provisioner.hoststate import KEYED
     from provisioner.day2.rollout import single_model_clusters
+    from provisioner.hoststate import KEYED
 
     if ro is not None and ro.status == "running":
         return f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})"
