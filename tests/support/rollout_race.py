@@ -39,7 +39,7 @@ WRAPPER = r'''
 import os, sys, time
 from pathlib import Path
 from provisioner.ledger.store import Ledger
-import provisioner.commands.upgrade as up
+import provisioner.day2.executor as executor
 
 sig, me = Path(os.environ["RACE_DIR"]), os.environ["RACE_NAME"]
 
@@ -71,7 +71,7 @@ def roll(ops, ledger, rid, *a, **kw):  # no node is touched: A stays alive and r
     if me == "A":
         hold("rolling")
     return True
-up._roll = roll
+executor.roll = roll  # `provision upgrade` imports it from the day-2 executor when it runs
 
 from provisioner.cli import main
 sys.argv = ["provision", *sys.argv[1:]]
