@@ -67,6 +67,7 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
     nodes = [h.name for h in fleet.gpu_nodes]
     records = ledger.records(nodes)
     now = time.time() if now is None else now
+    slow = burnin_slow(fleet, ledger)
     rows = []
     for host in nodes:
         state, since = states.get(host, ("new", None))
@@ -86,9 +87,37 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
             "drift": None if drift is None else {
                 "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
                 "items": len(ledger.drift_items(drift[0].id, host))},
+            "burnin": burnin_row(ledger, host),
+            "slow": [{"metric": x.metric, "value": x.value, "median": x.median, "gap": x.gap, "message": x.message}
+                     for x in slow if x.host == host],
             **recorded_seen(ledger, host, records.get(host), now),
         })
     return rows
+
+
+def burnin_row(ledger: Ledger, host: str) -> dict[str, Any] | None:
+    """The newest burn-in of `host`: run, tier, when, outcome, failed checks as `check[gpuN] CODE`."""
+    last = ledger.burnin_last(host)
+    if last is None:
+        return None
+    failed = [r["check"] + ("" if r["gpu"] < 0 else f"[gpu{r['gpu']}]") + (" " + r["code"] if r["code"] else "")
+              for r in ledger.burnin(host, int(last["run"])) if r["result"] == "fail"]
+    return {"run": last["run"], "tier": last["tier"], "ended": last["ended"], "result": last["status"],
+            "failed": failed}
+
+
+def burnin_slow(fleet: Fleet, ledger: Ledger) -> list[Any]:
+    """The slow nodes (provisioner.burnin.slow_nodes) among the fleet's GPU nodes, from each node's newest burn-in:
+    its slowest GPU's figure per metric against its GPU model's fleet median."""
+    from provisioner.burnin import slow_nodes, slow_settings
+
+    figures = ledger.burnin_figures()
+    nodes = {h.name: h for h in fleet.gpu_nodes}
+    have = {h: (str(nodes[h].gpu_model), f) for h, f in figures.items() if h in nodes}
+    if not have:
+        return []
+    fraction, min_sample = slow_settings(next(iter(nodes.values())).vars if nodes else None)
+    return slow_nodes(have, fraction=fraction, min_sample=min_sample)
 
 
 #: The driver packages whose installed version stands for the driver, most telling first (roles/nvidia_driver).

@@ -32,6 +32,8 @@ def events(history: Mapping[str, Any]) -> list[tuple[float, str, str, str]]:
         forced = " (forced)" if t["forced"] else ""
         out.append((t["at"], "transition", t["to"], f"{t['from']} -> {t['to']}{forced} by {t['actor']}: {t['reason']}"))
     for r in history["runs"]:
+        if r["command"] == "burn-in":
+            out.append((r["started"], "burn-in", r["outcome"] or "-", f"burn-in #{r['id']}: {r['outcome']}"))
         if r["command"] == "health":
             bad = f" (failed: {', '.join(r['failed_checks'])})" if r["failed_checks"] else ""
             out.append((r["started"], "health", r["outcome"] or "-", f"health #{r['id']}: {r['outcome']}{bad}"))
@@ -41,13 +43,26 @@ def events(history: Mapping[str, Any]) -> list[tuple[float, str, str, str]]:
     return sorted(out, key=lambda e: e[0])
 
 
+def burnin_cell(r: Mapping[str, Any], when: Any) -> str:
+    """The burn-in column: the newest tier, its outcome and failed checks; a slow node's metric and gap (the text
+    is node data: escaped)."""
+    bi = r.get("burnin")
+    text = "-" if bi is None else f"{bi['tier']} {when(bi['ended'])}: {bi['result']}" + (
+        f" ({', '.join(bi['failed'][:4])})" if bi["failed"] else "")
+    slow = r.get("slow") or []
+    for s in slow:
+        text += f"; SLOW {s['metric']} -{100 * s['gap']:.1f}%"
+    cls = "slow" if slow else (_cls(bi["result"]) if bi else "")
+    return f'<td class="{cls}">{_e(text)}</td>'
+
+
 def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping[str, Mapping[str, Any]],
            when: Any, generated: float) -> str:
     """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter."""
     rows = list(rows)
     from provisioner.probes.seen import cell
 
-    head = ("host", "state", "since", "cluster", "last run", "health", "drift", "mark", "driver", "vllm")
+    head = ("host", "state", "since", "cluster", "last run", "health", "burn-in", "drift", "mark", "driver", "vllm")
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>fleet status: {_e(inventory)}</title><style>{CSS}</style></head><body>",
            f"<h1>fleet status: {_e(inventory)}</h1>", f"<p>generated {_e(when(generated))}</p>",
@@ -61,7 +76,8 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
         cells = [f'<td><a href="#node-{_cls(r["host"])}">{_e(r["host"])}</a></td>',
                  f'<td class="state {_cls(r["state"])}">{_e(r["state"])}</td>', f"<td>{_e(when(r['since']))}</td>",
                  f"<td>{_e(r['cluster'])}</td>", f"<td>{_e(lr)}</td>",
-                 f'<td class="{_cls(health["result"]) if health else ""}">{_e(hl)}</td>', f"<td>{_e(dr)}</td>"]
+                 f'<td class="{_cls(health["result"]) if health else ""}">{_e(hl)}</td>',
+                 burnin_cell(r, when), f"<td>{_e(dr)}</td>"]
         for key in ("mark", "driver", "vllm"):  # the seen columns; the title says where the value came from
             f, text = r.get(key) or {}, cell(r.get(key), key)
             word = text.split(" ")[0] if text.split(" ")[0] in ("yes", "unreachable", "error") else ""
