@@ -82,9 +82,9 @@ def rejudge(check: dict[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
     if check.get("code") == "BRN012" and "wrong sum" in str(check.get("message", "")):
         return check
     status, code, expected, message = judge_metric(metric, float(value), dict(doc))
-    gpu = check.get("gpu")
-    out = dict(check, status=status, expected=expected,
-               message=(f"GPU {gpu}: " if gpu is not None else "") + message)
+    gpu, peer = check.get("gpu"), check.get("peer")
+    where = "" if gpu is None else f"GPU {gpu}" + ("" if peer is None else f" -> GPU {peer}")
+    out = dict(check, status=status, expected=expected, message=(f"{where}: " if where else "") + message)
     out.pop("code", None)
     if code:
         out["code"] = code

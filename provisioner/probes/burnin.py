@@ -108,6 +108,9 @@ def result_record(obj: Any) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"check {name}: gpu {node_text(gpu, 20)!r} is not an index"
     rec: dict[str, Any] = {"check": name, "gpu": gpu, "status": status,
                            "message": node_text(obj.get("message", ""), MAX_MESSAGE)}
+    peer = obj.get("peer")
+    if isinstance(peer, int) and not isinstance(peer, bool) and 0 <= peer < 64:
+        rec["peer"] = peer
     code = obj.get("code")
     if code is not None:
         if not (isinstance(code, str) and _CODE.fullmatch(code)):

@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from burninjudge import (  # noqa: E402
+    METRICS,
     decode_reasons,
     judge_load,
     judge_metric,
@@ -265,11 +266,13 @@ def measure_results(lines, thr, skip_metrics=()):
         if m["metric"] in skip_metrics:
             continue
         st, code, exp, msg = judge_metric(m["metric"], m.get("value"), thr)
-        check = {"gemm_bf16_tflops": "gemm_bf16", "gemm_fp8_tflops": "gemm_fp8", "hbm_copy_gbps": "hbm",
-                 "h2d_gbps": "h2d", "d2h_gbps": "d2h", "p2p_gbps": "p2p"}.get(m["metric"], m["metric"])
-        out.append(result(check, st, ("GPU %s: " % m["gpu"] if m.get("gpu") is not None else "") + msg,
-                          gpu=m.get("gpu"), code=code, metric=m["metric"], value=m.get("value"), unit=m.get("unit"),
-                          expected=exp))
+        check = METRICS.get(m["metric"], (m["metric"],))[0]
+        where = "GPU %s" % m["gpu"] if m.get("gpu") is not None else ""
+        extra = {}
+        if isinstance(m.get("peer"), int):
+            where, extra = "%s -> GPU %d" % (where, m["peer"]), {"peer": m["peer"]}
+        out.append(result(check, st, (where + ": " if where else "") + msg, gpu=m.get("gpu"), code=code,
+                          metric=m["metric"], value=m.get("value"), unit=m.get("unit"), expected=exp, **extra))
     for x in lines:
         if x.get("kind") == "skip":
             out.append(result(x.get("metric", "measure").replace("_tflops", "").replace("_gbps", ""), "skip",
