@@ -210,7 +210,22 @@ def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
     clusters = {name: ClusterInfo(model=cluster_model(c, name), members=c.members)
                 for name, c in fleet.clusters.items()}
     return Context(health_passed=health_passed(ledger, host, since), cluster=cluster_name(fleet, host),
-                   clusters=clusters, states={h: s for h, (s, _) in states.items()})
+                   clusters=clusters, states={h: s for h, (s, _) in states.items()},
+                   burnin_required=burnin_gate(fleet, host), burnin_passed=burnin_passed(ledger, host, since))
+
+
+def burnin_gate(fleet: Fleet, host: str) -> bool:
+    """The site's burn-in gate (`burnin_gate`, default off): into in-service needs a passed burn-in newer than the
+    state."""
+    h = fleet.hosts.get(host)
+    v = h.vars.get("burnin_gate", False) if h is not None else False
+    return str(v).strip().lower() in ("true", "yes", "1", "on")
+
+
+def burnin_passed(ledger: Ledger, host: str, since: float | None) -> bool:
+    """The newest passed `provision burn-in` of `host` (any tier) ended after `since`."""
+    last = ledger.burnin_last(host, passed=True)
+    return last is not None and (since is None or float(last["ended"] or 0) >= since)
 
 
 def history(ledger: Ledger, host: str) -> dict[str, Any]:
@@ -221,6 +236,9 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
         if outcome and outcome["status"] == "running" and r.status == "interrupted":
             outcome = {**outcome, "status": "interrupted"}
         failed = [h["check"] for h in ledger.health(host, r.id) if h["result"] == "fail"]
+        if r.command == "burn-in":
+            failed = [b["check"] + ("" if b["gpu"] < 0 else f"[gpu{b['gpu']}]") + (f" {b['code']}" if b["code"] else "")
+                      for b in ledger.burnin(host, r.id) if b["result"] == "fail"]
         runs.append({"id": r.id, "command": r.command, "started": r.started, "ended": r.ended, "status": r.status,
                      "outcome": outcome["status"] if outcome else None, "run_dir": r.run_dir,
                      "failed_checks": failed, "drift": [i for _, i in ledger.drift_items(r.id, host)]})
