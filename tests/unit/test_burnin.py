@@ -69,18 +69,18 @@ def test_thresholds_full_node_and_single_gpu() -> None:
     assert full["pcie"] == {"gen": 5, "width": 16}
     one = burnin.thresholds("H100-SXM5-80GB", 1)
     assert "nccl_allreduce_busbw_gbps" not in one["metrics"]
-    assert one["metrics"]["gemm_bf16_tflops"]["min"] == pytest.approx(689 * 0.92, abs=0.1)
+    assert one["metrics"]["gemm_bf16_tflops"]["min"] == pytest.approx(688 * 0.92, abs=0.1)
     assert burnin.thresholds("A100-SXM4-80GB", 8)["metrics"] == {}
     assert "pcie" not in burnin.thresholds("GB200-186GB", 4)
 
 
 def test_gemm_at_90_percent_fails_with_its_code_and_gpu() -> None:
     doc = burnin.thresholds("H100-SXM5-80GB", 8)
-    node_said = {"check": "gemm_bf16", "gpu": 3, "status": "pass", "metric": "gemm_bf16_tflops", "value": 0.9 * 689}
+    node_said = {"check": "gemm_bf16", "gpu": 3, "status": "pass", "metric": "gemm_bf16_tflops", "value": 0.9 * 688}
     r = burnin.rejudge(node_said, doc)
     assert (r["status"], r["code"], r["gpu"]) == ("fail", "BRN001", 3)
-    assert r["message"].startswith("GPU 3: gemm_bf16_tflops 620.1 < 633.9")
-    ok = burnin.rejudge(dict(node_said, value=689.0), doc)
+    assert r["message"].startswith("GPU 3: gemm_bf16_tflops 619.2 < 633.0")
+    ok = burnin.rejudge(dict(node_said, value=688.0), doc)
     assert ok["status"] == "pass" and "code" not in ok
     # a node that sends no number fails the check, it never passes it
     assert burnin.rejudge(dict(node_said, value="fast"), doc)["code"] == "BRN014"
