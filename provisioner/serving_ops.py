@@ -281,6 +281,12 @@ class Ops:
         for h in hosts:
             self.say("gate", f"{h}: health gate: {'pass' if res[h].ok else 'fail (' + res[h].message[:200] + ')'}",
                      ok=res[h].ok, host=h)
+        from provisioner.burnin_return import return_burnin  # the burn-in on the way back (burnin_return_tier)
+
+        for h, (ok, line) in return_burnin(self.fleet, self.inventory, [h for h in hosts if res[h].ok],
+                                           path=ledger_path()).items():
+            self.say("gate", f"{h}: {line}", ok=ok, host=h)
+            bad += [] if ok else [h]
         return not bad
 
     def holders(self, hosts: Iterable[str]) -> bool:

@@ -122,6 +122,11 @@ class Runner:
         h = res[host]
         self.say(host, "gate", f"{host}: health gate: {'pass' if h.ok else 'fail'}" +
                  ("" if h.ok else f" ({h.message[:200]})"))
+        if h.ok:  # the burn-in on the way back (burnin_return_tier); with burnin_gate on, in-service needs it passed
+            from provisioner.burnin_return import return_burnin
+
+            for _, (_ok, line) in return_burnin(self.fleet, self.inventory, [host], path=ledger_path()).items():
+                self.say(host, "gate", f"{host}: {line}", ok=_ok)
 
     def quarantine(self, a: Any) -> None:
         from provisioner.ledger.view import cluster_name, serving_clusters
