@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,26 @@ def burnin_row(ledger: Ledger, host: str) -> dict[str, Any] | None:
               for r in ledger.burnin(host, int(last["run"])) if r["result"] == "fail"]
     return {"run": last["run"], "tier": last["tier"], "ended": last["ended"], "result": last["status"],
             "failed": failed}
+
+
+def burnin_distribution(fleet: Fleet, ledger: Ledger) -> list[dict[str, Any]]:
+    """Per GPU model and fleet metric: the median and every node's figure (its slowest GPU, newest burn-in), slowest
+    first, the slow ones marked with their gap (the page's distribution)."""
+    from provisioner.burnin import FLEET_METRICS
+
+    figures = ledger.burnin_figures()
+    slow = {(x.host, x.metric): x.gap for x in burnin_slow(fleet, ledger)}
+    models = {h.name: str(h.gpu_model) for h in fleet.gpu_nodes}
+    out = []
+    for model in dict.fromkeys(models.values()):
+        for metric in FLEET_METRICS:
+            vals = sorted((figures[h][metric], h) for h, m in models.items() if m == model and metric in
+                          figures.get(h, {}))
+            if not vals:
+                continue
+            out.append({"model": model, "metric": metric, "median": statistics.median(v for v, _ in vals),
+                        "nodes": [{"host": h, "value": v, "slow_gap": slow.get((h, metric))} for v, h in vals]})
+    return out
 
 
 def burnin_slow(fleet: Fleet, ledger: Ledger) -> list[Any]:

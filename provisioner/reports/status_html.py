@@ -13,6 +13,7 @@ table{border-collapse:collapse;margin-bottom:2em}th,td{border:1px solid #ccc;pad
 th{background:#f3f3f3}.state{font-weight:600}.quarantined,.fail,.failed{color:#b00}.in-service,.pass,.ok{color:#070}
 ol.timeline{list-style:none;padding-left:1em;border-left:3px solid #ddd}ol.timeline li{margin:.3em 0}
 .when{color:#666;font-family:monospace;margin-right:.6em}
+.slow{color:#b60;font-weight:600}table.dist td:nth-child(3){width:20em}.bar{background:#8ab;height:.8em}
 .seen.unreachable,.seen.error{color:#b00}.seen.yes{color:#070}
 """
 
@@ -56,8 +57,30 @@ def burnin_cell(r: Mapping[str, Any], when: Any) -> str:
     return f'<td class="{cls}">{_e(text)}</td>'
 
 
+def distribution_section(dist: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Burn-in figures per GPU model and metric: every node's (its slowest GPU) as a bar against the fleet's best,
+    the median named, a slow node marked with its gap (BRN018)."""
+    dist = list(dist)
+    if not dist:
+        return []
+    out = ['<section id="burn-in-fleet"><h2>burn-in figures per GPU model (slowest GPU of each node)</h2>']
+    for d in dist:
+        top = max((n["value"] for n in d["nodes"]), default=0.0) or 1.0
+        out.append(f'<table class="dist" data-metric="{_cls(d["metric"])}"><caption>{_e(d["model"])}: '
+                   f'{_e(d["metric"])}, median {d["median"]:.1f}</caption><tbody>')
+        for n in d["nodes"]:
+            gap = n["slow_gap"]
+            mark = f"SLOW -{100 * gap:.1f}%" if gap is not None else ""
+            out.append(f'<tr class="{"slow" if gap is not None else ""}"><td>{_e(n["host"])}</td>'
+                       f'<td>{n["value"]:.1f}</td><td><div class="bar" style="width:{100 * n["value"] / top:.0f}%">'
+                       f"</div></td><td>{_e(mark)}</td></tr>")
+        out.append("</tbody></table>")
+    out.append("</section>")
+    return out
+
+
 def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping[str, Mapping[str, Any]],
-           when: Any, generated: float) -> str:
+           when: Any, generated: float, distribution: Iterable[Mapping[str, Any]] = ()) -> str:
     """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter."""
     rows = list(rows)
     from provisioner.probes.seen import cell
@@ -86,6 +109,7 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
             cells.append(f'<td class="seen {word}"{tip}>{_e(text)}</td>')
         out.append(f'<tr data-host="{_e(r["host"])}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
+    out += distribution_section(distribution)
     for r in rows:
         host = r["host"]
         out.append(f'<section id="node-{_cls(host)}"><h2>{_e(host)}: {_e(r["state"])}</h2>')

@@ -71,7 +71,13 @@ def test_recorded_per_check_per_gpu_and_status_shows_failures_and_the_slow_node(
     assert "SLOW gemm_bf16_tflops -9.7%" in text and "gemm_bf16[gpu5] BRN001" in text
     page = Path(path).parent / "status.html"
     assert provision("status", str(path), "--html", str(page), env=env).returncode == 0
-    assert "SLOW gemm_bf16_tflops" in page.read_text() and 'class="slow"' in page.read_text()
+    html = page.read_text()
+    assert "SLOW gemm_bf16_tflops" in html and 'class="slow"' in html
+    # the distribution per metric: every node's figure, the median, the outlier marked
+    dist = html[html.index('<table class="dist" data-metric="gemm_bf16_tflops">'):]
+    dist = dist[:dist.index("</table>")]
+    assert "median 664.4" in dist and '<tr class="slow"><td>n3</td><td>600.0</td>' in dist
+    assert dist.count('<tr class="slow">') == 1 and "SLOW -9.7%" in dist
     hist = provision("history", "n3", "--inventory", str(path), "--format", "json", env=env)
     assert hist.returncode == 0, hist.stderr
     assert [(x["command"], x["failed_checks"]) for x in json.loads(hist.stdout)["runs"]] == [
