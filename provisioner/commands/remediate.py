@@ -36,6 +36,14 @@ ACTOR = "policy:remediate"
 QUIET_TAIL = "not watched by the policy"  # holds not worth a line
 
 
+def _slow(fleet: Any, ledger: Any, host: str) -> str | None:
+    """Why `host` is a slow node among its GPU model's nodes (burn-in figures), None when it is not."""
+    from provisioner.ledger.view import burnin_slow
+
+    msgs = [x.message for x in burnin_slow(fleet, ledger) if x.host == host]
+    return "slow node: " + "; ".join(msgs) if msgs else None
+
+
 def _facts(fleet: Any, ledger: Any, host: str, app_fault: str | None) -> Any:
     from provisioner.ledger.view import cluster_name
     from provisioner.remediation import Facts, Health, Step
@@ -53,7 +61,7 @@ def _facts(fleet: Any, ledger: Any, host: str, app_fault: str | None) -> Any:
                  quarantines=tuple(t.at for t in ledger.transitions(host) if t.to_state == "quarantined"),
                  steps=tuple(Step(r.step, r.at, r.outcome) for r in ledger.remediations(host)),
                  cluster=cluster_name(fleet, host), has_bmc=bool(fleet.hosts[host].vars.get("bmc_address")),
-                 app_fault=app_fault)
+                 app_fault=app_fault, slow=_slow(fleet, ledger, host))
 
 
 class Runner:

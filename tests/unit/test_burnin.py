@@ -114,3 +114,24 @@ def test_slow_node_in_a_fleet_of_four() -> None:
     figs["node09"] = ("H200-SXM-141GB", {"gemm_bf16_tflops": 400.0})
     assert [s.host for s in burnin.slow_nodes(figs, fraction=0.05, min_sample=4)] == ["node03"]
     assert burnin.node_figure([689.0, 620.0, 700.0]) == 620.0
+
+
+def test_quarantine_on_slow_is_off_by_default_and_acts_when_named() -> None:
+    from provisioner.remediation import Facts, Health, Policy, decide, policy_of
+
+    ok = Health(run=7, started=1000.0, outcome="ok", checks={"ecc": ("pass", None)})
+    slow = "slow node: n2: gemm_bf16_tflops 640.8 is 7.0% below the H100-SXM5-80GB fleet median 689.0 (4 nodes)"
+    f = Facts(host="n2", state="in-service", since=10.0, now=2000.0, health=ok, cluster="c1", slow=slow)
+    default = policy_of({"remediation": ["reboot"]})
+    assert default is not None and "slow" not in default.quarantine_on
+    assert decide(f, default).kind == "hold"
+    named = policy_of({"quarantine_on": ["ecc", "slow"]})
+    assert named is not None and named.quarantine_on == ("ecc", "slow")
+    a = decide(f, named)
+    assert (a.kind, a.check, a.reason) == ("quarantine", "slow", slow)
+    # quarantined for slowness: a passed health gate alone does not return it while it is still slow
+    q = Facts(host="n2", state="quarantined", since=500.0, now=2000.0, health=ok, cluster="c1", slow=slow)
+    assert decide(q, named).kind != "return"
+    assert decide(Facts(host="n2", state="quarantined", since=500.0, now=2000.0, health=ok, cluster="c1"),
+                  named).kind == "return"
+    assert Policy().quarantine_on == ("ecc", "xid", "fabricmanager", "nvlink", "ib")
