@@ -35,7 +35,7 @@ class Node:
         marker.write_text("")
         pkgroot = root / "pkg"
         self.tools = {}
-        for pkg, tool in (("nvidia-utils", "nvidia-smi"), ("nvidia-utils", "hwsim-burnin")):
+        for pkg, tool in (("nvidia-utils", "nvidia-smi"), ("nvidia-utils", "hwsim-burnin"), ("dcgm", "dcgmi")):
             dst = pkgroot / "usr" / "bin" / tool
             dst.parent.mkdir(parents=True, exist_ok=True)
             text = (PACKAGES / pkg / "root" / "usr" / "bin" / tool).read_text()
@@ -140,3 +140,23 @@ def test_no_torch_and_no_stand_in_skips_the_gpu_work(node: Node) -> None:
     res = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     assert p.returncode == 0, p.stdout + p.stderr
     assert [r["message"] for r in res if r["check"] == "torch"][0].startswith("GPU workload checks skipped: no python")
+
+
+def test_dcgm_diag_runs_where_dcgmi_is_and_skips_without_its_host_engine(node: Node) -> None:
+    node.spec(faults={"ecc_uncorrectable": {"gpu": 1, "count": 2}})
+    argv = [sys.executable, str(PROGRAM), "--tier", "quick", "--measure-cmd", str(node.tools["hwsim-burnin"]),
+            "--kmsg", str(node.hwsim / "kmsg"), "--skip", "load", "--skip", "nccl", "--dcgmi", str(node.tools["dcgmi"])]
+    p = subprocess.run(argv, env=node.env, capture_output=True, text=True, timeout=60)
+    dcgm = [json.loads(x) for x in p.stdout.splitlines() if '"check": "dcgm"' in x][0]
+    assert dcgm["status"] == "skip" and "host engine" in dcgm["message"], dcgm
+    # with the host engine up (the stand-in reads its pid file), level 2 runs and fails on GPU 1's ECC errors
+    engine = subprocess.Popen(["bash", "-c", "exec -a nv-hostengine sleep 60"])  # its command line names it
+    try:
+        (node.run_dir / "nvhostengine.pid").write_text(f"{engine.pid}\n")
+        p = subprocess.run(argv, env=node.env, capture_output=True, text=True, timeout=60)
+    finally:
+        engine.kill()
+        engine.wait()
+    dcgm = [json.loads(x) for x in p.stdout.splitlines() if '"check": "dcgm"' in x][0]
+    assert (dcgm["status"], dcgm.get("code")) == ("fail", "BRN013"), dcgm
+    assert "software GPU 1" in dcgm["message"]

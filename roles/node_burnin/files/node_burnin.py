@@ -355,6 +355,10 @@ def dcgm_result(a, level):
     if not exe:
         return result("dcgm", "skip", "dcgmi not installed (datacenter-gpu-manager): DCGM diag -r %d not run" % level)
     rc, out, err = run([exe, "diag", "-r", str(level), "-j"], timeout={2: 600, 3: 2400, 4: 14400}.get(level, 600))
+    if "host engine" in (out + err).lower() and ("unable to connect" in (out + err).lower()
+                                                  or "connection invalid" in (out + err).lower()):
+        return result("dcgm", "skip", "dcgmi is installed but its host engine (nv-hostengine, nvidia-dcgm.service) "
+                      "is not running: DCGM diag -r %d not run" % level)
     failed = []
     try:
         doc = json.loads(out)
