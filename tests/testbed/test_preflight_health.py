@@ -246,7 +246,7 @@ def test_onboard_marks_passing_hosts_and_leaves_out_failing(rig: Any) -> None:
         # text form: one line per host naming the gate and the check
         rc, _, text = provision("onboard", str(rig.inventory), n1, n3, "--skip-run")
         assert rc == 1
-        assert f"{n1}: IN SERVICE (preflight, health passed" in text
+        assert f"{n1}: IN SERVICE (preflight, health, burn-in passed" in text  # burn-in: burnin_onboard_tier
         assert f"{n3}: LEFT OUT at preflight: gpu_count: expected 8, found 7" in text
     finally:
         clear_all(rig)
