@@ -137,11 +137,30 @@ def slow_nodes(figures: Mapping[str, tuple[str, Mapping[str, float]]], *, fracti
     return out
 
 
-def slow_settings(host_vars: Mapping[str, Any] | None = None) -> tuple[float, int]:
+def number_var(host: str, host_vars: Mapping[str, Any], name: str, default: Any, kind: type = int,
+               low: float = 0) -> Any:
+    """A numeric burn-in variable of `host` (its default when unset), or a UsageError naming host, variable and
+    value (one line, exit 2: never a traceback)."""
+    from provisioner.errors import UsageError
+
+    v = host_vars.get(name, default)
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        n = kind(v)
+        if n < low or (kind is float and not 0 < n < 1):
+            raise ValueError
+    except (TypeError, ValueError):
+        want = "a fraction between 0 and 1" if kind is float else f"a whole number >= {low:g}"
+        raise UsageError(f"host {host}: {name} = {v!r}: expected {want}") from None
+    return n
+
+
+def slow_settings(host_vars: Mapping[str, Any] | None = None, host: str = "") -> tuple[float, int]:
     d = catalog()["defaults"]
     v = host_vars or {}
-    return float(v.get("burnin_slow_fraction", d["slow_fraction"])), int(v.get("burnin_slow_min_sample",
-                                                                              d["slow_min_sample"]))
+    return (number_var(host, v, "burnin_slow_fraction", d["slow_fraction"], float),
+            number_var(host, v, "burnin_slow_min_sample", d["slow_min_sample"], int, 2))
 
 
 # ------------------------------------------------------------------------------------------ docs

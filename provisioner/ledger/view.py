@@ -137,7 +137,8 @@ def burnin_slow(fleet: Fleet, ledger: Ledger) -> list[Any]:
     have = {h: (str(nodes[h].gpu_model), f) for h, f in figures.items() if h in nodes}
     if not have:
         return []
-    fraction, min_sample = slow_settings(next(iter(nodes.values())).vars if nodes else None)
+    first = next(iter(nodes.values()))
+    fraction, min_sample = slow_settings(first.vars, first.name)
     return slow_nodes(have, fraction=fraction, min_sample=min_sample)
 
 

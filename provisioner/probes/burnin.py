@@ -43,13 +43,19 @@ def burnin_argv(fleet: Fleet, host: Host, tier: str) -> list[str]:
     kernel log and torch python the health gate uses, `burnin_measure_cmd` (the simulated rack's stand-in)."""
     v = host.vars
     knobs = burnin.tier_knobs(tier)
+
+    def num(name: str, default: int, low: int = 1) -> str:
+        return str(burnin.number_var(host.name, v, name, default, int, low))
+
     argv = ["--tier", tier, "--thresholds", json.dumps(burnin.thresholds(host.gpu_model, host.gpu_count),
                                                        sort_keys=True, separators=(",", ":"))]
-    argv += ["--load-seconds", str(int(v.get("burnin_load_seconds", knobs["load_seconds"])))]
+    argv += ["--load-seconds", num("burnin_load_seconds", knobs["load_seconds"])]
     if tier != "quick":
-        argv += ["--stress-seconds", str(int(v.get("burnin_stress_seconds", knobs["stress_seconds"])))]
+        argv += ["--stress-seconds", num("burnin_stress_seconds", knobs["stress_seconds"])]
     if tier == "soak":
-        argv += ["--soak-rounds", str(int(v.get("burnin_soak_rounds", knobs["soak_rounds"])))]
+        argv += ["--soak-rounds", num("burnin_soak_rounds", knobs["soak_rounds"])]
+    if "burnin_gemm_n" in v:
+        num("burnin_gemm_n", 8192, 256)
     for var, flag in (("node_health_kmsg", "--kmsg"), ("node_health_torch_python", "--torch-python"),
                       ("burnin_torch_python", "--torch-python"), ("burnin_measure_cmd", "--measure-cmd"),
                       ("burnin_gemm_n", "--gemm-n")):

@@ -111,3 +111,15 @@ def test_node_command_applies_the_gate_from_the_inventory(tmp_path: Path) -> Non
     record_burnin({"n1": result("n1", 689.0)}, "quick", path, time.time(), 5.0, db)
     r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "go", env=env)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_bad_burnin_variable_is_one_line_naming_host_and_variable(tmp_path: Path) -> None:
+    path = write_inventory(tmp_path / "inv", ini=INI, group_vars={"all": {**GV["all"], "burnin_slow_fraction": "lots"}})
+    r = provision("status", str(path), env={"PROVISION_LEDGER": str(tmp_path / "l.sqlite3")})
+    record_burnin({"n1": result("n1", 689.0)}, "quick", path, time.time(), 5.0, tmp_path / "l.sqlite3")
+    r = provision("status", str(path), env={"PROVISION_LEDGER": str(tmp_path / "l.sqlite3")})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "burnin_slow_fraction = 'lots': expected a fraction between 0 and 1" in r.stderr
+    bad = write_inventory(tmp_path / "inv2", ini=INI, group_vars={"all": {**GV["all"], "burnin_load_seconds": "x"}})
+    r = provision("burn-in", str(bad), "n1", "--timeout", "1")
+    assert r.returncode == 2 and "host n1: burnin_load_seconds = 'x': expected a whole number >= 1" in r.stderr
