@@ -30,6 +30,7 @@ COMMANDS = (
     "drift",
     "preflight",
     "health",
+    "burn_in",
     "onboard",
     "power",
     "firmware",

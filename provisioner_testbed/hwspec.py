@@ -105,7 +105,11 @@ XID_TEXT: Mapping[int, str] = {
 }
 
 FAULTS = ("missing_gpu", "hca_down", "hca_rate", "xid", "ecc_uncorrectable", "row_remap_pending", "nvlink_down",
-          "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded", "acs_on", "vbios", "hca_fw")
+          "fm_mismatch", "persistence_off", "efa_missing", "nvlsm_fail", "imex_degraded", "acs_on", "vbios", "hca_fw",
+          "gemm_slow", "hbm_low", "pcie_downtrained", "thermal_slowdown", "sdc_mismatch", "nccl_low")
+#: Burn-in degraded modes (issue 45): what the GPU's measurements (hwsim-burnin, the stand-in for the torch worker)
+#: and nvidia-smi under load show. Figures are the burn-in catalog's nominal ones times these fractions.
+BURNIN_FAULTS = ("gemm_slow", "hbm_low", "pcie_downtrained", "thermal_slowdown", "sdc_mismatch", "nccl_low")
 _FW = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 _TOP_KEYS = {"node", "gpu_model", "gpu_count", "driver_version", "kernel_module_version", "cuda_version", "hcas",
@@ -432,6 +436,7 @@ def _apply_faults(spec: dict[str, Any], faults: Mapping[str, Any]) -> None:
     if faults.get("acs_on") not in (None, False):
         _acs_on(spec, faults["acs_on"], len(gpus))
 
+    _burnin_faults(spec, faults)
     if faults.get("missing_gpu"):
         value = faults["missing_gpu"]
         if value is True or (isinstance(value, int) and not isinstance(value, bool)):
@@ -559,8 +564,78 @@ def resolve(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     # GPUs (PCI device id, lspci name) kept for lspci: a GPU the driver failed (missing_gpu) is still on the bus
     out["pci_gpus"] = [{"pci_bus_id": g["pci_bus_id"], "device_id": g["device_id"], "numa_node": g["numa_node"]}
                        for g in out["gpus"]]
+    out["burnin"] = _burnin_figures(model_key)
     _apply_faults(out, faults)
     return out
+
+
+def _burnin_figures(model_key: str) -> dict[str, Any]:
+    """The healthy node's burn-in figures: the catalog's nominal ones for the model (provisioner/catalog/burnin.yaml),
+    an H100's for a model the catalog does not carry; a healthy node's NCCL figure = nominal x 1."""
+    from provisioner.burnin import catalog
+
+    models = catalog()["models"]
+    m = models.get(model_key) or models[DEFAULT_MODEL]
+    figs = {k: float(v["nominal"]) for k, v in (m.get("metrics") or {}).items()}
+    figs.setdefault("nccl_allreduce_busbw_gbps", 460.0)
+    pcie = m.get("pcie") or {"gen": 5, "width": 16}
+    return {"nominal": figs, "pcie": {"gen": int(pcie["gen"]), "width": int(pcie["width"])}, "nccl_fraction": 1.0}
+
+
+def _fraction(where: str, v: Any, default: float) -> float:
+    f = default if v is None else v
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < float(f) <= 1:
+        raise _err(where, f"expected a fraction in (0, 1] such as 0.9, got {v!r}")
+    return float(f)
+
+
+def _burnin_targets(where: str, value: Any, gpus: list[dict[str, Any]], default: float) -> list[tuple[int, Any]]:
+    """`true` (every GPU) / i / [i, ...] / {gpu: i | [..] | all, fraction: f, ...} -> [(gpu index, the item)]."""
+    items = value if isinstance(value, list) and value and isinstance(value[0], Mapping) else [value]
+    out = []
+    for n, item in enumerate(items):
+        w = f"{where}[{n}]" if len(items) > 1 else where
+        if isinstance(item, Mapping):
+            sel = item.get("gpu", "all")
+            idx = [g["index"] for g in gpus] if sel in ("all", None) else _gpu_list(w + ".gpu", sel, len(gpus))
+        elif item is True:
+            idx, item = [g["index"] for g in gpus], {}
+        else:
+            idx, item = _gpu_list(w, item, len(gpus)), {}
+        for i in idx:
+            _find_gpu(w, gpus, i)
+            out.append((i, item))
+    return out
+
+
+def _burnin_faults(spec: dict[str, Any], faults: Mapping[str, Any]) -> None:
+    """gemm_slow / hbm_low ({gpu: i|all, fraction: f}), pcie_downtrained ({gpu: i, width: 8} or {gpu: i, gen: 4}),
+    thermal_slowdown (GPU i), sdc_mismatch (GPU i), nccl_low (a fraction of the node's NCCL figure)."""
+    gpus = spec["gpus"]
+    for g in gpus:
+        g["burnin"] = {"gemm": 1.0, "hbm": 1.0, "pcie_gen": spec["burnin"]["pcie"]["gen"],
+                       "pcie_width": spec["burnin"]["pcie"]["width"], "thermal": False, "sdc": False}
+    for key, field_, default in (("gemm_slow", "gemm", 0.9), ("hbm_low", "hbm", 0.8)):
+        if faults.get(key) not in (None, False):
+            for i, item in _burnin_targets(f"faults.{key}", faults[key], gpus, default):
+                _find_gpu(f"faults.{key}", gpus, i)["burnin"][field_] = _fraction(
+                    f"faults.{key}.fraction", item.get("fraction"), default)
+    if faults.get("pcie_downtrained") not in (None, False):
+        for i, item in _burnin_targets("faults.pcie_downtrained", faults["pcie_downtrained"], gpus, 1.0):
+            b = _find_gpu("faults.pcie_downtrained", gpus, i)["burnin"]
+            if not item:
+                item = {"width": 8}
+            if "width" in item:
+                b["pcie_width"] = _int("faults.pcie_downtrained.width", item["width"], minimum=1, maximum=16)
+            if "gen" in item:
+                b["pcie_gen"] = _int("faults.pcie_downtrained.gen", item["gen"], minimum=1, maximum=6)
+    for key, field_ in (("thermal_slowdown", "thermal"), ("sdc_mismatch", "sdc")):
+        if faults.get(key) not in (None, False):
+            for i, _ in _burnin_targets(f"faults.{key}", _first_if_true(faults[key]), gpus, 1.0):
+                _find_gpu(f"faults.{key}", gpus, i)["burnin"][field_] = True
+    if faults.get("nccl_low") not in (None, False):
+        spec["burnin"]["nccl_fraction"] = _fraction("faults.nccl_low", 0.8 if faults["nccl_low"] is True
+                                                    else faults["nccl_low"], 0.8)
 
 
 def load(path: Path) -> dict[str, Any]:

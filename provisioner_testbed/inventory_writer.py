@@ -160,6 +160,12 @@ def render(rack: InvRack, encrypt: Encrypt | None = None) -> dict[str, str]:
         "nvidia_driver_sysfs_root": HWSIM_MOUNT,
         "node_health_sysfs_root": HWSIM_MOUNT,
         "node_health_kmsg": f"{HWSIM_MOUNT}/kmsg",
+        # Burn-in (docs/burn-in.md): the rack has no torch; the GPU measurements come from the hardware stand-in
+        # (nvidia-utils' hwsim-burnin, driven by the spec), and its tiers are short so onboarding stays fast.
+        "burnin_measure_cmd": "/usr/bin/hwsim-burnin",
+        "burnin_load_seconds": 3,
+        "burnin_stress_seconds": 3,
+        "burnin_soak_rounds": 1,
         # The rack's ledger site (docs/lifecycle.md, Sites): a copy of this inventory elsewhere (the tests make some)
         # is the same site; two racks, both with a node01, are two.
         "provision_site": f"testbed-{rack.name}",

@@ -727,6 +727,8 @@ def parse_fault(arg: str) -> dict[str, Any]:
     missing_gpu[=N]  nvlink_down[=GPU]  row_remap_pending[=GPU]  fm_mismatch[=VERSION]  persistence_off
     efa_missing[=N|=rdmap79s0,...]  nvlsm_fail  imex_degraded  acs_on[=GPU|=BRIDGE,...]
     vbios=VERSION | vbios=GPU:VERSION  hca_fw=VERSION | hca_fw=HCA:VERSION
+    burn-in: gemm_slow=GPU|all[:FRACTION]  hbm_low=GPU[:FRACTION]  pcie_downtrained=GPU[:x8|:gen4]
+    thermal_slowdown=GPU  sdc_mismatch=GPU  nccl_low[=FRACTION]
     """
     name, eq, value = arg.partition("=")
     name = name.strip().replace("-", "_")
@@ -780,6 +782,35 @@ def parse_fault(arg: str) -> dict[str, Any]:
         if name == "vbios":
             return {name: {str(ints(key, "the GPU index")[0]): version}}
         return {name: {key: version}}
+    if name in ("gemm_slow", "hbm_low"):  # burn-in degraded modes: GPU|all[:FRACTION]
+        gpu, _, frac = (value or "all").partition(":")
+        try:
+            item: dict[str, Any] = {"gpu": "all" if gpu == "all" else ints(gpu, "the GPU index")[0]}
+            if frac:
+                item["fraction"] = float(frac)
+        except (ValueError, IndexError):
+            raise UsageError(f"fault {arg!r}: expected {name}=GPU[:FRACTION] or {name}=all:FRACTION, "
+                             f"e.g. {name}=3:0.9") from None
+        return {name: [item]}
+    if name == "pcie_downtrained":  # GPU:xWIDTH or GPU:genN
+        gpu, _, how = (value or "0").partition(":")
+        item = {"gpu": ints(gpu, "the GPU index")[0] if gpu else 0}
+        if how.startswith("x") and how[1:].isdigit():
+            item["width"] = int(how[1:])
+        elif how.startswith("gen") and how[3:].isdigit():
+            item["gen"] = int(how[3:])
+        elif how:
+            raise UsageError(f"fault {arg!r}: expected pcie_downtrained=GPU[:xWIDTH|:genN], e.g. pcie_downtrained=1:x8")
+        else:
+            item["width"] = 8
+        return {"pcie_downtrained": [item]}
+    if name in ("thermal_slowdown", "sdc_mismatch"):
+        return {name: ints(value, "GPU indexes") if value else True}
+    if name == "nccl_low":
+        try:
+            return {"nccl_low": float(value) if value else 0.8}
+        except ValueError:
+            raise UsageError(f"fault {arg!r}: expected nccl_low[=FRACTION], e.g. nccl_low=0.8") from None
     if name == "acs_on":  # every ACS bridge, or GPU indexes / bridge addresses (the switch port above a GPU)
         if not value:
             return {"acs_on": True}

@@ -30,7 +30,8 @@ HELP = unwrap("""Bring new GPU nodes into service, one gate after the other.
 1. preflight: the node's real hardware matches the inventory (a host that does not is not provisioned);
 2. provisioning run of the playbooks (default playbooks/site.yml) on the remaining hosts WITHOUT the vLLM launch
    (--skip-tags vllm), one host at a time by default (--serial, through provisioner.runner / ansible-runner);
-3. health gate (roles/node_health/files/node_health.py);
+3. health gate (roles/node_health/files/node_health.py), then the burn-in tier the host's `burnin_onboard_tier` names
+   (default standard; quick, soak, or off: docs/burn-in.md), recorded as `provision burn-in` records it;
 4. a host that passed everything is marked in service: /etc/provisioner/in-service on the host (JSON: when, what
    passed) and an IN SERVICE line in the report. A host that failed anywhere has that file removed, is left out of
    its vLLM cluster's launch (the vLLM launch starts only on hosts with the mark) and is reported with the failing
@@ -48,7 +49,7 @@ IN_SERVICE = "/etc/provisioner/in-service"
 class Outcome:
     host: str
     in_service: bool = False
-    stage: str | None = None  # where it failed: power, firmware, preflight, run, health, mark
+    stage: str | None = None  # where it failed: power, firmware, preflight, run, health, burn-in, mark
     powered_on: bool = False  # its BMC powered it on first
     problems: list[str] = field(default_factory=list)
     clusters: list[str] = field(default_factory=list)
@@ -90,6 +91,31 @@ def _mark(fleet: Fleet, results: dict[str, Outcome], timeout: float, passed: lis
             o.in_service = False
             o.stage = "mark"
             o.problems.append(f"could not write {IN_SERVICE}: {r.error or r.stderr.strip()[:200]}")
+
+
+def onboard_burnin(fleet: Fleet, inventory: Path, hosts: list[str], out: dict[str, Outcome], say: Any) -> bool:
+    """Stage 3b: each host's onboarding burn-in tier (`burnin_onboard_tier`: quick, standard (default), soak or off),
+    run and recorded as `provision burn-in` does; a failed check fails the host (stage burn-in). True when one ran."""
+    from provisioner.ledger.record import record_burnin
+    from provisioner.probes.burnin import run_burnin
+
+    tiers: dict[str, list[str]] = {}
+    for h in hosts:
+        tier = str(fleet.hosts[h].vars.get("burnin_onboard_tier", "standard")).strip().lower()
+        if tier != "off":
+            tiers.setdefault(tier if tier in ("quick", "standard", "soak") else "standard", []).append(h)
+    for tier, names in tiers.items():
+        say(f"onboard: burn-in ({tier}) on {', '.join(names)}")
+        started = time.time()
+        res = run_burnin(fleet, names, tier=tier, timeout={"quick": 600.0, "standard": 3600.0}.get(tier, 43200.0))
+        record_burnin(res, tier, inventory, started, time.time() - started, fleet=fleet)
+        for name, hb in res.items():
+            if not hb.ok:
+                out[name].stage = "burn-in"
+                out[name].problems = [f"{r['check']}{'' if r.get('gpu') is None else ' gpu' + str(r['gpu'])}"
+                                      f"{' [' + r['code'] + ']' if r.get('code') else ''}: {r['message']}"
+                                      for r in hb.failed] or [hb.error or "failed"]
+    return bool(tiers)
 
 
 def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float,
@@ -274,12 +300,14 @@ def register(app: typer.Typer) -> None:
                 if not hh.ok:
                     out[name].stage = "health"
                     out[name].problems = [f"{c['check']}: {c.get('message', '')}" for c in hh.failed] or [hh.message]
+        # 3b. burn-in (docs/burn-in.md): the tier the site names (`burnin_onboard_tier`, default standard; off)
+        burned = onboard_burnin(fleet, inventory, [h for h in alive if out[h].stage is None], out, say)
         for h in hosts:
             out[h].in_service = out[h].stage is None
 
         # 4. mark in service / out of service on the hosts
         stages = [*oob, "preflight"] + ([] if skip_run else ["run"]) + (["node firmware"] if node_fw else []) + \
-            ["health"]
+            ["health"] + (["burn-in"] if burned else [])
         _mark(fleet, out, timeout=min(timeout, 60.0), passed=stages)
         for o in out.values():
             o.passed = stages

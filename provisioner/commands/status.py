@@ -64,7 +64,15 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.site import site_of
-    from provisioner.ledger.view import day2_view, history, read_ledger, status_rows, unowned_warning, when
+    from provisioner.ledger.view import (
+        burnin_distribution,
+        day2_view,
+        history,
+        read_ledger,
+        status_rows,
+        unowned_warning,
+        when,
+    )
 
     fleet = load_fleet(inventory)
     site = site_of(fleet)
@@ -73,6 +81,7 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
             rows = status_rows(fleet, ledger)
             day2 = day2_view(ledger)
             histories = {r["host"]: history(ledger, r["host"]) for r in rows} if html is not None else {}
+            dist = burnin_distribution(fleet, ledger) if html is not None else []
             warning = unowned_warning(ledger)
         if warning:
             sys.stderr.write(warning + "\n")
@@ -92,7 +101,8 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
         from provisioner.reports.textfile import write_atomic
 
         try:
-            write_atomic(html, render(str(inventory), rows, histories, when, time.time(), day2=day2))
+            write_atomic(html, render(str(inventory), rows, histories, when, time.time(), day2=day2,
+                                      distribution=dist))
         except OSError as exc:
             raise UsageError(f"cannot write the HTML page: {exc.strerror or exc}", path=str(html)) from None
     if fmt is Format.json:

@@ -282,6 +282,12 @@ class Ops:
         for h in hosts:
             self.say("gate", f"{h}: health gate: {'pass' if res[h].ok else 'fail (' + res[h].message[:200] + ')'}",
                      ok=res[h].ok, host=h)
+        from provisioner.burnin_return import return_burnin  # the burn-in on the way back (burnin_return_tier)
+
+        for h, (ok, line) in return_burnin(self.fleet, self.inventory, [h for h in hosts if res[h].ok],
+                                           path=ledger_path()).items():
+            self.say("gate", f"{h}: {line}", ok=ok, host=h)
+            bad += [] if ok else [h]
         return not bad
 
     def holders(self, hosts: Iterable[str]) -> bool:
@@ -417,6 +423,14 @@ ACTOR = "policy:remediate"
 QUIET_TAIL = "not watched by the policy"  # holds not worth a line
 
 
+def _slow(fleet: Any, ledger: Any, host: str) -> str | None:
+    """Why `host` is a slow node among its GPU model's nodes (burn-in figures), None when it is not."""
+    from provisioner.ledger.view import burnin_slow
+
+    msgs = [x.message for x in burnin_slow(fleet, ledger) if x.host == host]
+    return "slow node: " + "; ".join(msgs) if msgs else None
+
+
 def facts(fleet: Any, ledger: Any, host: str, app_fault: str | None) -> Any:
     from provisioner.day2.policy import Facts, Health, Step
     from provisioner.ledger.view import cluster_name
@@ -434,7 +448,7 @@ def facts(fleet: Any, ledger: Any, host: str, app_fault: str | None) -> Any:
                  quarantines=tuple(t.at for t in ledger.transitions(host) if t.to_state == "quarantined"),
                  steps=tuple(Step(r.step, r.at, r.outcome) for r in ledger.remediations(host)),
                  cluster=cluster_name(fleet, host), has_bmc=bool(fleet.hosts[host].vars.get("bmc_address")),
-                 app_fault=app_fault)
+                 app_fault=app_fault, slow=_slow(fleet, ledger, host))
 
 
 class Runner:
@@ -501,6 +515,11 @@ class Runner:
         h = res[host]
         self.say(host, "gate", f"{host}: health gate: {'pass' if h.ok else 'fail'}" +
                  ("" if h.ok else f" ({h.message[:200]})"))
+        if h.ok:  # the burn-in on the way back (burnin_return_tier); with burnin_gate on, in-service needs it passed
+            from provisioner.burnin_return import return_burnin
+
+            for _, (_ok, line) in return_burnin(self.fleet, self.inventory, [host], path=ledger_path()).items():
+                self.say(host, "gate", f"{host}: {line}", ok=_ok)
 
     def quarantine(self, a: Any) -> None:
         from provisioner.ledger.view import cluster_name, serving_clusters
@@ -627,7 +646,8 @@ def record_onboarding(fleet: Fleet, out: Mapping[str, Any], warn: Any) -> None:
                        else f"onboard: left out at {o.stage}: {'; '.join(o.problems)[:300] or 'failed'}")
                 try:
                     for to in path_to(state, target) if target != state else ():
-                        ctx = replace(lifecycle_context(fleet, ledger, h), health_passed=o.in_service)
+                        ctx = replace(lifecycle_context(fleet, ledger, h), health_passed=o.in_service,
+                                      burnin_passed=o.in_service)
                         res = transition(state, to, reason=why, host=h, force=True, context=ctx)
                         ledger.record_transition(h, state, to, reason=res.reason, actor="onboard", forced=res.forced)
                         state = to

@@ -8,7 +8,8 @@
 
 Refusals (`Refused`, one line):
 - a transition not in the table (e.g. in-service -> maintenance: drain first; anything out of retired);
-- into in-service without a passed health gate (`Context.health_passed`); `force` does not lift this one;
+- into in-service without a passed health gate (`Context.health_passed`), or, where the site turns the burn-in gate on,
+  without a passed burn-in newer than the state (`Context.burnin_passed`); `force` lifts neither;
 - draining a node whose vLLM cluster is the last one serving its model, unless `force` (the fleet's clusters and
   models and every host's state come in the `Context` as plain data: this module reads nothing).
 
@@ -60,6 +61,10 @@ class Context:
     lifecycle state (hosts missing are `new`)."""
 
     health_passed: bool = False
+    #: the burn-in gate (docs/burn-in.md): when the site turns it on (`burnin_gate`), into in-service also needs a
+    #: passed burn-in tier newer than the node's present state.
+    burnin_required: bool = False
+    burnin_passed: bool = False
     cluster: str | None = None
     clusters: Mapping[str, ClusterInfo] = field(default_factory=dict)
     states: Mapping[str, str] = field(default_factory=dict)
@@ -109,6 +114,9 @@ def transition(current: str, target: str, *, reason: str, host: str = "", force:
     forced = False
     if target == SERVING and not ctx.health_passed:
         raise Refused(f"{who}: {current} -> {SERVING} needs a passed health gate first (provision health)")
+    if target == SERVING and ctx.burnin_required and not ctx.burnin_passed:
+        raise Refused(f"{who}: {current} -> {SERVING} needs a passed burn-in newer than its {current} state first "
+                      "(provision burn-in INVENTORY HOST --tier quick|standard)")
     if target == "draining" and ctx.cluster is not None:
         c = ctx.clusters.get(ctx.cluster)
         if c is not None:

@@ -19,6 +19,10 @@ HARD_CHECKS: Mapping[str, str] = {
     "nvlink": "inactive NVLinks",
     "ib": "an InfiniBand port of NCCL_IB_HCA down",
 }
+#: checks a policy acts on only when `quarantine_on` names them (off by default)
+OPT_IN_CHECKS: Mapping[str, str] = {
+    "slow": "a slow node: a burn-in figure at least burnin_slow_fraction below its GPU model's fleet median (BRN018)",
+}
 #: remediation steps, in the order they usually escalate
 STEPS: tuple[str, ...] = ("gpu_reset", "reboot", "power_cycle")
 POLICY_KEYS: tuple[str, ...] = ("quarantine_on", "remediation", "replace_after")
@@ -48,7 +52,8 @@ def policy_of(value: Any) -> Policy | None:
     ra: Mapping[str, Any] = ra_raw if isinstance(ra_raw, Mapping) else {}
     n, days = ra.get("quarantines", DEFAULT_REPLACE[0]), ra.get("window_days", DEFAULT_REPLACE[1])
     return Policy(
-        quarantine_on=tuple(c for c in q if c in HARD_CHECKS) if isinstance(q, list) else tuple(HARD_CHECKS),
+        quarantine_on=tuple(c for c in q if c in HARD_CHECKS or c in OPT_IN_CHECKS) if isinstance(q, list)
+        else tuple(HARD_CHECKS),
         remediation=tuple(dict.fromkeys(s for s in r if s in STEPS)) if isinstance(r, list) else DEFAULT_REMEDIATION,
         replace_quarantines=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else DEFAULT_REPLACE[0],
         replace_window_days=days if isinstance(days, (int, float)) and not isinstance(days, bool) and days > 0
@@ -98,6 +103,8 @@ class Facts:
     #: its health passes (run, started, outcome), oldest first: at least those since the state was entered (what
     #: tells the gate after a step, the first pass after it, from a later pass)
     health_runs: tuple[tuple[int, float, str], ...] = ()
+    #: why it is a slow node (provisioner.burnin.slow_nodes on the newest burn-ins), None when it is not
+    slow: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,8 @@ def decide(f: Facts, p: Policy) -> Action:
         if any(s.step == "replace" for s in episode):
             return Action("hold", f.host, "marked for hardware replacement: stays quarantined")
         tried = [s for s in episode if s.step in STEPS]
-        passed = h is not None and h.outcome == "ok" and not h.failed()
+        passed = h is not None and h.outcome == "ok" and not h.failed() \
+            and not ("slow" in p.quarantine_on and f.slow)
         # after a step only a newer pass counts; before any, the failing pass that quarantined it is the baseline
         if h is None or (tried and h.started < tried[-1].at) or (passed and h.started < entered):
             return Action("gate", f.host, "no health pass since " + (f"{tried[-1].step}" if tried else "quarantine"))
@@ -170,6 +178,8 @@ def decide(f: Facts, p: Policy) -> Action:
             return Action("replace", f.host, f"{_reason(h, hard[0])}; quarantine {n} in "
                           f"{p.replace_window_days:g} days (replace_after {p.replace_quarantines})", check=hard[0])
         return Action("quarantine", f.host, _reason(h, hard[0]), check=hard[0])
+    if "slow" in p.quarantine_on and f.slow and f.state == "in-service":
+        return Action("quarantine", f.host, f.slow, check="slow")
     other_hw = _hard_failures(h, tuple(HARD_CHECKS))
     if other_hw:
         return Action("hold", f.host, f"{', '.join(other_hw)} failed: not in quarantine_on")

@@ -152,3 +152,33 @@ def record_health(results: Mapping[str, Any], inventory: Any, started: float, se
     except Exception as exc:  # noqa: BLE001 (best effort, as above)
         warn(exc, path or _path())
         return None
+
+
+def record_burnin(results: Mapping[str, Any], tier: str, inventory: Any, started: float, seconds: float,
+                  path: Path | None = None, *, fleet: Any = None) -> int | None:
+    """A `provision burn-in` pass (HostBurnin per host): a run `burn-in` with an outcome per host and one
+    burnin_results row per check per GPU. Best effort, like record_health."""
+    hosts, rows = [], []
+    for name, h in sorted(results.items()):
+        status = "ok" if h.ok else ("unreachable" if not h.reachable else "failed")
+        hosts.append({"host": name, "status": status, "failed": 0 if h.ok else 1})
+        rows += [(name, r) for r in h.results]
+        if h.error:
+            rows.append((name, {"check": "error", "status": "fail", "code": "BRN014", "message": h.error}))
+    try:
+        from provisioner.errors import UsageError
+        from provisioner.ledger.site import path_site, site_for
+
+        try:
+            site = site_for(inventory, fleet)
+        except UsageError:
+            site = path_site(inventory)
+        with Ledger.open(path or _path(), site=site) as ledger, ledger.atomic():
+            run = ledger.run_started("burn-in", str(inventory), started=started)
+            ledger.burnin_recorded(run, tier, rows)
+            ledger.run_finished(run, "ok" if all(h.ok for h in results.values()) else "failed", hosts=hosts,
+                                ended=started + seconds)
+            return run
+    except Exception as exc:  # noqa: BLE001 (best effort, as above)
+        warn(exc, path or _path())
+        return None

@@ -219,5 +219,27 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 
+# 8: burn-in results (issue 45): one row per check per GPU of a `provision burn-in` run (gpu -1: node-wide), the
+# tier it ran, the figure measured and the controller's verdict. Kept as its own step (BURNIN_RESULTS) so a merge
+# beside other new steps only renumbers it.
+BURNIN_RESULTS = """
+    CREATE TABLE burnin_results (
+        run     INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        host    TEXT NOT NULL,
+        seq     INTEGER NOT NULL,            -- the result's place in the node's output
+        tier    TEXT NOT NULL,               -- quick, standard, soak
+        "check" TEXT NOT NULL,
+        gpu     INTEGER NOT NULL DEFAULT -1, -- the GPU index; -1 for a node-wide check
+        result  TEXT NOT NULL,               -- pass, fail, warn, skip
+        code    TEXT,                        -- BRNnnn when failed
+        metric  TEXT,
+        value   REAL,
+        detail  TEXT,
+        PRIMARY KEY (run, host, seq)
+    );
+    CREATE INDEX burnin_results_host ON burnin_results (host, run);
+    """
+MIGRATIONS = MIGRATIONS + (BURNIN_RESULTS,)
+
 #: The version a database opened by this code ends at.
 VERSION = len(MIGRATIONS)

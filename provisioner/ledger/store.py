@@ -706,6 +706,58 @@ class Ledger(Day2Records):
         row = self._db.execute("SELECT at FROM full_drifts WHERE inventory = ?", (inventory,)).fetchone()
         return float(row[0]) if row else None
 
+    # -- burn-in (issue 45) ---------------------------------------------------------------------------------------
+    def burnin_recorded(self, run: int, tier: str, rows: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """The results of burn-in run `run`: (host, result) pairs, each result a checked node record (`check`, `gpu`,
+        `status`, `code`, `metric`, `value`, `message`), in the node's order."""
+        seq: dict[str, int] = {}
+        out = []
+        for host, r in rows:
+            seq[host] = seq.get(host, -1) + 1
+            gpu = r.get("gpu")
+            value = r.get("value")
+            out.append((run, host, seq[host], tier, str(r.get("check")), gpu if isinstance(gpu, int) else -1,
+                        str(r.get("status")), r.get("code"), r.get("metric"),
+                        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None,
+                        r.get("message")))
+        with self._tx() as db:
+            db.executemany('INSERT INTO burnin_results (run, host, seq, tier, "check", gpu, result, code, metric, '
+                           'value, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', out)
+
+    def burnin(self, host: str, run: int | None = None) -> list[dict[str, Any]]:
+        """Burn-in results of `host`: of run `run`, else of its newest burn-in run in this site."""
+        if run is None:
+            last = self.burnin_last(host)
+            if last is None:
+                return []
+            run = int(last["run"])
+        rows = self._db.execute('SELECT run, host, seq, tier, "check", gpu, result, code, metric, value, detail '
+                                'FROM burnin_results WHERE host = ? AND run = ? ORDER BY seq', (host, run))
+        return [dict(r) for r in rows]
+
+    def burnin_last(self, host: str, *, passed: bool = False) -> dict[str, Any] | None:
+        """{run, tier, ended, status} of the newest (passed) burn-in of `host` in this site."""
+        row = self._db.execute(
+            "SELECT runs.id AS run, runs.ended AS ended, host_outcomes.status AS status, "
+            "(SELECT tier FROM burnin_results b WHERE b.run = runs.id AND b.host = host_outcomes.host LIMIT 1) AS tier "
+            "FROM runs JOIN host_outcomes ON host_outcomes.run = runs.id WHERE runs.command = 'burn-in' AND "
+            "runs.site = ? AND host_outcomes.host = ?" + (" AND host_outcomes.status = 'ok'" if passed else "") +
+            " ORDER BY runs.id DESC LIMIT 1", (self.site, host)).fetchone()
+        return dict(row) if row else None
+
+    def burnin_figures(self) -> dict[str, dict[str, float]]:
+        """{host: {metric: its slowest GPU's figure}} from each host's newest burn-in run in this site (the slow-node
+        comparison's input)."""
+        rows = self._db.execute(
+            "SELECT b.host, b.metric, MIN(b.value) AS v FROM burnin_results b JOIN runs ON runs.id = b.run "
+            "WHERE runs.site = ? AND b.value IS NOT NULL AND b.metric IS NOT NULL AND b.result != 'skip' AND b.run = "
+            "(SELECT MAX(b2.run) FROM burnin_results b2 JOIN runs r2 ON r2.id = b2.run WHERE b2.host = b.host "
+            "AND r2.site = ?) GROUP BY b.host, b.metric", (self.site, self.site)).fetchall()
+        out: dict[str, dict[str, float]] = {}
+        for r in rows:
+            out.setdefault(r["host"], {})[r["metric"]] = float(r["v"])
+        return out
+
 
 def _roles(text: str | None) -> tuple[str, ...]:
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,7 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
     nodes = [h.name for h in fleet.gpu_nodes]
     records = ledger.records(nodes)
     now = time.time() if now is None else now
+    slow = burnin_slow(fleet, ledger)
     rows = []
     for host in nodes:
         state, since = states.get(host, ("new", None))
@@ -86,9 +88,58 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
             "drift": None if drift is None else {
                 "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
                 "items": len(ledger.drift_items(drift[0].id, host))},
+            "burnin": burnin_row(ledger, host),
+            "slow": [{"metric": x.metric, "value": x.value, "median": x.median, "gap": x.gap, "message": x.message}
+                     for x in slow if x.host == host],
             **recorded_seen(ledger, host, records.get(host), now),
         })
     return rows
+
+
+def burnin_row(ledger: Ledger, host: str) -> dict[str, Any] | None:
+    """The newest burn-in of `host`: run, tier, when, outcome, failed checks as `check[gpuN] CODE`."""
+    last = ledger.burnin_last(host)
+    if last is None:
+        return None
+    failed = [r["check"] + ("" if r["gpu"] < 0 else f"[gpu{r['gpu']}]") + (" " + r["code"] if r["code"] else "")
+              for r in ledger.burnin(host, int(last["run"])) if r["result"] == "fail"]
+    return {"run": last["run"], "tier": last["tier"], "ended": last["ended"], "result": last["status"],
+            "failed": failed}
+
+
+def burnin_distribution(fleet: Fleet, ledger: Ledger) -> list[dict[str, Any]]:
+    """Per GPU model and fleet metric: the median and every node's figure (its slowest GPU, newest burn-in), slowest
+    first, the slow ones marked with their gap (the page's distribution)."""
+    from provisioner.burnin import FLEET_METRICS
+
+    figures = ledger.burnin_figures()
+    slow = {(x.host, x.metric): x.gap for x in burnin_slow(fleet, ledger)}
+    models = {h.name: str(h.gpu_model) for h in fleet.gpu_nodes}
+    out = []
+    for model in dict.fromkeys(models.values()):
+        for metric in FLEET_METRICS:
+            vals = sorted((figures[h][metric], h) for h, m in models.items() if m == model and metric in
+                          figures.get(h, {}))
+            if not vals:
+                continue
+            out.append({"model": model, "metric": metric, "median": statistics.median(v for v, _ in vals),
+                        "nodes": [{"host": h, "value": v, "slow_gap": slow.get((h, metric))} for v, h in vals]})
+    return out
+
+
+def burnin_slow(fleet: Fleet, ledger: Ledger) -> list[Any]:
+    """The slow nodes (provisioner.burnin.slow_nodes) among the fleet's GPU nodes, from each node's newest burn-in:
+    its slowest GPU's figure per metric against its GPU model's fleet median."""
+    from provisioner.burnin import slow_nodes, slow_settings
+
+    figures = ledger.burnin_figures()
+    nodes = {h.name: h for h in fleet.gpu_nodes}
+    have = {h: (str(nodes[h].gpu_model), f) for h, f in figures.items() if h in nodes}
+    if not have:
+        return []
+    first = next(iter(nodes.values()))
+    fraction, min_sample = slow_settings(first.vars, first.name)
+    return slow_nodes(have, fraction=fraction, min_sample=min_sample)
 
 
 #: The driver packages whose installed version stands for the driver, most telling first (roles/nvidia_driver).
@@ -181,7 +232,22 @@ def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
     clusters = {name: ClusterInfo(model=cluster_model(c, name), members=c.members)
                 for name, c in fleet.clusters.items()}
     return Context(health_passed=health_passed(ledger, host, since), cluster=cluster_name(fleet, host),
-                   clusters=clusters, states={h: s for h, (s, _) in states.items()})
+                   clusters=clusters, states={h: s for h, (s, _) in states.items()},
+                   burnin_required=burnin_gate(fleet, host), burnin_passed=burnin_passed(ledger, host, since))
+
+
+def burnin_gate(fleet: Fleet, host: str) -> bool:
+    """The site's burn-in gate (`burnin_gate`, default off): into in-service needs a passed burn-in newer than the
+    state."""
+    h = fleet.hosts.get(host)
+    v = h.vars.get("burnin_gate", False) if h is not None else False
+    return str(v).strip().lower() in ("true", "yes", "1", "on")
+
+
+def burnin_passed(ledger: Ledger, host: str, since: float | None) -> bool:
+    """The newest passed `provision burn-in` of `host` (any tier) ended after `since`."""
+    last = ledger.burnin_last(host, passed=True)
+    return last is not None and (since is None or float(last["ended"] or 0) >= since)
 
 
 def history(ledger: Ledger, host: str) -> dict[str, Any]:
@@ -192,6 +258,9 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
         if outcome and outcome["status"] == "running" and r.status == "interrupted":
             outcome = {**outcome, "status": "interrupted"}
         failed = [h["check"] for h in ledger.health(host, r.id) if h["result"] == "fail"]
+        if r.command == "burn-in":
+            failed = [b["check"] + ("" if b["gpu"] < 0 else f"[gpu{b['gpu']}]") + (f" {b['code']}" if b["code"] else "")
+                      for b in ledger.burnin(host, r.id) if b["result"] == "fail"]
         runs.append({"id": r.id, "command": r.command, "started": r.started, "ended": r.ended, "status": r.status,
                      "outcome": outcome["status"] if outcome else None, "run_dir": r.run_dir,
                      "failed_checks": failed, "drift": [i for _, i in ledger.drift_items(r.id, host)]})

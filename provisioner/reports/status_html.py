@@ -14,6 +14,7 @@ table{border-collapse:collapse;margin-bottom:2em}th,td{border:1px solid #ccc;pad
 th{background:#f3f3f3}.state{font-weight:600}.quarantined,.fail,.failed{color:#b00}.in-service,.pass,.ok{color:#070}
 ol.timeline{list-style:none;padding-left:1em;border-left:3px solid #ddd}ol.timeline li{margin:.3em 0}
 .when{color:#666;font-family:monospace;margin-right:.6em}
+.slow{color:#b60;font-weight:600}table.dist td:nth-child(3){width:20em}.bar{background:#8ab;height:.8em}
 .seen.unreachable,.seen.error{color:#b00}.seen.yes{color:#070}
 .breaker{border:2px solid #b00;background:#fee;padding:.6em 1em;font-weight:600}
 """
@@ -34,6 +35,8 @@ def events(history: Mapping[str, Any]) -> list[tuple[float, str, str, str]]:
         forced = " (forced)" if t["forced"] else ""
         out.append((t["at"], "transition", t["to"], f"{t['from']} -> {t['to']}{forced} by {t['actor']}: {t['reason']}"))
     for r in history["runs"]:
+        if r["command"] == "burn-in":
+            out.append((r["started"], "burn-in", r["outcome"] or "-", f"burn-in #{r['id']}: {r['outcome']}"))
         if r["command"] == "health":
             bad = f" (failed: {', '.join(r['failed_checks'])})" if r["failed_checks"] else ""
             out.append((r["started"], "health", r["outcome"] or "-", f"health #{r['id']}: {r['outcome']}{bad}"))
@@ -94,14 +97,50 @@ def distributions(day2: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
+def burnin_cell(r: Mapping[str, Any], when: Any) -> str:
+    """The burn-in column: the newest tier, its outcome and failed checks; a slow node's metric and gap (the text
+    is node data: escaped)."""
+    bi = r.get("burnin")
+    text = "-" if bi is None else f"{bi['tier']} {when(bi['ended'])}: {bi['result']}" + (
+        f" ({', '.join(bi['failed'][:4])})" if bi["failed"] else "")
+    slow = r.get("slow") or []
+    for s in slow:
+        text += f"; SLOW {s['metric']} -{100 * s['gap']:.1f}%"
+    cls = "slow" if slow else (_cls(bi["result"]) if bi else "")
+    return f'<td class="{cls}">{_e(text)}</td>'
+
+
+def distribution_section(dist: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Burn-in figures per GPU model and metric: every node's (its slowest GPU) as a bar against the fleet's best,
+    the median named, a slow node marked with its gap (BRN018)."""
+    dist = list(dist)
+    if not dist:
+        return []
+    out = ['<section id="burn-in-fleet"><h2>burn-in figures per GPU model (slowest GPU of each node)</h2>']
+    for d in dist:
+        top = max((n["value"] for n in d["nodes"]), default=0.0) or 1.0
+        out.append(f'<table class="dist" data-metric="{_cls(d["metric"])}"><caption>{_e(d["model"])}: '
+                   f'{_e(d["metric"])}, median {d["median"]:.1f}</caption><tbody>')
+        for n in d["nodes"]:
+            gap = n["slow_gap"]
+            mark = f"SLOW -{100 * gap:.1f}%" if gap is not None else ""
+            out.append(f'<tr class="{"slow" if gap is not None else ""}"><td>{_e(n["host"])}</td>'
+                       f'<td>{n["value"]:.1f}</td><td><div class="bar" style="width:{100 * n["value"] / top:.0f}%">'
+                       f"</div></td><td>{_e(mark)}</td></tr>")
+        out.append("</tbody></table>")
+    out.append("</section>")
+    return out
+
+
 def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping[str, Mapping[str, Any]],
-           when: Any, generated: float, day2: Mapping[str, Any] | None = None) -> str:
+           when: Any, generated: float, day2: Mapping[str, Any] | None = None,
+           distribution: Iterable[Mapping[str, Any]] = ()) -> str:
     """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter; `day2`:
-    view.day2_view() (the breaker, open incidents, recommendations, incidents)."""
+    view.day2_view() (the breaker, open incidents, recommendations, incidents); `distribution`: burn-in figures."""
     rows = list(rows)
     from provisioner.probes.seen import cell
 
-    head = ("host", "state", "since", "cluster", "last run", "health", "drift", "mark", "driver", "vllm")
+    head = ("host", "state", "since", "cluster", "last run", "health", "burn-in", "drift", "mark", "driver", "vllm")
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>fleet status: {_e(inventory)}</title><style>{CSS}</style></head><body>",
            f"<h1>fleet status: {_e(inventory)}</h1>", f"<p>generated {_e(when(generated))}</p>",
@@ -116,7 +155,8 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
         cells = [f'<td><a href="#node-{_cls(r["host"])}">{_e(r["host"])}</a></td>',
                  f'<td class="state {_cls(r["state"])}">{_e(r["state"])}</td>', f"<td>{_e(when(r['since']))}</td>",
                  f"<td>{_e(r['cluster'])}</td>", f"<td>{_e(lr)}</td>",
-                 f'<td class="{_cls(health["result"]) if health else ""}">{_e(hl)}</td>', f"<td>{_e(dr)}</td>"]
+                 f'<td class="{_cls(health["result"]) if health else ""}">{_e(hl)}</td>',
+                 burnin_cell(r, when), f"<td>{_e(dr)}</td>"]
         for key in ("mark", "driver", "vllm"):  # the seen columns; the title says where the value came from
             f, text = r.get(key) or {}, cell(r.get(key), key)
             word = text.split(" ")[0] if text.split(" ")[0] in ("yes", "unreachable", "error") else ""
@@ -126,6 +166,7 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
         out.append(f'<tr data-host="{_e(r["host"])}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     out += distributions(day2)
+    out += distribution_section(distribution)
     for r in rows:
         host = r["host"]
         out.append(f'<section id="node-{_cls(host)}"><h2>{_e(host)}: {_e(r["state"])}</h2>')

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-COLUMNS = ("host", "state", "since", "cluster", "last run", "health", "drift", "mark", "driver", "vllm")
+COLUMNS = ("host", "state", "since", "cluster", "last run", "health", "burn-in", "drift", "mark", "driver", "vllm")
 WIDE = 100_000
 #: states whose reason the text shows (the JSON has every host's reason)
 REASON_STATES = ("quarantined", "maintenance", "draining", "retired")
@@ -23,9 +23,14 @@ def cells(r: dict[str, Any], when: Callable[[float | None], str], cell: Callable
         f" ({', '.join(health['failed'])})" if health["failed"] else "")
     dr = "-" if drift is None else f"{when(drift['started'])}: {drift['items']} item(s)" + (
         "" if drift["outcome"] in ("ok", "changed") else f" ({drift['outcome']})")
+    bi = r.get("burnin")
+    bl = "-" if bi is None else f"{bi['tier']} {when(bi['ended'])}: {bi['result']}" + (
+        f" ({', '.join(bi['failed'][:4])}{' ...' if len(bi['failed']) > 4 else ''})" if bi["failed"] else "")
+    for s in r.get("slow") or []:
+        bl += f"; SLOW {s['metric']} -{100 * s['gap']:.1f}%"
     reason = (r.get("reason") or "") if r["state"] in REASON_STATES else ""
     return {"host": r["host"], "state": r["state"], "since": when(r["since"]), "cluster": r["cluster"] or "-",
-            "last run": lr, "health": hl, "drift": dr, "mark": cell(r.get("mark"), "mark"),
+            "last run": lr, "health": hl, "burn-in": bl, "drift": dr, "mark": cell(r.get("mark"), "mark"),
             "driver": cell(r.get("driver")), "vllm": cell(r.get("vllm")), "reason": reason}
 
 
@@ -55,6 +60,7 @@ def stacked(title: str, rows: Sequence[dict[str, str]]) -> list[str]:
         out.append(f"  cluster:  {r['cluster']}")
         out.append(f"  last run: {r['last run']}")
         out.append(f"  health:   {r['health']}")
+        out.append(f"  burn-in:  {r['burn-in']}")
         out.append(f"  drift:    {r['drift']}")
         out.append(f"  mark: {r['mark']}   driver: {r['driver']}   vllm: {r['vllm']}")
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from provisioner.day2.policy import HARD_CHECKS, POLICY_KEYS, REPLACE_KEYS, STEPS
+from provisioner.day2.policy import HARD_CHECKS, OPT_IN_CHECKS, POLICY_KEYS, REPLACE_KEYS, STEPS
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
 from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
@@ -42,7 +42,8 @@ def policy_shape(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 
 @rule("LC002", "lifecycle_policy.quarantine_on names a check that is not a hardware check")
 def quarantine_on(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
-    """quarantine_on is a list of the hard health checks (ecc, xid, fabricmanager, nvlink, ib): a soft check
+    """quarantine_on is a list of the hard health checks (ecc, xid, fabricmanager, nvlink, ib), and `slow` (opt-in: the
+    burn-in slow node); a soft check
     (driver, persistence, allreduce...) is fixed by a run, not by quarantining the node."""
     for g, h, v in _policies(fleet):
         if "quarantine_on" not in v:
@@ -54,7 +55,7 @@ def quarantine_on(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                           var=VAR)
             continue
         for c in q:
-            if c not in HARD_CHECKS:
+            if c not in HARD_CHECKS and c not in OPT_IN_CHECKS:
                 yield Finding("LC002", "error", f"{VAR}.quarantine_on: {show(c)} is not a hardware health check "
                               f"(one of {', '.join(HARD_CHECKS)}){suggest(c, HARD_CHECKS)}; other checks are "
                               "fixed by provision run, not by quarantine", host=h, group=g, var=VAR)

@@ -1,0 +1,1 @@
+../../../provisioner/probes/nodeparse.py
