@@ -117,7 +117,7 @@ def test_slow_node_in_a_fleet_of_four() -> None:
 
 
 def test_quarantine_on_slow_is_off_by_default_and_acts_when_named() -> None:
-    from provisioner.remediation import Facts, Health, Policy, decide, policy_of
+    from provisioner.day2.policy import Facts, Health, Policy, decide, policy_of
 
     ok = Health(run=7, started=1000.0, outcome="ok", checks={"ecc": ("pass", None)})
     slow = "slow node: n2: gemm_bf16_tflops 640.8 is 7.0% below the H100-SXM5-80GB fleet median 689.0 (4 nodes)"

@@ -14,7 +14,7 @@ from inventory_factory import write_inventory
 from provisioner.ledger import Ledger
 from provisioner.ledger.record import record_burnin
 from provisioner.ledger.site import path_site
-from provisioner.lifecycle import Context, Refused, transition
+from provisioner.day2.lifecycle import Context, Refused, transition
 from provisioner.probes.burnin import HostBurnin
 
 INI = """\
