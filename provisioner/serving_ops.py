@@ -208,19 +208,46 @@ class Ops:
                          cluster=h.cluster, at_drain=f, cut=n or 0)
         return cut
 
+    def _generates(self, head: Head) -> Any:
+        """The generation probe on the head (provisioner/probes/generate.py), judged against its launch record."""
+        from provisioner.monitoring import template_context
+        from provisioner.probes import generate
+        from provisioner.probes.ssh import run_one, target_for
+
+        v = template_context(self.fleet, roles=("provisioner_plan", "vllm_launch"), host=head.host)
+        s = self.fleet.clusters[head.cluster].settings
+        model = str(s.get("served_model_name") or s.get("model") or "")
+        bound = float(v.get("vllm_probe_timeout") or generate.TIMEOUT_S)
+        cmd = generate.head_command(head.port, model, record_file=str(v.get("vllm_probe_file") or generate.RECORD_FILE),
+                                    env_file=str(v.get("vllm_env_file") or "/etc/vllm/vllm.env"), bound_s=bound)
+        t = target_for(self.fleet.hosts[head.host])
+        r = run_one(t, as_root(cmd, t.user), timeout=bound + 30)
+        if not (r.ok and r.rc == 0):
+            return generate.Verdict(False, r.error or r.stderr.strip()[-200:] or f"exit {r.rc}")
+        return generate.head_verdict(r.stdout, bound)
+
     def wait_healthy(self, heads: Iterable[Head], timeout: float, poll: float = 3.0) -> bool:
+        """Wait until every head GENERATES (the generation probe with its launch answer; /health is only a hint)."""
         pending = {h.cluster: h for h in heads}
+        why: dict[str, str] = {}
         t0 = time.monotonic()
         while pending and time.monotonic() - t0 < timeout:
             for c, h in list(pending.items()):
-                if self._get(h, "/health")[0] == 200:
-                    self.say("healthy", f"{c}: /health 200 at {h.server} after {time.monotonic() - t0:.1f} s",
-                             cluster=c)
+                if self._get(h, "/health")[0] != 200:
+                    why[c] = "no /health 200"
+                    continue
+                v = self._generates(h)
+                if v.ok:
+                    self.say("healthy", f"{c}: generates at {h.server} (launch answer, {v.latency_s:.1f} s) after "
+                             f"{time.monotonic() - t0:.1f} s", cluster=c)
                     del pending[c]
+                else:
+                    why[c] = f"/health 200 but the generation probe failed: {v.reason}"
             if pending:
                 time.sleep(poll)
         for c, h in pending.items():
-            self.say("healthy", f"{c}: no /health 200 at {h.server} within {timeout:g} s", ok=False, cluster=c)
+            self.say("healthy", f"{c}: not serving at {h.server} within {timeout:g} s ({why.get(c, 'not probed')})",
+                     ok=False, cluster=c)
         return not pending
 
     # --- members -------------------------------------------------------------------------------------------

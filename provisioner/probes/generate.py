@@ -111,3 +111,64 @@ def probe(base_url: str, model: str, *, key: str = "", prompt: str = PROMPT, max
     except (urllib.error.URLError, OSError, ValueError):
         status = 0
     return verdict(status, payload, time.monotonic() - t0, expected, bound_s)
+
+
+# Runs ON the head (python3, stdlib): the probe against 127.0.0.1 with the key read from the vLLM env file (it never
+# leaves the head, never in argv) and the request of the head's launch record. Prints one JSON line: status,
+# payload (the response), latency_s, record (the record file's text or null).
+_HEAD_SCRIPT = r"""
+import json, sys, time, urllib.error, urllib.request
+port, rec_path, env_path, model, prompt, max_tokens, bound = sys.argv[1:8]
+key = ""
+try:
+    for ln in open(env_path, encoding="utf-8"):
+        if ln.startswith("VLLM_API_KEY="):
+            v = ln.split("=", 1)[1].rstrip("\n")
+            if len(v) >= 2 and v[0] == v[-1] == '"':
+                v = v[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            key = v
+except OSError:
+    pass
+raw = None
+try:
+    raw = open(rec_path, encoding="utf-8").read(65536)
+    rec = json.loads(raw)
+    model, prompt, max_tokens = rec["model"], rec["prompt"], rec["max_tokens"]
+except (OSError, ValueError, KeyError, TypeError):
+    pass
+body = json.dumps({"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "temperature": 0}).encode()
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, data=body, method="POST",
+                             headers={"Content-Type": "application/json"})
+if key:
+    req.add_header("Authorization", "Bearer " + key)
+t0 = time.monotonic()
+status, payload = 0, None
+try:
+    with urllib.request.urlopen(req, timeout=float(bound)) as r:
+        status, payload = r.status, json.loads(r.read(1 << 20))
+except urllib.error.HTTPError as e:
+    status = e.code
+except Exception:
+    status = 0
+print(json.dumps({"status": status, "payload": payload, "latency_s": time.monotonic() - t0, "record": raw}))
+"""
+
+
+def head_command(port: int, model: str, *, record_file: str = RECORD_FILE, env_file: str = "/etc/vllm/vllm.env",
+                 prompt: str = PROMPT, max_tokens: int = MAX_TOKENS, bound_s: float = TIMEOUT_S) -> str:
+    """Shell for the head (run as root: the env file is root:vllm 0640): one probe, its outcome as a JSON line."""
+    import shlex
+
+    args = [str(port), record_file, env_file, model, prompt, str(int(max_tokens)), str(bound_s)]
+    return "python3 -c " + " ".join(shlex.quote(a) for a in (_HEAD_SCRIPT, *args))
+
+
+def head_verdict(stdout: str, bound_s: float = TIMEOUT_S) -> Verdict:
+    """The head's JSON line (data: checked) judged against its own launch record."""
+    try:
+        out = json.loads(stdout.strip().splitlines()[-1])
+        status, latency = int(out["status"]), float(out["latency_s"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        return Verdict(False, "the head's probe printed no result")
+    rec = parse_record(out.get("record"))
+    return verdict(status, out.get("payload"), latency, rec["text"] if rec else None, bound_s)

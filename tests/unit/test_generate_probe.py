@@ -92,3 +92,15 @@ def test_drain_wait_is_a_setting_rendered_as_the_shutdown_timeout() -> None:
     assert not setting_problems(cluster_defaults())
     assert [k for k, _ in setting_problems({**cluster_defaults(), "drain_wait": "2m"})] == ["drain_wait"]
     assert [k for k, _ in setting_problems({**cluster_defaults(), "drain_wait": -1})] == ["drain_wait"]
+
+
+def test_head_command_and_verdict() -> None:
+    cmd = generate.head_command(8000, "tiny", bound_s=5)
+    assert cmd.startswith("python3 -c ") and " 8000 " in cmd and "/etc/vllm/vllm.env" in cmd
+    rec = json.dumps(generate.make_record(" jumps", "c1", "tiny", "p", 4))
+    line = json.dumps({"status": 200, "payload": DONE, "latency_s": 0.3, "record": rec})
+    v = generate.head_verdict(line, 5)
+    assert not v.ok and "at launch ' jumps'" in v.reason
+    line = json.dumps({"status": 200, "payload": DONE, "latency_s": 0.3, "record": None})
+    assert generate.head_verdict("noise\n" + line, 5).ok
+    assert generate.head_verdict("Traceback ...", 5).reason == "the head's probe printed no result"
