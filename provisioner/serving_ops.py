@@ -209,22 +209,10 @@ class Ops:
         return cut
 
     def _generates(self, head: Head) -> Any:
-        """The generation probe on the head (provisioner/probes/generate.py), judged against its launch record."""
-        from provisioner.monitoring import template_context
-        from provisioner.probes import generate
-        from provisioner.probes.ssh import run_one, target_for
+        """The generation probe on the head, judged against its launch record (provisioner/probes/serving.py)."""
+        from provisioner.probes.serving import probe_head
 
-        v = template_context(self.fleet, roles=("provisioner_plan", "vllm_launch"), host=head.host)
-        s = self.fleet.clusters[head.cluster].settings
-        model = str(s.get("served_model_name") or s.get("model") or "")
-        bound = float(v.get("vllm_probe_timeout") or generate.TIMEOUT_S)
-        cmd = generate.head_command(head.port, model, record_file=str(v.get("vllm_probe_file") or generate.RECORD_FILE),
-                                    env_file=str(v.get("vllm_env_file") or "/etc/vllm/vllm.env"), bound_s=bound)
-        t = target_for(self.fleet.hosts[head.host])
-        r = run_one(t, as_root(cmd, t.user), timeout=bound + 30)
-        if not (r.ok and r.rc == 0):
-            return generate.Verdict(False, r.error or r.stderr.strip()[-200:] or f"exit {r.rc}")
-        return generate.head_verdict(r.stdout, bound)
+        return probe_head(self.fleet, head.cluster, head.host, head.port)
 
     def wait_healthy(self, heads: Iterable[Head], timeout: float, poll: float = 3.0) -> bool:
         """Wait until every head GENERATES (the generation probe with its launch answer; /health is only a hint)."""

@@ -22,7 +22,9 @@ passes and remediation steps.
 The mark, driver and vllm columns say what was seen of the in-service mark, the NVIDIA driver and vLLM: without
 --nodes, what the ledger holds (the driver from the last health pass or the last complete run's recorded state;
 the mark `recorded` when that state holds /etc/provisioner/in-service; `-` unknown). --nodes reads all three on
-every node, one SSH exec each, in parallel; a node that does not answer reads `unreachable`.
+every node, one SSH exec each, in parallel; a node that does not answer reads `unreachable`; and it runs the
+generation probe on every cluster head (one more exec each: a greedy completion with the API key, which stays on the
+head, compared with the head's launch answer; docs/serving.md): a `serving` line per cluster, `NOT serving` with why.
 
 Only the records of the inventory's site are shown (`provision_site`, else the inventory's resolved path): another
 inventory's node01 is another host. --all-sites (no INVENTORY) lists every site in the ledger instead.
@@ -75,12 +77,15 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
+    serving: list[dict] | None = None
     if nodes:
         from provisioner.probes.seen import look
+        from provisioner.probes.serving import probe_heads
 
         seen = look(fleet, [r["host"] for r in rows])
         for r in rows:
             r.update(seen[r["host"]])
+        serving = probe_heads(fleet)
     if html is not None:
         import time
 
@@ -88,11 +93,14 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
         from provisioner.reports.textfile import write_atomic
 
         try:
-            write_atomic(html, render(str(inventory), rows, histories, when, time.time()))
+            write_atomic(html, render(str(inventory), rows, histories, when, time.time(), serving=serving))
         except OSError as exc:
             raise UsageError(f"cannot write the HTML page: {exc.strerror or exc}", path=str(html)) from None
     if fmt is Format.json:
-        sys.stdout.write(json.dumps({"inventory": str(inventory), "site": site, "hosts": rows}, indent=2) + "\n")
+        doc = {"inventory": str(inventory), "site": site, "hosts": rows}
+        if serving is not None:
+            doc["serving"] = serving
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return int(Exit.OK)
     from rich.console import Console
 
@@ -102,6 +110,11 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
 
     render_text(Console(highlight=False), f"fleet status: {printable(str(inventory))}",
            [{k: printable(v) for k, v in cells(r, when, cell).items()} for r in rows])  # text, never a control
+    if serving is not None:
+        from provisioner.probes.serving import line
+
+        for p in serving:
+            sys.stdout.write(f"serving: {printable(line(p))}\n")
     return int(Exit.OK)
 
 

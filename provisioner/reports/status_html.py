@@ -42,7 +42,7 @@ def events(history: Mapping[str, Any]) -> list[tuple[float, str, str, str]]:
 
 
 def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping[str, Mapping[str, Any]],
-           when: Any, generated: float) -> str:
+           when: Any, generated: float, serving: Iterable[Mapping[str, Any]] | None = None) -> str:
     """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter."""
     rows = list(rows)
     from provisioner.probes.seen import cell
@@ -70,6 +70,13 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
             cells.append(f'<td class="seen {word}"{tip}>{_e(text)}</td>')
         out.append(f'<tr data-host="{_e(r["host"])}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
+    if serving is not None:  # the generation probe per cluster head (status --nodes)
+        out.append('<table id="serving"><thead><tr><th>cluster</th><th>head</th><th>serves</th></tr></thead><tbody>')
+        for p in serving:
+            text = f"yes ({p['latency_s']} s)" if p["serves"] else f"NO: {p['reason']}"
+            out.append(f'<tr><td>{_e(p["cluster"])}</td><td>{_e(p["head"])} {_e(p["server"])}</td>'
+                       f'<td class="seen {"yes" if p["serves"] else "error"}">{_e(text)}</td></tr>')
+        out.append("</tbody></table>")
     for r in rows:
         host = r["host"]
         out.append(f'<section id="node-{_cls(host)}"><h2>{_e(host)}: {_e(r["state"])}</h2>')

@@ -104,3 +104,16 @@ def test_head_command_and_verdict() -> None:
     line = json.dumps({"status": 200, "payload": DONE, "latency_s": 0.3, "record": None})
     assert generate.head_verdict("noise\n" + line, 5).ok
     assert generate.head_verdict("Traceback ...", 5).reason == "the head's probe printed no result"
+
+
+def test_status_page_serving_rows_are_data() -> None:
+    from provisioner.probes.serving import line
+    from provisioner.reports.status_html import render
+
+    bad = {"cluster": "c1", "head": "node01", "server": "10.0.0.1:8000", "serves": False, "latency_s": 0.2,
+           "reason": "answered '<script>x</script>', at launch ' jumps'"}
+    good = {**bad, "cluster": "c2", "serves": True, "reason": ""}
+    page = render("inv", [], {}, str, 0.0, serving=[bad, good])
+    assert "<script>x" not in page and "&lt;script&gt;" in page and 'class="seen yes">yes (0.2 s)' in page
+    assert line(bad).startswith("c1 (head node01, 10.0.0.1:8000): NOT serving: answered")
+    assert render("inv", [], {}, str, 0.0).count('id="serving"') == 0
