@@ -52,8 +52,8 @@ def test_launch_answers_recorded_and_the_balancer_drops_a_wedged_engine(vllm_rac
     assert recs[OTHER]["text"] and recs[OTHER]["text"] == recs[WEDGED]["text"], recs
     assert rack.api_key not in json.dumps(recs) and rack.api_key not in rack.run_output
     # graceful stop aligned with the drain's wait: vLLM drains in-flight requests for drain_wait s on SIGTERM
-    unit = rack.ssh(WEDGED, "systemctl cat vllm.service").stdout
-    assert "--shutdown-timeout 120 " in unit and "TimeoutStopSec=150" in unit, unit
+    unit = rack.ssh(WEDGED, "systemctl show -p TimeoutStopUSec -p ExecStart vllm.service").stdout
+    assert "--shutdown-timeout 120 " in unit and "TimeoutStopUSec=2min 30s" in unit, unit
 
     inv = str(rack.inventory)
     from provisioner.inventory import load_fleet
