@@ -71,16 +71,17 @@ def test_launch_answers_recorded_and_the_balancer_drops_a_wedged_engine(vllm_rac
                                               for s in servers.values()), BOUND_S) is not None
 
         # an answer other than the launch record takes the head out (the probe file says what node01 said)
-        saved = rack.ssh(LB, "cat /var/lib/vllm-lb/probe.json").stdout
-        wrong = json.loads(saved)
-        wrong["servers"][servers[OTHER]]["expected"] = " not what it said at launch"
-        put = f"umask 077; cat > /var/lib/vllm-lb/probe.json <<'EOF'\n{json.dumps(wrong)}\nEOF"
-        assert rack.ssh(LB, put).returncode == 0
+        # edited on lb01 itself (the file holds the API key: it never travels in an argv)
+        edit = ("import json; p = '/var/lib/vllm-lb/probe.json'; d = json.load(open(p)); "
+                f"d['servers']['{servers[OTHER]}']['expected'] = ' not what it said at launch'; "
+                "json.dump(d, open(p, 'w'))")
+        assert rack.ssh(LB, f"cp -p /var/lib/vllm-lb/probe.json /var/lib/vllm-lb/probe.json.saved && "
+                            f"python3 -c \"{edit}\"").returncode == 0
         try:
             assert wedge.wait_for(lambda: wedge.marked_down(rack.handle, LB, servers[OTHER]),  # type: ignore[arg-type]
                                   BOUND_S) is not None, "a wrong answer did not take the head out"
         finally:
-            assert rack.ssh(LB, f"umask 077; cat > /var/lib/vllm-lb/probe.json <<'EOF'\n{saved}EOF").returncode == 0
+            assert rack.ssh(LB, "mv /var/lib/vllm-lb/probe.json.saved /var/lib/vllm-lb/probe.json").returncode == 0
         assert wedge.wait_for(lambda: not wedge.marked_down(rack.handle, LB, servers[OTHER]),  # type: ignore[arg-type]
                               BOUND_S) is not None
 
