@@ -263,6 +263,7 @@ def vllm_facts(fleet: Fleet, host: str, variables: Mapping[str, Any] | None = No
         "socket_ifname": h.bootstrap_interface or "",
         "port": port,
         "master_port": master_port,
+        "drain_wait": int(s.get("drain_wait") or 0),
         "model": str(s.get("model", "")),
         "served_model_name": str(s.get("served_model_name") or s.get("model", "")),
         "argv": argv,

@@ -3,11 +3,13 @@
 `serve_args(cluster, host, fleet) -> list[str]` returns the arguments that follow `vllm serve MODEL` on `host`
 (`serve_command` prepends `vllm serve MODEL`). Multi-node clusters use vLLM's own Ray-free `mp` executor:
 
-    head (node_rank 0): --nnodes N --node-rank 0 --master-addr HEAD --master-port P -tp T -pp P [--port 8000] ...
-    worker (rank R):    --nnodes N --node-rank R --master-addr HEAD --master-port P -tp T -pp P ... --headless
+    head (rank 0):   --nnodes N --node-rank 0 --master-addr HEAD --master-port P -tp T -pp P
+                     [--port 8000 --shutdown-timeout W] ...
+    worker (rank R): --nnodes N --node-rank R --master-addr HEAD --master-port P -tp T -pp P ... --headless
 
 `executor: ray` renders `--distributed-executor-backend ray` on the head only; Ray workers run `ray start`, not
 `vllm serve`, so `serve_args` returns [] for them. A one-node cluster gets no --nnodes/--node-rank/--master-* flags.
+W is the cluster's `drain_wait` (vLLM drains in-flight requests that long on SIGTERM).
 HEAD is the head's `vllm_host_ip` when set, else its `ansible_host` (the address the bootstrap interface carries).
 The order is fixed (settings flags, then `extra_args` verbatim) so rendered units are byte-stable.
 
@@ -56,6 +58,7 @@ MANAGED_FLAGS: Mapping[str, str] = {
     "--enable-prefix-caching": "enable_prefix_caching",
     "--no-enable-prefix-caching": "enable_prefix_caching",
     "--port": "port",
+    "--shutdown-timeout": "drain_wait",
 }
 
 
@@ -92,6 +95,8 @@ def serve_args(cluster: Cluster, host: Host | str, fleet: Fleet) -> list[str]:
         argv += ["--distributed-executor-backend", "ray"]
     if is_head:
         argv += ["--port", str(s["port"])]
+        # graceful stop: on SIGTERM the engine finishes in-flight requests for up to the drain's wait
+        argv += ["--shutdown-timeout", str(s.get("drain_wait", 0))]
     argv += ["--dtype", str(s["dtype"])]
     if s.get("quantization"):
         argv += ["--quantization", str(s["quantization"])]

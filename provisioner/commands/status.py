@@ -25,7 +25,9 @@ passes and remediation steps.
 The mark, driver and vllm columns say what was seen of the in-service mark, the NVIDIA driver and vLLM: without
 --nodes, what the ledger holds (the driver from the last health pass or the last complete run's recorded state;
 the mark `recorded` when that state holds /etc/provisioner/in-service; `-` unknown). --nodes reads all three on
-every node, one SSH exec each, in parallel; a node that does not answer reads `unreachable`.
+every node, one SSH exec each, in parallel; a node that does not answer reads `unreachable`; and it runs the
+generation probe on every cluster head (one more exec each: a greedy completion with the API key, which stays on the
+head, compared with the head's launch answer; docs/serving.md): a `serving` line per cluster, `NOT serving` with why.
 
 Only the records of the inventory's site are shown (`provision_site`, else the inventory's resolved path): another
 inventory's node01 is another host. --all-sites (no INVENTORY) lists every site in the ledger instead.
@@ -88,12 +90,15 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
+    serving: list[dict] | None = None
     if nodes:
         from provisioner.probes.seen import look
+        from provisioner.probes.serving import probe_heads
 
         seen = look(fleet, [r["host"] for r in rows])
         for r in rows:
             r.update(seen[r["host"]])
+        serving = probe_heads(fleet)
     if html is not None:
         import time
 
@@ -102,13 +107,15 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
 
         try:
             write_atomic(html, render(str(inventory), rows, histories, when, time.time(), day2=day2,
-                                      distribution=dist))
+                                      distribution=dist, serving=serving))
         except OSError as exc:
             raise UsageError(f"cannot write the HTML page: {exc.strerror or exc}", path=str(html)) from None
     if fmt is Format.json:
         brief = {k: v for k, v in day2.items() if k != "incidents"}
-        sys.stdout.write(json.dumps({"inventory": str(inventory), "site": site, "hosts": rows, "day2": brief},
-                                    indent=2) + "\n")
+        doc = {"inventory": str(inventory), "site": site, "hosts": rows, "day2": brief}
+        if serving is not None:
+            doc["serving"] = serving
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return int(Exit.OK)
     from rich.console import Console
 
@@ -118,8 +125,13 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
 
     render_text(Console(highlight=False), f"fleet status: {printable(str(inventory))}",
            [{k: printable(v) for k, v in cells(r, when, cell).items()} for r in rows])  # text, never a control
-    for line in day2_lines(day2, when, str(inventory)):
-        sys.stdout.write(printable(line) + "\n")
+    for text in day2_lines(day2, when, str(inventory)):
+        sys.stdout.write(printable(text) + "\n")
+    if serving is not None:
+        from provisioner.probes.serving import line
+
+        for p in serving:
+            sys.stdout.write(f"serving: {printable(line(p))}\n")
     return int(Exit.OK)
 
 

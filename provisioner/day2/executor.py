@@ -209,19 +209,34 @@ class Ops:
                          cluster=h.cluster, at_drain=f, cut=n or 0)
         return cut
 
+    def _generates(self, head: Head) -> Any:
+        """The generation probe on the head, judged against its launch record (provisioner/probes/serving.py)."""
+        from provisioner.probes.serving import probe_head
+
+        return probe_head(self.fleet, head.cluster, head.host, head.port)
+
     def wait_healthy(self, heads: Iterable[Head], timeout: float, poll: float = 3.0) -> bool:
+        """Wait until every head GENERATES (the generation probe with its launch answer; /health is only a hint)."""
         pending = {h.cluster: h for h in heads}
+        why: dict[str, str] = {}
         t0 = time.monotonic()
         while pending and time.monotonic() - t0 < timeout:
             for c, h in list(pending.items()):
-                if self._get(h, "/health")[0] == 200:
-                    self.say("healthy", f"{c}: /health 200 at {h.server} after {time.monotonic() - t0:.1f} s",
-                             cluster=c)
+                if self._get(h, "/health")[0] != 200:
+                    why[c] = "no /health 200"
+                    continue
+                v = self._generates(h)
+                if v.ok:
+                    self.say("healthy", f"{c}: generates at {h.server} (launch answer, {v.latency_s:.1f} s) after "
+                             f"{time.monotonic() - t0:.1f} s", cluster=c)
                     del pending[c]
+                else:
+                    why[c] = f"/health 200 but the generation probe failed: {v.reason}"
             if pending:
                 time.sleep(poll)
         for c, h in pending.items():
-            self.say("healthy", f"{c}: no /health 200 at {h.server} within {timeout:g} s", ok=False, cluster=c)
+            self.say("healthy", f"{c}: not serving at {h.server} within {timeout:g} s ({why.get(c, 'not probed')})",
+                     ok=False, cluster=c)
         return not pending
 
     # --- members -------------------------------------------------------------------------------------------

@@ -134,9 +134,10 @@ def distribution_section(dist: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping[str, Mapping[str, Any]],
            when: Any, generated: float, day2: Mapping[str, Any] | None = None,
-           distribution: Iterable[Mapping[str, Any]] = ()) -> str:
+           distribution: Iterable[Mapping[str, Any]] = (), serving: Iterable[Mapping[str, Any]] | None = None) -> str:
     """The page. `rows`: status_rows(); `histories`: {host: view.history()}; `when`: the time formatter; `day2`:
-    view.day2_view() (the breaker, open incidents, recommendations, incidents); `distribution`: burn-in figures."""
+    view.day2_view() (the breaker, open incidents, recommendations, incidents); `distribution`: burn-in figures;
+    `serving`: the generation probe per cluster head (status --nodes)."""
     rows = list(rows)
     from provisioner.probes.seen import cell
 
@@ -165,6 +166,13 @@ def render(inventory: str, rows: Iterable[Mapping[str, Any]], histories: Mapping
             cells.append(f'<td class="seen {word}"{tip}>{_e(text)}</td>')
         out.append(f'<tr data-host="{_e(r["host"])}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
+    if serving is not None:  # the generation probe per cluster head (status --nodes)
+        out.append('<table id="serving"><thead><tr><th>cluster</th><th>head</th><th>serves</th></tr></thead><tbody>')
+        for p in serving:
+            text = f"yes ({p['latency_s']} s)" if p["serves"] else f"NO: {p['reason']}"
+            out.append(f'<tr><td>{_e(p["cluster"])}</td><td>{_e(p["head"])} {_e(p["server"])}</td>'
+                       f'<td class="seen {"yes" if p["serves"] else "error"}">{_e(text)}</td></tr>')
+        out.append("</tbody></table>")
     out += distributions(day2)
     out += distribution_section(distribution)
     for r in rows:

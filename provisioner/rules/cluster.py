@@ -48,6 +48,10 @@ def setting_problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         v = s.get(key)
         if not (is_int(v) and v >= 1):
             out.append((key, f"{key} = {show(v)} is a {type_name(v)}: expected an integer >= 1{quoted_hint(v, 'int')}"))
+    v = s.get("drain_wait")
+    if not (is_int(v) and v >= 0):
+        out.append(("drain_wait", f"drain_wait = {show(v)} is a {type_name(v)}: expected an integer >= 0 (seconds)"
+                    f"{quoted_hint(v, 'int')}"))
     v = s.get("max_num_batched_tokens")
     if v is not None and not (is_int(v) and v >= 1):
         out.append(("max_num_batched_tokens", f"max_num_batched_tokens = {show(v)}: expected an integer >= 1 or "

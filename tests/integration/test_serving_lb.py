@@ -55,6 +55,8 @@ class Stub(ThreadingHTTPServer):
         self.requests: list[dict] = []  # what this head received
         self.active = 0
         self.healthy = True
+        self.answer = " jumps over"  # choices[0].text of every completion (the generation probe compares it)
+        self.stall = 0.0  # seconds a completion takes (a wedged engine: /health still answers)
         self.lock = threading.Lock()
         super().__init__(addr, Handler)
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -113,8 +115,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._chunk("data: [DONE]\n\n")
                 self._chunk("")
                 return
-            time.sleep(float(body.get("hold", 0)))
-            self._send(200, {"served_by": self.server.name, "model": body.get("model")})
+            time.sleep(float(body.get("hold", 0)) + self.server.stall)
+            self._send(200, {"served_by": self.server.name, "model": body.get("model"),
+                             "choices": [{"index": 0, "text": self.server.answer}]})
         finally:
             with self.server.lock:
                 self.server.active -= 1
@@ -449,6 +452,39 @@ def test_active_health_check_marks_a_failing_head_down(lb, tmp_path):
         lb.stubs["node01"].healthy = True
         main_conf(lb.work, lb.snippet)
         lb.reload()
+
+
+def test_active_check_takes_out_a_head_that_does_not_generate_as_at_launch(lb, tmp_path):
+    """The generation probe (a root-only probe file as serving_lb writes it): /health 200 is not enough; a head
+    whose completion is slower than the bound (a wedged engine) or differs from its launch answer is marked down."""
+    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
+    live = tmp_path / "live.conf"
+    servers = {f"127.0.0.{n}:{lb.stubs[h].server_address[1]}": h for n, h in ((2, "node01"), (4, "node04"))}
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"servers": {a: {"model": "qwen" if h == "node04" else "llama", "prompt": "p",
+                                                 "max_tokens": 4, "expected": " jumps over", "key": SECRET}
+                                             for a, h in servers.items()}}))
+
+    def check() -> dict:
+        r = subprocess.run([sys.executable, str(checker), "--source", str(lb.snippet), "--dest", str(live),
+                            "--timeout", "1", "--probe", str(probe), "--check-cmd", str(lb.work / "nginx-check"),
+                            "--reload-cmd", ""], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    try:
+        assert check()["down"] == []
+        assert lb.stubs["node01"].requests[-1]["auth"] == f"Bearer {SECRET}"  # the key goes with the probe
+        lb.stubs["node01"].answer = "garbage"
+        assert [servers[a] for a in check()["down"]] == ["node01"]
+        lb.stubs["node01"].answer, lb.stubs["node01"].stall = " jumps over", 2.0  # wedged: /health still 200
+        out = check()
+        assert [servers[a] for a in out["down"]] == ["node01"] and lb.stubs["node01"].healthy
+        assert "# node01  # active check failed" in live.read_text() or "active check failed" in live.read_text()
+        lb.stubs["node01"].stall = 0.0
+        assert check()["down"] == [] and " down;" not in live.read_text()
+    finally:
+        lb.stubs["node01"].answer, lb.stubs["node01"].stall = " jumps over", 0.0
 
 
 def test_failover_when_one_head_stops(lb):

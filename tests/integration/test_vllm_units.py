@@ -81,7 +81,8 @@ def test_mp_head_and_worker_units_run_exactly_vllm_args(tmp_path: Path) -> None:
         assert s["User"] == ["vllm"] and s["Group"] == ["vllm"]
         assert s["LimitMEMLOCK"] == ["infinity"] and s["LimitNOFILE"] == ["65536"]
         assert s["KillMode"] == ["control-group"] and s["Restart"] == ["on-failure"]
-        assert s["TimeoutStopSec"] == ["120"]
+        # the head waits out vLLM's graceful stop (--shutdown-timeout = drain_wait, 120) plus 30 s
+        assert s["TimeoutStopSec"] == (["150"] if host == "node01" else ["120"])
         after = " ".join(s["After"]).split()
         assert {"network-online.target", "nvidia-persistenced.service", "nvidia-fabricmanager.service"} <= set(after)
         assert s["EnvironmentFile"] == ["/etc/vllm/vllm.env"]

@@ -33,7 +33,8 @@ def test_internal_data_tagging_is_read_in_one_place() -> None:
 def test_no_role_task_rebuilds_the_fleet() -> None:
     """Roles read `provisioner_plan`; the only Python they call is pure data in, data out."""
     pure = {"provisioner_vllm_launch", "provisioner_vllm_gate", "provisioner_vllm_gate_hosts", "provisioner_apt",
-            "provisioner_plan", "provisioner_file", "provisioner_addresses", "provisioner_signing_key"}
+            "provisioner_plan", "provisioner_file", "provisioner_addresses", "provisioner_signing_key",
+            "provisioner_probe_launch", "provisioner_probe_servers"}
     calls: set[str] = set()
     for f in ROOT.glob("roles/**/*.yml"):
         calls |= set(re.findall(r"provisioner\.gpu\.(\w+)", f.read_text(encoding="utf-8")))

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""Active /health check for the vLLM balancer (stock nginx has none; `health_check` is NGINX Plus only).
+"""Active check for the vLLM balancer (stock nginx has none; `health_check` is NGINX Plus only).
 
-Reads the configuration the role rendered (SOURCE, every head up), probes each upstream server's
-`http://ADDR/health` (vLLM answers 200 when ready, 503 once its engine died, nothing while loading), and writes
-DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its live servers marked
+Reads the configuration the role rendered (SOURCE, every head up) and probes each upstream server. A head listed in
+PROBE (a root-only JSON file: per "addr:port" the model, prompt, max_tokens, API key and the answer recorded at its
+launch) must GENERATE: a greedy completion that answers within --timeout with the launch answer (vllm_probe.py, the
+controller's provisioner/probes/generate.py). Other heads get `GET /health` only (a liveness hint: vLLM answers 200
+while a wedged engine generates nothing). Writes DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its live servers marked
 down (fail open: nginx's passive checks still apply); servers the source has `down` (drained) stay down. When DEST changes: `nginx -t`, then reload.
 Prints one JSON line: {"changed": bool, "down": ["addr:port", ...], "up": [...]}.
 Managed by provisioner (roles/serving_lb). Standard library only.
@@ -22,12 +24,19 @@ import tempfile
 import urllib.error
 import urllib.request
 
+import vllm_probe  # this script's directory: provisioner/probes/generate.py as the role installs it
+
 SERVER = re.compile(r"^(?P<indent>\s*)server\s+(?P<addr>\S+)(?P<rest>[^;]*);(?P<tail>.*)$")
 DOWN = re.compile(r"(^|\s)down(\s|$)")
 UPSTREAM = re.compile(r"^\s*upstream\s+(?P<name>\S+)\s*\{")
 
 
-def probe(addr: str, timeout: float) -> bool:
+def probe(addr: str, timeout: float, spec: dict | None = None) -> bool:
+    if spec is not None:
+        return vllm_probe.probe(f"http://{addr}", str(spec.get("model", "")), key=str(spec.get("key") or ""),
+                                prompt=str(spec.get("prompt", vllm_probe.PROMPT)),
+                                max_tokens=int(spec.get("max_tokens", vllm_probe.MAX_TOKENS)),
+                                expected=spec.get("expected"), bound_s=timeout).ok
     try:
         with urllib.request.urlopen(f"http://{addr}/health", timeout=timeout) as resp:  # noqa: S310 (http only)
             return resp.status == 200
@@ -61,7 +70,7 @@ def rewrite(source: str, healthy: dict[str, bool]) -> str:
                 assert m
                 end = "\n" if lines[i].endswith("\n") else ""
                 tail = m["tail"].rstrip("\n")
-                note = f"{tail} (/health failed)" if "#" in tail else f"{tail}  # /health failed"
+                note = f"{tail} (active check failed)" if "#" in tail else f"{tail}  # active check failed"
                 out[i] = f"{m['indent']}server {addr}{m['rest']} down;{note}{end}"
     return "".join(out)
 
@@ -70,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", required=True, help="configuration as rendered, every head up")
     ap.add_argument("--dest", required=True, help="live configuration nginx includes")
-    ap.add_argument("--timeout", type=float, default=3.0, help="seconds per /health probe")
+    ap.add_argument("--timeout", type=float, default=3.0, help="seconds per probe (the generation's latency bound)")
+    ap.add_argument("--probe", default="", help="JSON of the generation probe per addr:port (root-only file)")
     ap.add_argument("--check-cmd", default="/usr/local/sbin/vllm-lb-nginx-check", help="run with the new file")
     ap.add_argument("--reload-cmd", default="systemctl reload nginx", help="'' = do not reload")
     args = ap.parse_args(argv)
@@ -78,8 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.source, encoding="utf-8") as f:
         source = f.read()
     addrs = sorted({m.group("addr") for m in map(SERVER.match, source.splitlines()) if m})
+    specs: dict = {}
+    if args.probe:
+        with open(args.probe, encoding="utf-8") as f:
+            specs = json.load(f).get("servers") or {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(addrs) or 1)) as pool:
-        healthy = dict(zip(addrs, pool.map(lambda a: probe(a, args.timeout), addrs)))
+        healthy = dict(zip(addrs, pool.map(lambda a: probe(a, args.timeout, specs.get(a)), addrs)))
     new = rewrite(source, healthy)
     try:
         with open(args.dest, encoding="utf-8") as f:

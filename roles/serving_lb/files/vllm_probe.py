@@ -1,0 +1,1 @@
+../../../provisioner/probes/generate.py
