@@ -39,6 +39,7 @@ COMMANDS = (
     "drain",
     "upgrade",
     "remediate",
+    "receiver",
     "ledger",
     "bench",
     "monitoring",
