@@ -178,10 +178,7 @@ def test_a_fatal_xid_drains_its_cluster_with_no_command(vllm_rack: VllmRack, tmp
         body = {"version": "4", "status": "firing", "alerts": [{
             "status": "firing", "fingerprint": fp, "startsAt": starts, "endsAt": "0001-01-01T00:00:00Z",
             "labels": {"alertname": "ProvisionNodeXidFatal", "host": NODE, "remediate": "true"}, "annotations": {}}]}
-        req = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "@-", "--data-binary",
-                              json.dumps(body), url + "/alerts"], input=f"Authorization: Bearer {token}\n",
-                             capture_output=True, text=True, timeout=30)
-        assert req.stdout == "200", req
+        assert http(url + "/alerts", data=body, key=token, timeout=30) == (200, '{"queued": 0}')
         testbed.clear(name, NODE)
         assert _wait(lambda: _metrics(url)['provisioner_receiver_alerts_total{outcome="resolved"}'] >= 1, 120, 2), \
             rx_log.read_text()[-2000:]
