@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 PROVISION = str(Path(sys.executable).with_name("provision"))
 RX_PORT = 9096
 
@@ -59,7 +60,7 @@ def main() -> int:
     a = ap.parse_args()
     from ansible.parsing.vault import VaultLib, VaultSecret
 
-    from benchmarks._summary import loadavg, record
+    from _summary import loadavg, record
     from provisioner.inventory import load_fleet
     from provisioner_testbed import rack as testbed
     from provisioner_testbed import vault
