@@ -58,9 +58,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "alert_loop_bench.json")
     ap.add_argument("--summary", action="store_true", help="record the figure in benchmarks/summary.json")
     a = ap.parse_args()
+    from _summary import loadavg, record
     from ansible.parsing.vault import VaultLib, VaultSecret
 
-    from _summary import loadavg, record
     from provisioner.inventory import load_fleet
     from provisioner_testbed import rack as testbed
     from provisioner_testbed import vault
