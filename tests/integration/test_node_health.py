@@ -689,13 +689,17 @@ SHARED = PROJECT_ROOT / "provisioner" / "probes" / "nodeparse.py"
 
 def test_role_ships_the_cli_parser_module() -> None:
     """files/nodeparse.py is the CLI's provisioner/probes/nodeparse.py (a relative symlink, not a second copy), and
-    the role installs it next to node_health.py."""
+    the role installs it next to node_health.py (tasks/install.yml, shared by the main and watch entry points)."""
     import yaml
 
     link = FILES / "nodeparse.py"
     assert link.is_symlink() and not os.path.isabs(os.readlink(link))
     assert link.resolve() == SHARED.resolve()
-    tasks = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "tasks" / "main.yml").read_text())
+    tasks = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "tasks" / "install.yml").read_text())
+    for entry in ("main.yml", "watch.yml"):
+        imported = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "tasks" / entry).read_text())
+        assert {"ansible.builtin.import_tasks": "install.yml"} in [
+            {k: v for k, v in t.items() if k == "ansible.builtin.import_tasks"} for t in imported], entry
     install = next(t for t in tasks if "node_health.py" in (t.get("loop") or []))
     assert install["loop"] == ["nodeparse.py", "node_health.py"]
     assert install["ansible.builtin.copy"]["dest"] == "{{ node_health_dir }}/{{ item }}"
