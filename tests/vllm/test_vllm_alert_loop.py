@@ -14,11 +14,16 @@ collector) on the GPU nodes; `provision receiver serve` runs on the controller a
 - the same alert replayed to the receiver, then resolved by clearing the fault: no second action.
 Cleanup returns vllm_pp (`provision health` + `provision remediate` by hand, as the nightly pair would: the automatic
 return belongs to the day-2 rails, issue 44 section 3) and stops Alertmanager, so the later tests find the rack as
-the fixture left it."""
+the fixture left it.
+
+Opt-in (PROVISIONER_VLLM_ALERT_LOOP=1): it adds about 11 minutes to the lane at load 28 (measured 2026-12-07: 195 s
+installing Prometheus/Alertmanager/node_exporter through the rack's proxy, 47 s fault to drained, about 5 minutes to
+relaunch vllm_pp in the cleanup), more than CI's 45-minute budget has left."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -32,7 +37,9 @@ from vllm_e2e import PROVISION, VllmRack, http
 
 from provisioner import PROJECT_ROOT
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
+    os.environ.get("PROVISIONER_VLLM_ALERT_LOOP") != "1",
+    reason="opt-in: PROVISIONER_VLLM_ALERT_LOOP=1 (about 11 minutes on the vLLM rack)")]
 
 LB_HOST = "lb01"
 NODE = "node02"  # vllm_pp's worker
