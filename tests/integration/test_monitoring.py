@@ -116,6 +116,9 @@ def test_node_signals_are_scraped_alone_and_often(rack_a):
     assert (sig["scrape_interval"], sig["params"]) == ("5s", {"collect[]": ["textfile"]})
     assert [sc["targets"] for sc in sig["static_configs"]] == [sc["targets"] for sc in jobs["node"]["static_configs"]
                                                                if sc["labels"]["role"] == "gpu"]
+    assert jobs["node"]["metric_relabel_configs"] == [{  # the signals come once, from node_signals
+        "source_labels": ["__name__"], "regex": "provisioner_node_(fault|xid_fatal|watch_timestamp_seconds)",
+        "action": "drop"}]
     groups = {g["name"]: g for g in yaml.safe_load((rack_a / "prometheus-rules.yml").read_text())["groups"]}
     faults = groups["node-faults"]
     assert faults["interval"] == "5s"
