@@ -143,7 +143,7 @@ def main() -> int:
     a.out.write_text(json.dumps({"total": total, "rounds": rounds}, indent=2) + "\n")
     if a.summary and rounds:
         p99 = total["received_s_p99"]
-        record("alert_loop_fault_to_receiver_p99_s",
+        record("alert_loop_rack_fault_to_receiver_p99_s",
                anchor="issue 44 section 2: a fatal signal quarantines the node and drains its cluster within 60 s "
                       "p99; this is the fault -> receiver part (detection), the drain adds the test's figure",
                ours=total, ratio=None if p99 is None else round(60.0 / p99, 2),
