@@ -2,14 +2,15 @@
 # Install the Debian/Ubuntu packages the suite needs (idempotent: a no-op when all are present).
 #   testbed hosts:      debootstrap systemd-container tinyproxy iproute2 nftables
 #   stand-in NVIDIA repo: dpkg-dev apt-utils gnupg gpgv fakeroot
-#   serving edge tests: nginx-light + libnginx-mod-http-js (njs model routing), prometheus (promtool)
+#   serving edge tests: nginx-light + libnginx-mod-http-js (njs model routing), prometheus (promtool),
+#   prometheus-alertmanager (the alert receiver test: a real Alertmanager, amtool)
 #   ledger tests:       postgresql (the server the PostgreSQL ledger test starts; libpq for psycopg)
 #   status page test:   chromium-headless-shell (screenshots the `provision status --html` page)
 #   tools:              make rsync procps psmisc openssh-client curl
 set -euo pipefail
 PKGS=(debootstrap systemd-container tinyproxy iproute2 nftables
       dpkg-dev apt-utils gnupg gpgv fakeroot
-      nginx-light libnginx-mod-http-js prometheus postgresql chromium-headless-shell
+      nginx-light libnginx-mod-http-js prometheus prometheus-alertmanager postgresql chromium-headless-shell
       make rsync procps psmisc openssh-client curl ca-certificates)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -41,6 +41,7 @@ COMMANDS = (
     "upgrade",
     "remediate",
     "incidents",
+    "receiver",
     "ledger",
     "bench",
     "monitoring",

@@ -28,6 +28,10 @@ ALERTS = {
     "VllmInterTokenLatencyP99High", "GpuMemoryHigh", "ProvisionDriftFound", "ProvisionDriftCheckIncomplete",
     "ProvisionDriftCheckStale", "ProvisionHealthCheckFailed", "ProvisionHealthHostUnreachable",
 }
+#: The node-faults group (issue 44 section 2), tested by its own fixture (5 s evaluations).
+NODE_FAULTS = PROJECT_ROOT / "tests" / "fixtures" / "monitoring" / "node_faults_test.yml"
+NODE_ALERTS = {"ProvisionNodeXidFatal", "ProvisionNodeEccUncorrectable", "ProvisionNodeNvlinkDown",
+               "ProvisionNodeIbPortDown", "ProvisionNodeFabricManagerDown", "ProvisionNodeSignalsStale"}
 
 
 def provision(*args: str) -> subprocess.CompletedProcess:
@@ -53,7 +57,7 @@ def rack_a(tmp_path_factory) -> Path:
 def test_scrapes_every_head_node_exporter_and_dcgm(rack_a):
     cfg = yaml.safe_load((rack_a / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    assert set(jobs) == {"vllm", "node", "dcgm"}
+    assert set(jobs) == {"vllm", "node", "node_signals", "dcgm"}
     vllm = [(sc["targets"][0], sc["labels"]) for sc in jobs["vllm"]["static_configs"]]
     # rack-a: qwen2_72b = node01 (head) + node02 (worker, no API server); llama31_70b = node03; mixtral = node04
     assert vllm == [  # one per cluster, by cluster name
@@ -75,10 +79,10 @@ def test_promtool_check_config_and_rules(rack_a):
     assert r.returncode == 0, r.stdout + r.stderr
     r = promtool("check", "rules", str(rack_a / "prometheus-rules.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 13 rules found" in r.stdout
+    assert "SUCCESS: 19 rules found" in r.stdout
     rules = yaml.safe_load((rack_a / "prometheus-rules.yml").read_text())
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
-    assert names == ALERTS
+    assert names == ALERTS | NODE_ALERTS
 
 
 def test_rules_use_current_vllm_metric_names(rack_a):
@@ -101,6 +105,53 @@ def test_each_alert_fires_above_and_stays_quiet_below(rack_a):
     tested = {t["alertname"] for case in yaml.safe_load(FIXTURE.read_text())["tests"]
               for t in case["alert_rule_test"]}
     assert tested == ALERTS
+
+
+def test_node_signals_are_scraped_alone_and_often(rack_a):
+    """Job node_signals: the same node_exporter as job node, only its textfile collector, every 5 s; the fault
+    alerts evaluated every 5 s and labelled remediate="true" (the Alertmanager route to the receiver)."""
+    cfg = yaml.safe_load((rack_a / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    sig = jobs["node_signals"]
+    assert (sig["scrape_interval"], sig["params"]) == ("5s", {"collect[]": ["textfile"]})
+    assert [sc["targets"] for sc in sig["static_configs"]] == [sc["targets"] for sc in jobs["node"]["static_configs"]
+                                                               if sc["labels"]["role"] == "gpu"]
+    assert jobs["node"]["metric_relabel_configs"] == [{  # the signals come once, from node_signals
+        "source_labels": ["__name__"], "regex": "provisioner_node_(fault|xid_fatal|watch_timestamp_seconds)",
+        "action": "drop"}]
+    groups = {g["name"]: g for g in yaml.safe_load((rack_a / "prometheus-rules.yml").read_text())["groups"]}
+    faults = groups["node-faults"]
+    assert faults["interval"] == "5s"
+    acting = {r["alert"]: r["for"] for r in faults["rules"] if r["labels"].get("remediate") == "true"}
+    assert acting == {"ProvisionNodeXidFatal": "0s", "ProvisionNodeEccUncorrectable": "0s",
+                      "ProvisionNodeNvlinkDown": "10s", "ProvisionNodeIbPortDown": "15s",
+                      "ProvisionNodeFabricManagerDown": "10s"}
+
+
+@needs_promtool
+def test_node_fault_alerts_fire_after_their_hold_and_a_bouncing_port_does_not(rack_a):
+    shutil.copy(NODE_FAULTS, rack_a / "node_faults_test.yml")
+    r = promtool("test", "rules", "node_faults_test.yml", cwd=rack_a)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tested = {t["alertname"] for case in yaml.safe_load(NODE_FAULTS.read_text())["tests"]
+              for t in case["alert_rule_test"]}
+    assert tested == NODE_ALERTS
+
+
+@needs_promtool
+def test_signal_holds_are_variables_and_the_fixture_notices(rack_a_fleet, tmp_path):
+    """A longer hold for ib (monitoring_signals_for) and the fixture's 15 s expectation fails; no node signals at
+    all (monitoring_node_signals: false) and the job and group are gone."""
+    from provisioner.monitoring import write_monitoring
+
+    write_monitoring(rack_a_fleet, tmp_path, {"monitoring_signals_for": {
+        "xid": "0s", "ecc": "0s", "nvlink": "10s", "fabricmanager": "10s", "ib": "30s"}})
+    shutil.copy(NODE_FAULTS, tmp_path / "node_faults_test.yml")
+    r = promtool("test", "rules", "node_faults_test.yml", cwd=tmp_path)
+    assert r.returncode != 0 and "alertname: ProvisionNodeIbPortDown" in r.stdout + r.stderr
+    write_monitoring(rack_a_fleet, tmp_path, {"monitoring_node_signals": False})
+    assert "node_signals" not in (tmp_path / "prometheus.yml").read_text()
+    assert "node-faults" not in (tmp_path / "prometheus-rules.yml").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +214,7 @@ monitoring_e2e_p99_seconds=3
     assert r.returncode == 0, r.stdout + r.stderr
     cfg = yaml.safe_load((out / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    assert set(jobs) == {"vllm", "node", "provision"}
+    assert set(jobs) == {"vllm", "node", "node_signals", "provision"}
     # a single-node cluster without node_rank: its only host is the head; the model defaults to vllm_cluster.model
     assert jobs["vllm"]["static_configs"] == [
         {"targets": ["10.0.0.1:8100"], "labels": {"host": "g1", "cluster": "c_single", "model": "/m/x"}}]

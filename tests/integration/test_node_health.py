@@ -689,13 +689,17 @@ SHARED = PROJECT_ROOT / "provisioner" / "probes" / "nodeparse.py"
 
 def test_role_ships_the_cli_parser_module() -> None:
     """files/nodeparse.py is the CLI's provisioner/probes/nodeparse.py (a relative symlink, not a second copy), and
-    the role installs it next to node_health.py."""
+    the role installs it next to node_health.py (tasks/install.yml, shared by the main and watch entry points)."""
     import yaml
 
     link = FILES / "nodeparse.py"
     assert link.is_symlink() and not os.path.isabs(os.readlink(link))
     assert link.resolve() == SHARED.resolve()
-    tasks = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "tasks" / "main.yml").read_text())
+    tasks = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "tasks" / "install.yml").read_text())
+    for entry in ("main.yml", "watch.yml"):
+        imported = yaml.safe_load((PROJECT_ROOT / "roles" / "node_health" / "tasks" / entry).read_text())
+        assert {"ansible.builtin.import_tasks": "install.yml"} in [
+            {k: v for k, v in t.items() if k == "ansible.builtin.import_tasks"} for t in imported], entry
     install = next(t for t in tasks if "node_health.py" in (t.get("loop") or []))
     assert install["loop"] == ["nodeparse.py", "node_health.py"]
     assert install["ansible.builtin.copy"]["dest"] == "{{ node_health_dir }}/{{ item }}"
@@ -906,3 +910,37 @@ def test_health_argv_per_shape(shape: str, host: str, want: list[str], unwanted:
     joined = " ".join(health_argv(fleet, fleet.hosts[host]))
     assert all(w in joined for w in want), joined
     assert not any(u in joined for u in unwanted), joined
+
+
+def _prom(text: str) -> dict[str, float]:
+    """Samples of a textfile, `name{labels}` -> value (comments dropped)."""
+    return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln and not ln.startswith("#"))}
+
+
+def test_watch_mode_writes_the_fault_signals_for_node_exporter(node: Node, tmp_path: Path) -> None:
+    """`--watch` (one round here) writes provisioner_node_fault per fault check into the textfile, nothing else runs
+    (no gpu/driver/allreduce checks), nothing on stdout; a live fatal XID and an HCA of NCCL_IB_HCA down turn their
+    signals to 1, and the fatal XID's code is a label; XID 13 (not a fatal class) is not."""
+    textfile = tmp_path / "prom" / "provisioner_node_watch.prom"
+    textfile.parent.mkdir()
+    node.set_spec()
+    rc, res, out = node.run(*H100, "--watch", "5", "--textfile", str(textfile), "--watch-count", "1")
+    assert rc == 0 and res == {}, out
+    m = _prom(textfile.read_text())
+    assert {k: v for k, v in m.items() if k.startswith("provisioner_node_fault")} == {
+        f'provisioner_node_fault{{signal="{c}"}}': 0.0 for c in ("xid", "ecc", "nvlink", "ib", "fabricmanager")}
+    assert m["provisioner_node_watch_timestamp_seconds"] > 1.7e9
+    node.set_spec(faults={"xid": [{"gpu": 2, "code": 79}, {"gpu": 0, "code": 13}], "hca_down": ["mlx5_3"]})
+    rc, _, out = node.run(*H100, "--watch", "5", "--textfile", str(textfile), "--watch-count", "1")
+    m = _prom(textfile.read_text())
+    assert rc == 0 and m['provisioner_node_fault{signal="xid"}'] == 1.0, textfile.read_text()
+    assert m['provisioner_node_fault{signal="ib"}'] == 1.0 and m['provisioner_node_fault{signal="ecc"}'] == 0.0
+    assert m['provisioner_node_xid_fatal{xid="79"}'] == 1.0 and 'provisioner_node_xid_fatal{xid="13"}' not in m
+    assert [p.name for p in textfile.parent.iterdir()] == [textfile.name]  # the temporary file renamed, none left
+
+
+def test_watch_needs_its_textfile(node: Node, tmp_path: Path) -> None:
+    node.set_spec()
+    for extra in (("--watch", "5"), ("--textfile", str(tmp_path / "x.prom")), ("--watch", "0", "--textfile", "x")):
+        rc, _, out = node.run(*extra)
+        assert rc == 2 and "--watch SECONDS (> 0) and --textfile FILE go together" in out, out

@@ -26,6 +26,11 @@ Checks (each prints one JSON object per line, `--format text` for a table):
                  NCCL: ACS must be off for GPUDirect P2P/RDMA); warns on a translating IOMMU
   allreduce      single-node all-reduce bus bandwidth (nccl-tests all_reduce_perf, else torch.distributed/NCCL)
 
+Watch mode (`--watch SECONDS --textfile FILE`): runs the fault checks (xid, ecc, nvlink, ib, fabricmanager unless
+--only says otherwise) every SECONDS and rewrites FILE (node_exporter's textfile collector, atomically) with
+provisioner_node_fault{signal=CHECK} 1/0 and provisioner_node_xid_fatal{xid=CODE}; nothing on stdout; runs until
+stopped (the node_health role's provisioner-node-watch.service). docs/monitoring.md, "Node signals".
+
 A result: {"check": ..., "status": "pass"|"fail"|"warn"|"skip", "message": ..., "expected": ..., "found": ...}.
 A check asked for as `required` (--fabricmanager, --allreduce) never skips: when it cannot run here it fails, saying
 why.
@@ -987,6 +992,63 @@ CHECK_FUNCS = {
 }
 
 
+# ----------------------------------------------------------------------------------------------------- watch
+#: The checks whose failure is a fatal signal (the alert rules' provisioner_node_fault{signal}), in watch mode.
+WATCH_CHECKS = ("xid", "ecc", "nvlink", "ib", "fabricmanager")
+
+
+def fault_metrics(results, now):
+    """The textfile for node_exporter: one provisioner_node_fault per check run (1 when it failed), the fatal XID
+    codes seen in the kernel log, and when this was measured. Only integers and check names become label values."""
+    lines = ["# HELP provisioner_node_fault 1 when this fault check fails on the node (node_health.py --watch).",
+             "# TYPE provisioner_node_fault gauge"]
+    xids = {}
+    for r in results:
+        lines.append('provisioner_node_fault{signal="%s"} %d' % (r["check"], 1 if r["status"] == "fail" else 0))
+        if r["check"] == "xid":
+            for x in (r.get("found") or {}).get("xids", []):
+                if isinstance(x.get("xid"), int) and x["xid"] in CRITICAL_XIDS:
+                    xids[x["xid"]] = xids.get(x["xid"], 0) + 1
+    lines += ["# HELP provisioner_node_xid_fatal Fatal-class XID records of this code in the kernel log.",
+              "# TYPE provisioner_node_xid_fatal gauge"]
+    lines += ['provisioner_node_xid_fatal{xid="%d"} %d' % (code, n) for code, n in sorted(xids.items())]
+    lines += ["# HELP provisioner_node_watch_timestamp_seconds When the fault checks last ran.",
+              "# TYPE provisioner_node_watch_timestamp_seconds gauge",
+              "provisioner_node_watch_timestamp_seconds %d" % int(now)]
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path, text):
+    """Temporary file in the same directory + rename: node_exporter never reads half a file."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".node_watch.", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def watch(args):
+    """Run the fault checks every --watch seconds, rewriting --textfile; --watch-count bounds the rounds (tests)."""
+    if not args.only:
+        args.only = list(WATCH_CHECKS)
+    rounds = 0
+    while True:
+        t0 = time.monotonic()
+        write_atomic(args.textfile, fault_metrics(run_checks(args), time.time()))
+        rounds += 1
+        if args.watch_count and rounds >= args.watch_count:
+            return 0
+        time.sleep(max(0.0, args.watch - (time.monotonic() - t0)))
+
+
 # ----------------------------------------------------------------------------------------------------- main
 def build_parser():
     p = argparse.ArgumentParser(prog="node_health.py", description=__doc__.split("\n\n")[0],
@@ -1046,6 +1108,11 @@ def build_parser():
     p.add_argument("--skip", action="append", default=[], choices=CHECKS, help="skip these checks (repeatable)")
     p.add_argument("--format", choices=("jsonl", "text"), default="jsonl")
     p.add_argument("--output", help="also write the JSON results (one document) to this file")
+    p.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="watch mode: run the fault checks every SECONDS and rewrite --textfile (until stopped)")
+    p.add_argument("--textfile", help="watch mode: node_exporter textfile collector file (e.g. "
+                   "/var/lib/prometheus/node-exporter/provisioner_node_watch.prom)")
+    p.add_argument("--watch-count", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--version", action="version", version="node_health " + VERSION)
     return p
 
@@ -1068,7 +1135,15 @@ def run_checks(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.watch is None) != (args.textfile is None) or (args.watch is not None and args.watch <= 0):
+        parser.error("--watch SECONDS (> 0) and --textfile FILE go together")
+    if args.watch is not None:
+        try:
+            return watch(args)
+        except KeyboardInterrupt:
+            return 0
     results = run_checks(args)
     failed = [r["check"] for r in results if r["status"] == "fail"]
     summary = {"check": "summary", "status": "fail" if failed else "pass", "failed": failed,

@@ -1,0 +1,241 @@
+"""The receiver's HTTP service and its one worker.
+
+POST /alerts (Alertmanager's webhook_config, `Authorization: Bearer TOKEN`): each alert decided (payload.decide),
+an acting one recorded (store) and queued; the answer comes at once (Alertmanager's timeout is short). The worker
+runs, one alert at a time: `provision health INVENTORY --limit HOST`, then `provision remediate INVENTORY --limit
+HOST` (+ `--source alert --alert-key KEY` where remediate offers them): remediate acts on the ledger's newest health
+results, so an alert whose fault has already cleared acts on nothing. GET /metrics: counters and a histogram of the
+action's duration. One log line per alert, one per action.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Collection
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from provisioner.alerts.payload import PayloadError, decide, parse, safe
+from provisioner.alerts.store import Store
+
+MAX_BODY = 1 << 20
+#: Buckets of provisioner_receiver_action_seconds (health + remediate, a drain included).
+BUCKETS = (5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0)
+OUTCOMES = ("act", "resolved", "not an acting alert", "duplicate", "unknown host")
+
+#: (host, key) -> (ok, detail): what acting on one alert means.
+Action = Callable[[str, str], tuple[bool, str]]
+
+
+def log(line: str) -> None:
+    sys.stderr.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + line + "\n")
+    sys.stderr.flush()
+
+
+def remediate_alert_args(key: str) -> list[str]:
+    """What tells `provision remediate` the alert it acts for: the source (rails and incidents record it) and the
+    alert's key (the ledger acts on one key once, whichever receiver or controller sees it)."""
+    return ["--source", "alert", "--alert-key", key]
+
+
+def health_then_remediate(provision: str, inventory: Path, timeout: float = 1800.0) -> Action:
+    """The action: the node's health gate (its result is the ledger's newest), then the policy on it."""
+
+    def act(host: str, key: str) -> tuple[bool, str]:
+        parts = []
+        for argv in ([provision, "health", str(inventory), "--limit", host],
+                     [provision, "remediate", str(inventory), "--limit", host, *remediate_alert_args(key)]):
+            try:
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                return False, f"{argv[1]} timed out after {timeout:.0f} s"
+            parts.append(f"{argv[1]} rc={p.returncode}")
+            if argv[1] == "remediate":
+                tail = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()][-3:]
+                parts += tail
+                return p.returncode == 0, "; ".join(parts)
+        return False, "; ".join(parts)
+
+    return act
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.alerts = dict.fromkeys(OUTCOMES, 0)
+        self.actions = {"ok": 0, "failed": 0}
+        self.buckets = [0] * len(BUCKETS)
+        self.sum = 0.0
+        self.requests = {"accepted": 0, "unauthorized": 0, "bad request": 0}
+        self.queued = 0
+
+    def observe(self, seconds: float, ok: bool) -> None:
+        with self.lock:
+            self.actions["ok" if ok else "failed"] += 1
+            self.sum += seconds
+            for i, b in enumerate(BUCKETS):
+                if seconds <= b:
+                    self.buckets[i] += 1
+
+    def render(self) -> str:
+        with self.lock:
+            n = sum(self.actions.values())
+            out = ["# HELP provisioner_receiver_alerts_total Alerts received, by what the receiver did with them.",
+                   "# TYPE provisioner_receiver_alerts_total counter"]
+            out += [f'provisioner_receiver_alerts_total{{outcome="{k}"}} {v}' for k, v in self.alerts.items()]
+            out += ["# HELP provisioner_receiver_requests_total Webhook requests, by answer.",
+                    "# TYPE provisioner_receiver_requests_total counter"]
+            out += [f'provisioner_receiver_requests_total{{result="{k}"}} {v}' for k, v in self.requests.items()]
+            out += ["# HELP provisioner_receiver_actions_total Health + remediate runs, by result.",
+                    "# TYPE provisioner_receiver_actions_total counter"]
+            out += [f'provisioner_receiver_actions_total{{result="{k}"}} {v}' for k, v in self.actions.items()]
+            out += ["# HELP provisioner_receiver_queue Alerts accepted and not yet acted on.",
+                    "# TYPE provisioner_receiver_queue gauge", f"provisioner_receiver_queue {self.queued}",
+                    "# HELP provisioner_receiver_action_seconds Alert accepted to health + remediate finished.",
+                    "# TYPE provisioner_receiver_action_seconds histogram"]
+            out += [f'provisioner_receiver_action_seconds_bucket{{le="{b:g}"}} {c}'
+                    for b, c in zip(BUCKETS, self.buckets, strict=True)]
+            out += [f'provisioner_receiver_action_seconds_bucket{{le="+Inf"}} {n}',
+                    f"provisioner_receiver_action_seconds_sum {self.sum:.3f}",
+                    f"provisioner_receiver_action_seconds_count {n}"]
+            return "\n".join(out) + "\n"
+
+
+class Receiver:
+    """The state the handler and the worker share."""
+
+    def __init__(self, *, token: str, gpu_nodes: Collection[str], store: Store, action: Action) -> None:
+        self.token, self.gpu_nodes, self.store, self.action = token, frozenset(gpu_nodes), store, action
+        self.metrics = Metrics()
+        self.queue: queue.Queue[tuple[str, str, str, float] | None] = queue.Queue()
+        for key, host, name in store.unfinished():  # accepted before a restart, never finished
+            log(f"alert {safe(key)} {safe(name)} host={safe(host)}: accepted before the restart, acting now")
+            self._enqueue(key, host, name)
+        self.worker = threading.Thread(target=self._work, name="receiver-worker", daemon=True)
+        self.worker.start()
+
+    def _enqueue(self, key: str, host: str, name: str) -> None:
+        with self.metrics.lock:
+            self.metrics.queued += 1
+        self.queue.put((key, host, name, time.monotonic()))
+
+    def authorized(self, header: str | None) -> bool:
+        scheme, _, cred = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(cred.strip().encode(), self.token.encode())
+
+    def receive(self, doc: Any) -> int:
+        """Decide every alert of one webhook body; return how many were queued."""
+        queued = 0
+        for a in parse(doc):
+            d = decide(a, self.gpu_nodes, () if not self.store.seen(a.key) else (a.key,))
+            why = d.why
+            if d.act and not self.store.claim(a.key, a.host, a.name):
+                why = "duplicate"  # the same alert in two concurrent requests: the first one claimed it
+            with self.metrics.lock:
+                self.metrics.alerts[why] += 1
+            log(f"alert {safe(a.key)} {safe(a.name)} host={safe(a.host)} status={a.status}: "
+                + ("queued: health + remediate" if why == "act" else f"no action ({why})"))
+            if why == "act":
+                self._enqueue(a.key, a.host, a.name)
+                queued += 1
+        return queued
+
+    def _work(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            key, host, name, t0 = item
+            try:
+                ok, detail = self.action(host, key)
+            except Exception as exc:  # the worker must outlive one bad action
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            seconds = time.monotonic() - t0
+            self.store.finish(key, "done" if ok else "failed", detail)
+            self.metrics.observe(seconds, ok)
+            with self.metrics.lock:
+                self.metrics.queued -= 1
+            log(f"action {safe(key)} {safe(name)} host={safe(host)}: {'done' if ok else 'FAILED'} in {seconds:.1f} s"
+                f" ({safe(detail, 400)})")
+
+    def idle(self) -> bool:
+        with self.metrics.lock:
+            return self.metrics.queued == 0
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.worker.join(timeout=5)
+
+
+def handler_for(rx: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "provisioner-receiver"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:  # one line per alert instead (Receiver.receive)
+            pass
+
+        def _answer(self, code: int, body: str, ctype: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            if code == 401:
+                self.send_header("WWW-Authenticate", 'Bearer realm="provisioner-receiver"')
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _count(self, result: str) -> None:
+            with rx.metrics.lock:
+                rx.metrics.requests[result] += 1
+
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._answer(200, rx.metrics.render(), "text/plain; version=0.0.4")
+            elif self.path == "/healthz":
+                self._answer(200, '{"ok": true}')
+            else:
+                self._answer(404, '{"error": "not found"}')
+
+        def do_POST(self) -> None:
+            if self.path != "/alerts":
+                self._answer(404, '{"error": "not found"}')
+                return
+            if not rx.authorized(self.headers.get("Authorization")):
+                self._count("unauthorized")
+                log(f"request from {self.client_address[0]}: 401 (no or wrong bearer token)")
+                self._answer(401, '{"error": "unauthorized"}')
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or "0")
+            except ValueError:
+                length = -1
+            if not 0 < length <= MAX_BODY:
+                self._count("bad request")
+                self._answer(400, '{"error": "Content-Length missing or over 1 MiB"}')
+                return
+            try:
+                queued = rx.receive(json.loads(self.rfile.read(length)))
+            except (ValueError, PayloadError) as exc:  # JSONDecodeError is a ValueError
+                self._count("bad request")
+                log(f"request from {self.client_address[0]}: 400 ({safe(str(exc), 200)})")
+                self._answer(400, json.dumps({"error": safe(str(exc), 200)}))
+                return
+            self._count("accepted")
+            self._answer(200, json.dumps({"queued": queued}))
+
+    return Handler
+
+
+def serve(rx: Receiver, host: str, port: int) -> ThreadingHTTPServer:
+    """Bind (raises OSError) and return the server; the caller runs serve_forever()."""
+    srv = ThreadingHTTPServer((host, port), handler_for(rx))
+    srv.daemon_threads = True
+    return srv
