@@ -152,6 +152,27 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     );
     """,
+    # 7: retention (issue 47): per-check rows (host outcomes, health results, drift items) of runs older than the window
+    # are folded into one row per (site, UTC day, host, command) by provisioner/ledger/retention.py; transitions,
+    # remediations, incidents, runs and recorded states are kept. drift_items gets the index by run the fold deletes by.
+    """
+    CREATE TABLE check_days (
+        site          TEXT NOT NULL,
+        day           TEXT NOT NULL,         -- UTC date of the runs' start, YYYY-MM-DD
+        host          TEXT NOT NULL,
+        command       TEXT NOT NULL,         -- health, drift, run, ...
+        runs          INTEGER NOT NULL,      -- runs of `command` that day with an outcome for the host
+        ok            INTEGER NOT NULL,      -- outcomes ok (clean, passed)
+        changed       INTEGER NOT NULL,      -- outcomes changed
+        drift         INTEGER NOT NULL,      -- outcomes drift
+        failed        INTEGER NOT NULL,      -- every other outcome (failed, unreachable, interrupted, ...)
+        failed_checks TEXT NOT NULL DEFAULT '',  -- health checks that failed that day, comma-separated
+        drift_items   INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (site, day, host, command)
+    );
+    CREATE INDEX check_days_host ON check_days (site, host, day);
+    CREATE INDEX drift_items_run ON drift_items (run);
+    """,
 )
 
 #: The version a database opened by this code ends at.
