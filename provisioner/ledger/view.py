@@ -185,7 +185,10 @@ def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
 
 
 def history(ledger: Ledger, host: str) -> dict[str, Any]:
-    """A host's transitions (oldest first), its runs (newest first, with its outcome) and failed health checks."""
+    """A host's transitions (oldest first), its runs (newest first, with its outcome) and failed health checks, and
+    the daily summaries retention left of older runs (newest day first)."""
+    from provisioner.ledger.retention import days as retention_days
+
     runs = []
     for r in ledger.runs(host=host, limit=100):
         outcome = ledger.host_outcomes(r.id).get(host)
@@ -200,4 +203,5 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
                              "actor": t.actor, "run": t.run, "forced": t.forced} for t in ledger.transitions(host)],
             "runs": runs,
             "remediations": [{"step": s.step, "outcome": s.outcome, "detail": s.detail, "at": s.at, "actor": s.actor}
-                             for s in ledger.remediations(host)]}
+                             for s in ledger.remediations(host)],
+            "days": retention_days(ledger, host)}

@@ -68,6 +68,9 @@ def test_old_rows_become_daily_summaries_and_the_rest_is_kept(ledger: Ledger) ->
     assert n1[(day_of(NOW - 100 * DAY), "health")]["ok"] == 1
     assert {(d["day"], d["command"]) for d in days(ledger, "n2")} == {(old_day, "health"), (old_day, "drift")}
 
+    from provisioner.ledger.view import history
+
+    assert history(ledger, "n1")["days"] == days(ledger, "n1")  # `provision history` shows them
     again = compact(ledger, keep_days=30, now=NOW)  # idempotent: nothing left to fold
     assert again.runs == 0 and days(ledger, "n1") == list(n1.values())
 
