@@ -87,7 +87,7 @@ def _private(path: Path, data: bytes) -> None:
 
 
 def inventory(d: Path, n: int, exec_nodes: int = 0) -> Path:
-    """The harness's inventory: every endpoint in gpu_nodes (the execution nodes, when asked for, in exec_nodes),
+    """The harness's inventory: every endpoint in gpu_nodes (the execution nodes, when asked for, in execution_nodes),
     host keys checked against DIR/known_hosts."""
     inv = d / "inventory"
     (inv / "group_vars").mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,7 @@ def inventory(d: Path, n: int, exec_nodes: int = 0) -> Path:
         "bootstrap_interface: ens10f0np0\n")
     lines = ["[gpu_nodes]"] + [f"f{i:05d} ansible_host={address(i)}" for i in range(exec_nodes, n)]
     if exec_nodes:
-        lines += ["", "[exec_nodes]"] + [f"f{i:05d} ansible_host={address(i)}" for i in range(exec_nodes)]
+        lines += ["", "[execution_nodes]"] + [f"f{i:05d} ansible_host={address(i)}" for i in range(exec_nodes)]
     (inv / "hosts.ini").write_text("\n".join(lines) + "\n")
     return inv / "hosts.ini"
 
