@@ -41,7 +41,16 @@ def fill(inv: Path, ledger_path: Path, hosts: list[str], days: int, now: float) 
     t0 = time.monotonic()
     first = (int(now // DAY) - days) * DAY
     with Ledger.open(ledger_path, site=site) as lg:
+        # a month of nights per transaction, with a page cache that holds the per-host indexes: one transaction per
+        # night dirties a page per host per index (~80 MB of WAL a night at 10,000 hosts: 30 GB for the year)
+        lg._db.execute("PRAGMA cache_size = -1048576")
+        batch = None
         for d in range(days):
+            if d % 30 == 0:
+                if batch is not None:
+                    batch.__exit__(None, None, None)
+                batch = lg.atomic()
+                batch.__enter__()
             night = first + d * DAY + 2.5 * 3600
             drifted = set(rnd.sample(hosts, max(1, len(hosts) // 100)))
             run = lg.run_started("drift", str(inv), started=night)
@@ -61,7 +70,8 @@ def fill(inv: Path, ledger_path: Path, hosts: list[str], days: int, now: float) 
                                      reason=f"night {d}", actor="bench")
             if d % 30 == 0:
                 print(f"  night {d}/{days}: {time.monotonic() - t0:.0f} s", flush=True)
-        lg._db.execute("UPDATE transitions SET at = at")  # no-op: transitions keep their real time
+        if batch is not None:
+            batch.__exit__(None, None, None)
     return {"site": site, "fill_s": round(time.monotonic() - t0, 1)}
 
 
