@@ -38,7 +38,8 @@ def host_inputs(fleet: Any, hosts: Iterable[str], *, playbook: Any = None, tags:
     options = {"playbook": str(Path(playbook).resolve()) if playbook else "site.yml", "tags": tags or "",
                "skip_tags": ",".join(sorted(t for t in (skip_tags or "").split(",") if t.strip())),
                "extra": dict(extra or {})} if code else {}
-    fleet_part = {"clusters": computed.get("clusters"), "targets": computed.get("targets")}
+    # the fleet-wide part lists every host: digested once here, not serialized again for each host (O(hosts^2))
+    fleet_part = hoststate.plain_digest({"clusters": computed.get("clusters"), "targets": computed.get("targets")})
     return {h: hoststate.inputs_digest(host_vars=fleet.hosts[h].vars, host_plan=computed["hosts"].get(h),
                                        fleet_plan=fleet_part, run_options=options, content=content,
                                        version=__version__ if code else "", key=key)

@@ -71,6 +71,13 @@ def run(host: str, inventory: Path | None = None, fmt: Format = Format.text, sit
             extra += f"  drift: {len(r['drift'])} item(s)"
         out.append(f"  #{r['id']} {when(r['started'])}  {r['command']}  {r['outcome'] or '-'} (run {r['status']})"
                    f"{extra}" + (f"  {r['run_dir']}" if r["run_dir"] else ""))
+    if h.get("days"):
+        out.append("older runs, one line per day (ledger retention):")
+        for d in h["days"]:
+            extra = f"  failed: {', '.join(d['failed_checks'])}" if d["failed_checks"] else ""
+            extra += f"  drift: {d['drift_items']} item(s)" if d["drift_items"] else ""
+            out.append(f"  {d['day']}  {d['command']}  {d['runs']} run(s): {d['ok']} ok, {d['changed']} changed, "
+                       f"{d['drift']} drift, {d['failed']} failed{extra}")
     sys.stdout.write("\n".join(printable(line) for line in out) + "\n")  # a reason's ESC [ ... shows as text
     return int(Exit.OK)
 

@@ -1,4 +1,5 @@
-"""`provision ledger adopt INVENTORY`: give the ledger's records from before sites to one inventory's site."""
+"""`provision ledger adopt INVENTORY` (records from before sites to one site) and `provision ledger compact INVENTORY`
+(retention: old per-check rows into daily summaries)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Annotated
 import typer
 
 from provisioner.commands.common import unwrap
-from provisioner.errors import Exit
+from provisioner.errors import Exit, UsageError
+from provisioner.ledger.retention import DEFAULT_KEEP_DAYS
 
 ADOPT_HELP = unwrap("""Give every record the ledger holds from before sites to INVENTORY's site.
 
@@ -47,6 +49,44 @@ def adopt(inventory: Path) -> int:
     return int(Exit.OK)
 
 
+COMPACT_HELP = unwrap("""Fold INVENTORY's site's per-check ledger rows older than --keep-days into daily summaries.
+
+Host outcomes, health results and drift items of runs that began before the window become one row per host, UTC
+day and command (counts per outcome, the failed checks, the number of drift items: `provision history` shows them).
+Kept whatever their age: runs, lifecycle transitions, remediation steps, incidents, rollouts, recorded host states,
+and each host's newest outcome of each command (status and the health gate read it). Idempotent; the nightly timer
+runs it after the drift check (playbooks/drift_timer.yml, drift_ledger_keep_days). docs/lifecycle.md, Retention.
+
+Exit codes: 0 compacted (or nothing to do), 1 the ledger cannot be written, 2 usage.""")
+
+
+def compact(inventory: Path, keep_days: int) -> int:
+    from provisioner.inventory import load_fleet
+    from provisioner.ledger import Ledger, LedgerError
+    from provisioner.ledger.retention import compact as fold
+    from provisioner.ledger.retention import day_of
+    from provisioner.ledger.site import site_of
+    from provisioner.paths import ledger_path
+
+    if keep_days < 1:
+        raise UsageError(f"--keep-days must be at least 1, got {keep_days}")
+    site = site_of(load_fleet(inventory))
+    path = ledger_path()
+    if not str(path).startswith(("postgresql://", "postgres://")) and not Path(path).exists():
+        sys.stdout.write(f"no ledger at {path}: nothing to compact\n")
+        return int(Exit.OK)
+    try:
+        with Ledger.open(path, site=site) as ledger:
+            done = fold(ledger, keep_days)
+    except LedgerError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.FAIL)
+    sys.stdout.write(f"site {site}: {done.runs} run(s) before {day_of(done.cutoff)} folded: {done.outcomes} host "
+                     f"outcome(s), {done.health} health result(s), {done.drift} drift item(s) -> {done.summaries} "
+                     "daily summary row(s)\n")
+    return int(Exit.OK)
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(name="ledger", help="The fleet ledger's upkeep (docs/lifecycle.md).", no_args_is_help=True)
 
@@ -55,5 +95,13 @@ def register(app: typer.Typer) -> None:
         inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
     ) -> None:
         raise typer.Exit(adopt(inventory))
+
+    @group.command("compact", help=COMPACT_HELP)
+    def compact_cmd(
+        inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
+        keep_days: Annotated[int, typer.Option(
+            "--keep-days", min=1, help="Days of per-check rows kept in full.")] = DEFAULT_KEEP_DAYS,
+    ) -> None:
+        raise typer.Exit(compact(inventory, keep_days))
 
     app.add_typer(group)

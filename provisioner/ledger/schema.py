@@ -217,9 +217,30 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX incidents_site_host ON incidents (site, host, id);
     """,
+    # 8: retention (issue 47): per-check rows (host outcomes, health results, drift items) of runs older than the window
+    # are folded into one row per (site, UTC day, host, command) by provisioner/ledger/retention.py; transitions,
+    # remediations, incidents, runs and recorded states are kept. drift_items gets the index by run the fold deletes by.
+    """
+    CREATE TABLE check_days (
+        site          TEXT NOT NULL,
+        day           TEXT NOT NULL,         -- UTC date of the runs' start, YYYY-MM-DD
+        host          TEXT NOT NULL,
+        command       TEXT NOT NULL,         -- health, drift, run, ...
+        runs          INTEGER NOT NULL,      -- runs of `command` that day with an outcome for the host
+        ok            INTEGER NOT NULL,      -- outcomes ok (clean, passed)
+        changed       INTEGER NOT NULL,      -- outcomes changed
+        drift         INTEGER NOT NULL,      -- outcomes drift
+        failed        INTEGER NOT NULL,      -- every other outcome (failed, unreachable, interrupted, ...)
+        failed_checks TEXT NOT NULL DEFAULT '',  -- health checks that failed that day, comma-separated
+        drift_items   INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (site, day, host, command)
+    );
+    CREATE INDEX check_days_host ON check_days (site, host, day);
+    CREATE INDEX drift_items_run ON drift_items (run);
+    """,
 )
 
-# 8: burn-in results (issue 45): one row per check per GPU of a `provision burn-in` run (gpu -1: node-wide), the
+# 9: burn-in results (issue 45): one row per check per GPU of a `provision burn-in` run (gpu -1: node-wide), the
 # tier it ran, the figure measured and the controller's verdict. Kept as its own step (BURNIN_RESULTS) so a merge
 # beside other new steps only renumbers it.
 BURNIN_RESULTS = """

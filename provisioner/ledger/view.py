@@ -63,35 +63,37 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
     """One row per GPU node (inventory order; balancers and other service hosts have no lifecycle): state, since
     and the reason of the transition into it (None for `new`), cluster, the last run's outcome for it, its last
     health pass (when, result, failed checks) and last drift check (when, outcome, items), and what the ledger knows
-    of its in-service mark, driver and vLLM (`mark`, `driver`, `vllm`: see recorded_seen)."""
+    of its in-service mark, driver and vLLM (`mark`, `driver`, `vllm`: see recorded_seen).
+
+    Read in bulk (a year of a 10,000-node fleet: issue 47): the site's runs newest first, each run's outcomes once,
+    until every node has its last run, health pass, drift check and driver (or 20 runs looked at, as recorded_seen)."""
     states = ledger.states()
     nodes = [h.name for h in fleet.gpu_nodes]
     records = ledger.records(nodes)
     now = time.time() if now is None else now
     slow = burnin_slow(fleet, ledger)
+    latest = _latest(ledger, nodes)
+    reasons = {str(r[0]): str(r[1]) for r in ledger._db.execute(
+        "SELECT host, reason FROM transitions WHERE site = ? ORDER BY id", (ledger.site,))}
     rows = []
     for host in nodes:
         state, since = states.get(host, ("new", None))
-        last = ledger.last_outcome(host)
-        health = ledger.last_run_for(host, "health")
-        drift = ledger.last_run_for(host, "drift")
-        moved = ledger.transitions(host) if host in states else []
+        lt = latest[host]
+        last, health, drift = lt.last, lt.health, lt.drift
         rows.append({
-            "host": host, "state": state, "since": since, "reason": moved[-1].reason if moved else None,
+            "host": host, "state": state, "since": since, "reason": reasons.get(host) if host in states else None,
             "cluster": cluster_name(fleet, host),
             "last_run": None if last is None else {
                 "id": last[0].id, "command": last[0].command, "started": last[0].started,
                 "status": last[0].status, "outcome": last[1], "run_dir": last[0].run_dir},
             "health": None if health is None else {
-                "run": health[0].id, "started": health[0].started, "result": health[1],
-                "failed": [h["check"] for h in ledger.health(host, health[0].id) if h["result"] == "fail"]},
+                "run": health[0].id, "started": health[0].started, "result": health[1], "failed": lt.failed},
             "drift": None if drift is None else {
-                "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
-                "items": len(ledger.drift_items(drift[0].id, host))},
+                "run": drift[0].id, "started": drift[0].started, "outcome": drift[1], "items": lt.items},
             "burnin": burnin_row(ledger, host),
             "slow": [{"metric": x.metric, "value": x.value, "median": x.median, "gap": x.gap, "message": x.message}
                      for x in slow if x.host == host],
-            **recorded_seen(ledger, host, records.get(host), now),
+            **_seen(lt.driver, records.get(host), now),
         })
     return rows
 
@@ -142,6 +144,67 @@ def burnin_slow(fleet: Fleet, ledger: Ledger) -> list[Any]:
     return slow_nodes(have, fraction=fraction, min_sample=min_sample)
 
 
+class _Latest:
+    """What status_rows needs of one host's newest runs (filled by _latest)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[Any, str] | None = None
+        self.health: tuple[Any, str] | None = None
+        self.drift: tuple[Any, str] | None = None
+        self.failed: list[str] = []
+        self.items = 0
+        self.looked = 0  # runs that touched the host, looked at for a driver (recorded_seen looks at 20)
+        self.driver: tuple[str, str, Any] | None = None  # (version, check, health run)
+
+    def done(self) -> bool:
+        return (self.last is not None and self.health is not None and self.drift is not None
+                and (self.driver is not None or self.looked >= 20))
+
+
+def _latest(ledger: Ledger, hosts: list[str]) -> dict[str, _Latest]:
+    """Per host: its newest outcome, health pass and drift check (as Ledger.last_outcome / last_run_for give them),
+    the failed checks and drift items of those, and the driver of the newest of its last 20 runs that reported one."""
+    db = ledger._db
+    out = {h: _Latest() for h in hosts}
+    todo = set(hosts)
+    for row in db.execute("SELECT * FROM runs WHERE site = ? ORDER BY id DESC", (ledger.site,)).fetchall():
+        if not todo:
+            break
+        run = ledger._run(row)
+        outcomes = {str(r[0]): str(r[1]) for r in db.execute(
+            "SELECT host, status FROM host_outcomes WHERE run = ?", (run.id,)) if r[0] in todo}
+        checks: dict[str, list[dict[str, Any]]] = {}
+        if run.command == "health" or not outcomes:
+            for r in db.execute('SELECT host, "check", result, detail FROM health_results WHERE run = ?', (run.id,)):
+                if r[0] in todo:
+                    checks.setdefault(str(r[0]), []).append({"check": r[1], "result": r[2], "detail": r[3]})
+        items: dict[str, int] | None = None
+        for h in set(outcomes) | set(checks):
+            lt = out[h]
+            if h in outcomes:
+                o = outcomes[h]
+                outcome = "interrupted" if o == "running" and run.status == "interrupted" else o
+                if lt.last is None:
+                    lt.last = (run, outcome)
+                if run.command == "health" and lt.health is None:
+                    lt.health = (run, outcome)
+                    lt.failed = sorted(str(c["check"]) for c in checks.get(h, []) if c["result"] == "fail")
+                if run.command == "drift" and lt.drift is None:
+                    if items is None:
+                        items = {str(r[0]): int(r[1]) for r in db.execute(
+                            "SELECT host, COUNT(*) FROM drift_items WHERE run = ? GROUP BY host", (run.id,))}
+                    lt.drift = (run, outcome)
+                    lt.items = items.get(h, 0)
+            if lt.driver is None and lt.looked < 20:
+                lt.looked += 1
+                found = health_driver(checks.get(h, [])) if run.command == "health" else None
+                if found:
+                    lt.driver = (found[0], found[1], run)
+            if lt.done():
+                todo.discard(h)
+    return out
+
+
 #: The driver packages whose installed version stands for the driver, most telling first (roles/nvidia_driver).
 DRIVER_PACKAGES = ("nvidia-kernel-open-", "nvidia-open-", "nvidia-driver-", "nvidia-utils-")
 _HEALTH_DRIVER = re.compile(r"^driver (\d+\.\d+(?:\.\d+)?(?:,\d+\.\d+(?:\.\d+)?)*)\b")
@@ -182,16 +245,24 @@ def recorded_seen(ledger: Ledger, host: str, record: Any, now: float) -> dict[st
     the driver from the newest of its last health pass that reported one and its recorded state (the last complete
     `provision run`); the mark `recorded` when that recorded state holds the in-service file (else unknown); vLLM
     unknown (a recorded state keeps only a digest of the venv)."""
+    found = None
+    for r in ledger.runs(host=host, limit=20):
+        hit = health_driver(ledger.health(host, r.id)) if r.command == "health" else None
+        if hit:
+            found = (hit[0], hit[1], r)
+            break
+    return _seen(found, record, now)
+
+
+def _seen(found: tuple[str, str, Any] | None, record: Any, now: float) -> dict[str, dict[str, Any]]:
+    """recorded_seen's fields from the driver a health pass reported ((version, check, run) or None) and the record."""
     from provisioner.hoststate import Record
     from provisioner.probes.seen import IN_SERVICE, UNKNOWN, field
 
     driver, mark = dict(UNKNOWN), dict(UNKNOWN)
-    for r in ledger.runs(host=host, limit=20):
-        found = health_driver(ledger.health(host, r.id)) if r.command == "health" else None
-        if found:
-            driver = field(found[0], "health", detail=f"{found[1]} check of health #{r.id}", run=r.id,
-                           at=r.started, now=now)
-            break
+    if found:
+        version, check, r = found
+        driver = field(version, "health", detail=f"{check} check of health #{r.id}", run=r.id, at=r.started, now=now)
     if isinstance(record, Record):
         rec = record_driver(record.state)
         if rec and (driver["at"] is None or record.recorded > driver["at"]):
@@ -251,7 +322,10 @@ def burnin_passed(ledger: Ledger, host: str, since: float | None) -> bool:
 
 
 def history(ledger: Ledger, host: str) -> dict[str, Any]:
-    """A host's transitions (oldest first), its runs (newest first, with its outcome) and failed health checks."""
+    """A host's transitions (oldest first), its runs (newest first, with its outcome) and failed health checks, and
+    the daily summaries retention left of older runs (newest day first)."""
+    from provisioner.ledger.retention import days as retention_days
+
     runs = []
     for r in ledger.runs(host=host, limit=100):
         outcome = ledger.host_outcomes(r.id).get(host)
@@ -269,7 +343,8 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
                              "actor": t.actor, "run": t.run, "forced": t.forced} for t in ledger.transitions(host)],
             "runs": runs,
             "remediations": [{"step": s.step, "outcome": s.outcome, "detail": s.detail, "at": s.at, "actor": s.actor}
-                             for s in ledger.remediations(host)]}
+                             for s in ledger.remediations(host)],
+            "days": retention_days(ledger, host)}
 
 
 def day2_view(ledger: Ledger) -> dict[str, Any]:

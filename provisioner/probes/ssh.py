@@ -393,8 +393,13 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
         transport = client.get_transport()
         assert transport is not None
         chan = transport.open_session(timeout=max(1.0, deadline - time.monotonic()))
-        chan.exec_command(command)
-        out, err = _collect(chan, deadline, res)
+        try:
+            chan.exec_command(command)
+            out, err = _collect(chan, deadline, res)
+        finally:
+            # closes the pipe fileno() made for select(): the transport's close leaves it open until the garbage
+            # collector finds the channel (a fleet's fan-out held ~0.6 fds per host done, 677 at 1,000 hosts)
+            chan.close()
         if res.error:
             res.error = f"timed out after {timeout:g}s (command still running)"
         res.stdout = out.decode("utf-8", "replace")

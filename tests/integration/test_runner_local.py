@@ -309,6 +309,9 @@ def test_drift_timer_playbook_writes_units(tmp_path: Path) -> None:
     assert textfiles.is_dir()
     assert "--exec-node" not in service
     assert "--quiet --full-every 7\n" in service  # the two-tier drift, with a weekly full check
+    # retention after every nightly check, whatever its outcome
+    bin0 = next(ln for ln in service.splitlines() if ln.startswith("ExecStart=")).split()[0].removeprefix("ExecStart=")
+    assert f"\nExecStopPost=-{bin0} ledger compact /srv/inv/rack-a.ini --keep-days 90\n" in service, service
     # the nightly health gate then the lifecycle policy, after the drift
     rem = (units / "provision-remediate.service").read_text()
     execs = [ln for ln in rem.splitlines() if ln.startswith("ExecStart=")]

@@ -1,4 +1,4 @@
-"""Burn-in in the ledger (schema step 8), `provision status` (burn-in column, slow nodes) and the lifecycle's burn-in
+"""Burn-in in the ledger (schema step 9), `provision status` (burn-in column, slow nodes) and the lifecycle's burn-in
 gate, in-process with the ledger in tmp_path."""
 
 from __future__ import annotations

@@ -35,5 +35,5 @@ def test_a_schema_6_ledger_migrates_to_7_keeping_its_records(tmp_path: Path, mon
         "SELECT name FROM sqlite_master WHERE type = 'table'")}
     monkeypatch.undo()
     with Ledger.open(db, site="s") as lg:
-        assert lg.version == ledger_schema.VERSION == 8 and lg.state("n1")[0] == "provisioning"
+        assert lg.version == ledger_schema.VERSION == 9 and lg.state("n1")[0] == "provisioning"
         assert lg.incidents() == [] and lg.breaker() == (None, 0.0)

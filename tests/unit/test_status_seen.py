@@ -304,3 +304,43 @@ def test_html_has_the_columns(site: tuple[Path, dict[str, str], Path], tmp_path:
     cell = p.rows["n2"][-1]
     assert cell[0] == "unreachable" and cell[1]["class"] == "seen unreachable"
     assert cell[1]["title"] == "unreachable: refused <&>" and "refused &lt;&amp;&gt;" in page.read_text()
+
+
+def test_bulk_status_rows_equal_the_per_host_queries(site: tuple[Path, dict[str, str], Path]) -> None:
+    """status_rows reads the runs newest first in bulk (issue 47); each row must be what the per-host queries say."""
+    from provisioner.inventory import load_fleet
+    from provisioner.ledger.view import cluster_name, recorded_seen, status_rows
+
+    inv, _, db = site
+    fill(db, inv)
+    with Ledger.open(db, site=path_site(inv)) as lg:
+        d = lg.run_started("drift", "inv", started=5e9)
+        lg.run_finished(d, "drift", hosts=[{"host": "n1", "status": "drift"}, {"host": "n2", "status": "ok"}],
+                        drift=[("n1", "file:/etc/nccl.conf"), ("n1", "package:x")])
+        k = lg.run_started("run", "inv", hosts=["n2"], started=6e9, pid=2**31 - 2)  # killed: interrupted
+        lg.record_transition("n2", "new", "provisioning", reason="first", actor="t")
+        lg.record_transition("n2", "provisioning", "failed", reason="second", actor="t")
+    fleet = load_fleet(inv)
+    with Ledger.open(db, site=path_site(inv)) as lg:
+        got = status_rows(fleet, lg, now=7e9)
+        want = []
+        for host in ("n1", "n2", "n3", "n4"):
+            last, health, drift = lg.last_outcome(host), lg.last_run_for(host, "health"), lg.last_run_for(host, "drift")
+            moved = lg.transitions(host)
+            want.append({
+                "host": host, "state": lg.state(host)[0], "since": lg.state(host)[1],
+                "reason": moved[-1].reason if moved else None, "cluster": cluster_name(fleet, host),
+                "last_run": None if last is None else {
+                    "id": last[0].id, "command": last[0].command, "started": last[0].started,
+                    "status": last[0].status, "outcome": last[1], "run_dir": last[0].run_dir},
+                "health": None if health is None else {
+                    "run": health[0].id, "started": health[0].started, "result": health[1],
+                    "failed": [h["check"] for h in lg.health(host, health[0].id) if h["result"] == "fail"]},
+                "drift": None if drift is None else {
+                    "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
+                    "items": len(lg.drift_items(drift[0].id, host))},
+                **recorded_seen(lg, host, lg.records([host]).get(host), 7e9)})
+    assert got == want
+    assert got[1]["last_run"]["id"] == k and got[1]["last_run"]["outcome"] == "interrupted"
+    assert got[0]["drift"]["items"] == 2 and got[1]["reason"] == "second"
+    assert got[2]["health"]["failed"] == ["driver", "ecc"]
