@@ -42,6 +42,7 @@ COMMANDS = (
     "ledger",
     "bench",
     "monitoring",
+    "bundle",
     "testbed",
 )
 
