@@ -79,3 +79,14 @@ def _check_repo(repo: Path, fpr: str, debs: list[mf.Artifact]) -> list[str]:
         if listed.get(fname) != a.sha256:
             out.append(f"{a.path}: the signed Packages index does not list it with the manifest's sha256")
     return out
+
+
+def gaps(bundle: Path, fleet: object, hosts: Iterable[str], kernel: str = "") -> list[str]:
+    """What the bundle lacks for `hosts` of `fleet` (completeness only: `provision run --bundle`, before any host)."""
+    from provisioner.bundle.needs import fleet_needs
+
+    doc, arts = read(bundle)
+    wanted = set(hosts)
+    needs = {n: hs for n, hs in fleet_needs(fleet, doc.get("releases") or ["debian12"], kernel).items()  # type: ignore[arg-type]
+             if wanted.intersection(hs)}
+    return mf.missing(arts, {n: [h for h in hs if h in wanted] for n, hs in needs.items()})
