@@ -137,23 +137,30 @@ def fetch_url(url: str, dest: Path) -> None:
     tmp.replace(dest)
 
 
-def _nvidia_source(needs: Mapping[Need, Iterable[str]], inv_vars: Mapping[str, object], work: Path) -> str:
-    """The inventory's NVIDIA repository as a sources.list line, its key fetched and checked against the pin."""
-    url = str(inv_vars.get("nvidia_repo_url") or "")
-    key_url = str(inv_vars.get("nvidia_repo_key_url") or "")
-    pins = [str(f).replace(" ", "").upper() for f in inv_vars.get("nvidia_repo_key_fingerprints") or []]  # type: ignore[attr-defined]
-    if not url or "{" in url or not key_url or "{" in key_url:
-        raise BundleError("nvidia_repo_url and nvidia_repo_key_url must be set to plain URLs in the inventory (group "
-                          "gpu_nodes) to fetch the NVIDIA packages")
-    key = work / ("nvidia-repo.gpg" if key_url.endswith(".gpg") else "nvidia-repo.asc")
-    fetch_url(key_url, key)
-    found = key_fingerprints(key)
-    if not found or any(f not in pins for f in found):
-        raise BundleError(f"the key at nvidia_repo_key_url {key_url} has fingerprint(s) {', '.join(found) or 'none'}, "
-                          f"not in nvidia_repo_key_fingerprints {pins}")
-    suite = str(inv_vars.get("nvidia_repo_suite") or "/")
-    comps = " ".join(str(c) for c in inv_vars.get("nvidia_repo_components") or [])  # type: ignore[attr-defined]
-    return f"deb [signed-by={key}] {url} {suite} {comps}".rstrip()
+def nvidia_sources(repos: Iterable[Mapping[str, object]], work: Path) -> list[str]:
+    """Each distinct NVIDIA repository the hosts use (nvidia_repo_* as the role renders them) as a sources.list
+    line, its key fetched and checked against nvidia_repo_key_fingerprints (the role's own pin)."""
+    lines: list[str] = []
+    seen: set[tuple[str, ...]] = set()
+    for r in repos:
+        url, key_url = str(r.get("nvidia_repo_url") or ""), str(r.get("nvidia_repo_key_url") or "")
+        pins = [str(f).replace(" ", "").upper() for f in r.get("nvidia_repo_key_fingerprints") or []]  # type: ignore[attr-defined]
+        suite = str(r.get("nvidia_repo_suite") or "/")
+        comps = " ".join(str(c) for c in r.get("nvidia_repo_components") or [])  # type: ignore[attr-defined]
+        ident = (url, key_url, suite, comps, *pins)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        if not url or not key_url:
+            raise BundleError("nvidia_repo_url and nvidia_repo_key_url must be set to fetch the NVIDIA packages")
+        key = work / f"nvidia-repo-{len(seen)}{'.gpg' if key_url.endswith('.gpg') else '.asc'}"
+        fetch_url(key_url, key)
+        found = key_fingerprints(key)
+        if not found or any(f not in pins for f in found):
+            raise BundleError(f"the key at nvidia_repo_key_url {key_url} has fingerprint(s) "
+                              f"{', '.join(found) or 'none'}, not in nvidia_repo_key_fingerprints {pins}")
+        lines.append(f"deb [signed-by={key}] {url} {suite} {comps}".rstrip())
+    return lines
 
 
 def _apt_opts(root: Path, archives: Path) -> list[str]:
@@ -359,8 +366,9 @@ def site_vars(mirror_url: str, releases: Sequence[str], fingerprint: str, files:
     return "\n".join(lines) + "\n"
 
 
-def build(needs: Mapping[Need, Iterable[str]], inv_vars: Mapping[str, object], opts: Options) -> Result:
-    """Build (or update) the bundle in opts.out for `needs`; inv_vars: a gpu node's variables (the NVIDIA repo)."""
+def build(needs: Mapping[Need, Iterable[str]], repos: Mapping[str, list[dict]], opts: Options) -> Result:
+    """Build (or update) the bundle in opts.out for `needs`; repos: release -> the hosts' NVIDIA repository
+    settings (provisioner.bundle.needs.repo_settings)."""
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     old = _read_old(out)
@@ -379,8 +387,7 @@ def build(needs: Mapping[Need, Iterable[str]], inv_vars: Mapping[str, object], o
                     kr = r["keyring"]
                     sources = [f"deb [signed-by={kr}] {r['mirror']} {s} {comps}" for s in r["suites"]]
                     sources.append(f"deb [signed-by={kr}] {r['security'][0]} {r['security'][1]} {comps}")
-                if any(n.kind == "apt" and n.release == rel for n in needs):
-                    sources.append(_nvidia_source(needs, inv_vars, work))
+                sources += nvidia_sources(repos.get(rel, []), work)
                 repo = out / "apt" / rel
                 repo.mkdir(parents=True, exist_ok=True)
                 debs, got = apt_closure(rel, _roles_by(needs, "apt", rel), sources, repo, work, opts.log,

@@ -23,7 +23,7 @@ from provisioner.paths import ROLES
 #: The gpu_nodes play's roles in play order (their defaults are visible to each other, as in the play).
 PLAY_ROLES = ("site_trust", "nvidia_driver", "nvidia_persistenced", "nvlsm", "fabric_manager", "imex", "cuda_nccl",
               "infiniband", "efa", "nccl_tuning", "cluster_firewall", "vllm", "vllm_launch", "serving_lb",
-              "monitoring")
+              "monitoring", "bundle_mirror")
 
 
 @dataclass(frozen=True, order=True)
@@ -109,32 +109,50 @@ def _acts(role: str, gate: str | None, fleet: Fleet, host: Host) -> bool:
         return True  # only Ansible can decide: the bundle carries it
 
 
-def host_needs(fleet: Fleet, host: Host, rel_name: str, kernel: str = "") -> list[Need]:
-    """What `host` fetches on release `rel_name` (sorted). `kernel`: the nodes' kernel (linux-headers-<kernel>)."""
-    from ansible.errors import AnsibleError
+def _templar(fleet: Fleet, host: Host, rel_name: str, kernel: str) -> Any:
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar
 
     rel = release(rel_name)
     facts = {**rel["facts"], "kernel": kernel or "KERNEL-UNKNOWN"}
     defaults, role_vars = _role_layers(str(rel["facts"]["distribution"]))
-    inv = {k: v for k, v in host.vars.items()}
-    variables = _trusted({**defaults, **_plain(inv), **role_vars})
+    variables = _trusted({**defaults, **_plain(dict(host.vars)), **role_vars})
     variables.update({"ansible_facts": facts, "inventory_hostname": host.name,
                       "groups": {g: list(ms) for g, ms in fleet.groups.items()}, "group_names": list(host.groups),
                       "role_path": str(ROLES / "vllm")})
-    templar = Templar(loader=DataLoader(), variables=variables)
+    return Templar(loader=DataLoader(), variables=variables)
+
+
+def _render(templar: Any, expr: str, what: str, fleet: Fleet) -> Any:
+    from ansible.errors import AnsibleError
+
+    try:
+        return _plain(templar.template(_trusted(expr)))
+    except AnsibleError as exc:
+        raise UsageError(f"{what}: cannot resolve: {str(exc).splitlines()[0]}", path=str(fleet.source)) from None
+
+
+#: The NVIDIA repository settings the bundle fetches from, as the nvidia_driver role resolves them.
+REPO_VARS = ("nvidia_repo_url", "nvidia_repo_key_url", "nvidia_repo_key_fingerprints", "nvidia_repo_suite",
+             "nvidia_repo_components")
+
+
+def repo_settings(fleet: Fleet, host: Host, rel_name: str) -> dict[str, Any]:
+    """`host`'s NVIDIA repository variables on release `rel_name`, rendered as the role renders them."""
+    t = _templar(fleet, host, rel_name, "")
+    return {v: _render(t, "{{ " + v + " }}", f"host {host.name}, variable {v}", fleet) for v in REPO_VARS}
+
+
+def host_needs(fleet: Fleet, host: Host, rel_name: str, kernel: str = "") -> list[Need]:
+    """What `host` fetches on release `rel_name` (sorted). `kernel`: the nodes' kernel (linux-headers-<kernel>)."""
+    templar = _templar(fleet, host, rel_name, kernel)
     out: list[Need] = []
     for role, spec in catalog()["roles"].items():
         if spec.get("group") not in host.groups or not _acts(role, spec.get("gate"), fleet, host):
             continue
         for kind in ("apt", "pip", "files"):
             for expr in spec.get(kind, []):
-                try:
-                    items = templar.template(_trusted(expr))
-                except AnsibleError as exc:
-                    raise UsageError(f"host {host.name}, role {role}: cannot resolve what it installs: "
-                                     f"{str(exc).splitlines()[0]}", path=str(fleet.source)) from None
+                items = _render(templar, expr, f"host {host.name}, role {role}: what it installs", fleet)
                 out.extend(_needs_of(kind, items, role, rel_name, host))
     return sorted(set(out))
 

@@ -52,14 +52,6 @@ def _default_key_home() -> Path:
     return base / "provisioner" / "bundle-key"
 
 
-def _gpu_vars(fleet: object) -> dict:
-    hosts = getattr(fleet, "hosts", {})
-    for name in sorted(hosts):
-        if "gpu_nodes" in hosts[name].groups:
-            return dict(hosts[name].vars)
-    return {}
-
-
 def register(app: typer.Typer) -> None:
     group = typer.Typer(name="bundle", help="The air-gapped bundle: build, verify (docs/airgap.md).",
                         no_args_is_help=True)
@@ -92,18 +84,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         use_vault(vault_password_file)
         from provisioner.bundle import build as b
-        from provisioner.bundle.needs import fleet_needs
+        from provisioner.bundle.needs import fleet_needs, repo_settings
         from provisioner.inventory import load_fleet
 
         rels = [r.value for r in (release or [Release.debian12])]
         fleet = load_fleet(inventory)
         needs = fleet_needs(fleet, rels, kernel)
+        gpu = [h for _, h in sorted(fleet.hosts.items()) if "gpu_nodes" in h.groups]
+        repos = {rel: [repo_settings(fleet, h, rel) for h in gpu] for rel in rels}
         t0 = time.monotonic()
         opts = b.Options(out=out, releases=rels, key_home=key_home or _default_key_home(),
                          apt_sources=apt_source or (), pip_index_url=pip_index_url, find_links=find_links or (),
                          no_index=no_index, suite_wheel=suite_wheel, suite=not no_suite, mirror_url=mirror_url,
                          log=lambda s: err.print(escape(s)))
-        res = b.build(needs, _gpu_vars(fleet), opts)
+        res = b.build(needs, repos, opts)
         size = sum(a.size for a in res.artifacts)
         for line in res.diff:
             print(line)
