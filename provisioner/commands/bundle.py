@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from provisioner.commands.common import VAULT_HELP, unwrap, use_vault
+from provisioner.commands.common import EXTRA_VARS_HELP, VAULT_HELP, extra_vars, unwrap, use_vault
 from provisioner.errors import Exit
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -80,6 +80,7 @@ def register(app: typer.Typer) -> None:
         key_home: Annotated[Path | None, typer.Option("--key-home", help="GnuPG home of the bundle signing key "
                                                                          "(default ~/.local/share/provisioner/"
                                                                          "bundle-key).")] = None,
+        extra: Annotated[list[str] | None, typer.Option("--extra-vars", "-e", help=EXTRA_VARS_HELP)] = None,
         vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
         use_vault(vault_password_file)
@@ -88,7 +89,7 @@ def register(app: typer.Typer) -> None:
         from provisioner.inventory import load_fleet
 
         rels = [r.value for r in (release or [Release.debian12])]
-        fleet = load_fleet(inventory)
+        fleet = load_fleet(inventory, extra_vars(extra))
         needs = fleet_needs(fleet, rels, kernel)
         gpu = [h for _, h in sorted(fleet.hosts.items()) if "gpu_nodes" in h.groups]
         repos = {rel: [repo_settings(fleet, h, rel) for h in gpu] for rel in rels}
@@ -111,6 +112,7 @@ def register(app: typer.Typer) -> None:
         inventory: Annotated[Path | None, typer.Argument(help="Check completeness against this inventory.",
                                                          show_default=False)] = None,
         kernel: Annotated[str, typer.Option("--kernel", help="The nodes' kernel, as at build.")] = "",
+        extra: Annotated[list[str] | None, typer.Option("--extra-vars", "-e", help=EXTRA_VARS_HELP)] = None,
         vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
         from provisioner.bundle.verify import check, read
@@ -122,7 +124,7 @@ def register(app: typer.Typer) -> None:
             from provisioner.bundle.needs import fleet_needs
             from provisioner.inventory import load_fleet
 
-            needs = fleet_needs(load_fleet(inventory), doc.get("releases") or ["debian12"], kernel)
+            needs = fleet_needs(load_fleet(inventory, extra_vars(extra)), doc.get("releases") or ["debian12"], kernel)
         problems = check(bundle, needs)
         for p in problems:
             err.print(f"[red]error[/] {escape(str(bundle))}: {escape(p)}")
