@@ -317,8 +317,8 @@ def suite_artifacts(out: Path, opts: Options, work: Path) -> Path:
         shutil.copyfile(opts.suite_wheel, wheel)
     elif CHECKOUT:
         dist = work / "dist"
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", str(dist),
-              str(DATA_ROOT)], env=env)
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", *_pip_index(opts),
+              "-w", str(dist), str(DATA_ROOT)], env=env)
         built = sorted(dist.glob("provisioner-*.whl"))
         wheel = wheels / built[-1].name
         shutil.copyfile(built[-1], wheel)

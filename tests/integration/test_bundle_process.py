@@ -170,3 +170,29 @@ def test_a_version_bump_is_refused_by_run_then_fetched_alone_by_a_rebuild(built:
         assert provision("bundle", "verify", str(out), str(site["inv"])).returncode == 0
     finally:
         gv.write_text(text)
+
+
+@pytest.mark.package
+def test_the_suite_installs_from_the_bundle_in_a_network_namespace_with_no_route(site: dict, tmp_path: Path) -> None:
+    from installed_wheel import installed, wheelhouse
+
+    wheel = installed(tmp_path / "wheel").wheel  # fills the offline wheelhouse with the suite's dependencies once
+    out = site["dir"] / "with-suite"
+    args = [a for a in site["args"] if a != "--no-suite"]
+    res = provision("bundle", "build", str(site["inv"]), "--out", str(out), *args, "--find-links", str(wheelhouse()),
+                    "--suite-wheel", str(wheel))
+    assert res.returncode == 0, res.stderr
+    kinds = {(a["kind"], a["name"]) for a in _manifest(out)["artifacts"]}
+    assert ("wheel", "provisioner") in kinds and ("collection", "provisioner.gpu") in kinds
+    assert ("wheel", "ansible_core") in kinds  # the suite's dependencies, for the controller's Python
+    venv, coll = tmp_path / "venv", tmp_path / "collections"
+    tarball = next((out / "suite").glob("*.tar.gz"))
+    script = (f"set -e; ip -o route; {sys.executable} -m venv {venv}; "
+              f"{venv}/bin/pip install -q --disable-pip-version-check --index-url "
+              f"{(out / 'python' / 'simple').as_uri()}/ provisioner; {venv}/bin/provision --version; "
+              f"{venv}/bin/ansible-galaxy collection install --offline --force -p {coll} {tarball}")
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "sh", "-c", script], capture_output=True,
+                       text=True, env=ENV, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.startswith("provision"), r.stdout  # `ip -o route` printed nothing: no route at all
+    assert (coll / "ansible_collections" / "provisioner" / "gpu" / "MANIFEST.json").is_file()
