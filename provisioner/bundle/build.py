@@ -154,7 +154,10 @@ def nvidia_sources(repos: Iterable[Mapping[str, object]], work: Path) -> list[st
         if not url or not key_url:
             raise BundleError("nvidia_repo_url and nvidia_repo_key_url must be set to fetch the NVIDIA packages")
         key = work / f"nvidia-repo-{len(seen)}{'.gpg' if key_url.endswith('.gpg') else '.asc'}"
-        fetch_url(key_url, key)
+        try:
+            fetch_url(key_url, key)
+        except BundleError as exc:
+            raise BundleError(f"nvidia_repo_key_url: {exc}") from None
         found = key_fingerprints(key)
         if not found or any(f not in pins for f in found):
             raise BundleError(f"the key at nvidia_repo_key_url {key_url} has fingerprint(s) "
@@ -203,7 +206,11 @@ def apt_closure(rel: str, groups: Mapping[str, list[str]], sources: Sequence[str
     arts: dict[str, mf.Artifact] = {}
     fetched: list[str] = []
     for role, pkgs in sorted(groups.items()):
-        closure = _INST.findall(_run(["apt-get", *opts, "install", "-s", "-y", *pkgs]))
+        try:
+            closure = _INST.findall(_run(["apt-get", *opts, "install", "-s", "-y", *pkgs]))
+        except BundleError as exc:
+            raise BundleError(f"release {rel}, role {role}: apt cannot resolve {' '.join(pkgs)} from the sources "
+                              f"given: {exc}") from None
         uris = {f: u for u, f, _ in _URI.findall(_run(["apt-get", *opts, "install", "-y", "--print-uris", *pkgs]))}
         before = {p.name for p in repo.glob("*.deb")}
         _run(["apt-get", *opts, "install", "-y", "-d", *pkgs])
@@ -440,7 +447,11 @@ def build(needs: Mapping[Need, Iterable[str]], repos: Mapping[str, list[dict]], 
             continue
         dest = files_dir / n.name
         if not (dest.is_file() and (not n.sha256 or sha256(dest) == n.sha256)):
-            fetch_url(n.url, dest)
+            try:
+                fetch_url(n.url, dest)
+            except BundleError as exc:
+                raise BundleError(f"efa_installer_url (role {n.role}, hosts {', '.join(sorted(hosts))}): {exc}") \
+                    from None
             fetched.append(n.name)
         digest = sha256(dest)
         if n.sha256 and digest != n.sha256:

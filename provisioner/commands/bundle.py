@@ -98,7 +98,11 @@ def register(app: typer.Typer) -> None:
                          apt_sources=apt_source or (), pip_index_url=pip_index_url, find_links=find_links or (),
                          no_index=no_index, suite_wheel=suite_wheel, suite=not no_suite, mirror_url=mirror_url,
                          log=lambda s: err.print(escape(s)))
-        res = b.build(needs, repos, opts)
+        try:
+            res = b.build(needs, repos, opts)
+        except b.BundleError as exc:  # a source that failed or a resolution apt refused: not a usage error
+            err.print(f"error: {escape(str(exc))}")
+            raise typer.Exit(int(Exit.FAIL)) from None
         size = sum(a.size for a in res.artifacts)
         for line in res.diff:
             print(line)
