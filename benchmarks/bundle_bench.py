@@ -46,9 +46,9 @@ def main() -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--summary", action="store_true")
-    ap.add_argument("build_args", nargs=argparse.REMAINDER)
-    a = ap.parse_args()
-    extra = [x for x in a.build_args if x != "--"]
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     shutil.rmtree(a.out, ignore_errors=True)
     load0 = loadavg()
     first = _build(a.inventory, a.out, extra)

@@ -336,7 +336,22 @@ def suite_artifacts(out: Path, opts: Options, work: Path) -> Path:
     coll.mkdir(parents=True)
     galaxy = shutil.which("ansible-galaxy") or str(Path(sys.executable).parent / "ansible-galaxy")
     _run([galaxy, "collection", "build", "--force", "--output-path", str(coll), str(DATA_ROOT)], env=env)
+    for tarball in coll.glob("*.tar.gz"):
+        _normalize_tar(tarball)
     return wheel
+
+
+def _normalize_tar(path: Path) -> None:
+    """Rewrite a .tar.gz with fixed times and owners (ansible-galaxy stamps the build time): same files, same bytes."""
+    import tarfile
+
+    tmp = path.with_name(path.name + ".tmp")
+    with tarfile.open(path, "r:gz") as src, open(tmp, "wb") as raw, \
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as dst:
+        for m in src.getmembers():
+            m.mtime, m.uid, m.gid, m.uname, m.gname = int(SOURCE_DATE_EPOCH), 0, 0, "", ""
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+    tmp.replace(path)
 
 
 # --- the whole build ------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ and counted.
 
 One fresh host (rack PROVISIONER_TRUST_RACK, default `trust`: test_site_trust's one-host rack, reset first, so no
 rack is added to the lane). The controller builds the bundle from a copy of the rack's inventory with the host also
-in group `bundle_mirror` (Debian's packages from Debian's mirror, the NVIDIA ones from the rack's stand-in repo).
+in group `bundle_mirror` (Debian's packages from Debian's mirror, the NVIDIA ones from the rack's stand-in repo),
+into the testbed cache (a later session fetches only what changed).
 The host is made an isolated site's image: no apt sources, no proxy. An nftables table on the controller drops and
 counts every packet from the rack's subnet that would leave it (forward) and every new connection from the rack to
 the controller (input: the rack's proxy and stand-in repo are the only ways out it has). Then:
@@ -67,9 +68,12 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         assert "Traceback" not in r.stderr, r.stderr[-3000:]
         return r
 
-    bundle = work / "bundle"
-    b = provision("bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home", str(work / "key"),
-                  "--mirror-url", f"http://{addr}:{PORT}/")
+    # kept in the testbed cache: a later session fetches only what changed (the first one fetches Debian's part)
+    from provisioner_testbed.rootfs import cache_dir
+
+    bundle = cache_dir() / f"airgap-bundle-{RACK}"
+    b = provision("bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
+                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:{PORT}/")
     assert b.returncode == 0, b.stderr[-3000:]
     # the isolated site's inventory: the bundle's site variables, no proxy, the mirror role's source
     all_yml = inv_dir / "group_vars" / "all.yml"
@@ -85,10 +89,14 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     assert r.returncode == 0, r.stderr
     net = re.sub(r"\.\d+$", ".0/24", addr)
     _nft(f"""table inet {TABLE} {{
-  chain fwd {{ type filter hook forward priority -5; policy accept;
-    ip saddr {net} ip daddr != {net} counter drop comment "leaving" }}
-  chain inp {{ type filter hook input priority -5; policy accept;
-    ip saddr {net} ct state new counter drop comment "to_controller" }}
+  chain out_of_rack {{
+    type filter hook forward priority -5; policy accept;
+    ip saddr {net} ip daddr != {net} counter drop comment "leaving"
+  }}
+  chain into_controller {{
+    type filter hook input priority -5; policy accept;
+    ip saddr {net} ct state new counter drop comment "to_controller"
+  }}
 }}
 """)
     try:
