@@ -2,8 +2,9 @@
 and counted.
 
 One fresh host (rack PROVISIONER_TRUST_RACK, default `trust`: test_site_trust's one-host rack, reset first, so no
-rack is added to the lane). The controller builds the bundle from a copy of the rack's inventory with the host also
-in group `bundle_mirror` (Debian's packages from Debian's mirror, the NVIDIA ones from the rack's stand-in repo),
+rack is added to the lane). The controller builds the bundle from a copy of the rack's inventory (its GPU nodes, as
+`make demo` provisions them: no vLLM cluster, this rack has no vLLM image) with the host also in group
+`bundle_mirror` (Debian's packages from Debian's mirror, the NVIDIA ones from the rack's stand-in repo),
 into the testbed cache (a later session fetches only what changed).
 The host is made an isolated site's image: no apt sources, no proxy. An nftables table on the controller drops and
 counts every packet from the rack's subnet that would leave it (forward) and every new connection from the rack to
@@ -59,7 +60,14 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     inv_dir = work / "inventory"
     shutil.copytree(Path(h.inventory).parent, inv_dir)
     inv = inv_dir / Path(h.inventory).name
-    inv.write_text(inv.read_text() + f"\n[bundle_mirror]\n{host}\n")
+    # the plain rack `make demo` provisions (its vLLM cluster group dropped: no vLLM image on this rack), the host
+    # also the site's mirror
+    gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", inv.read_text(), re.M)
+    assert gpu, inv.read_text()
+    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{host}\n")
+    for gv in (inv_dir / "group_vars").iterdir():
+        if gv.stem not in ("all", "gpu_nodes"):
+            gv.unlink()
     env = dict(os.environ, PROVISION_RUNS_DIR=str(work / "runs"), NO_COLOR="1", COLUMNS="200")
 
     def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
