@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,7 +137,10 @@ def test_the_mirror_host_serves_the_bundle_with_nginx_from_the_bundle(air) -> No
 
 
 def test_a_bare_host_is_provisioned_from_the_bundle_alone_with_no_way_out(air) -> None:
+    t0, load0 = time.monotonic(), os.getloadavg()[0]
     r = air["provision"]("run", str(air["inv"]), "--bundle", str(air["bundle"]))
+    print(f"airgap: bare -> provisioned from the bundle in {time.monotonic() - t0:.1f} s "
+          f"(load {load0:.1f} -> {os.getloadavg()[0]:.1f})")  # the figure benchmarks/README.md quotes
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     v = air["h"].ssh(air["host"], "dpkg-query -W -f='${Version}' nvidia-open-580 nftables rdma-core")
     assert v.stdout.startswith("580.95.05-1"), v.stdout + v.stderr
