@@ -142,8 +142,9 @@ def test_a_bare_host_is_provisioned_from_the_bundle_alone_with_no_way_out(air) -
     print(f"airgap: bare -> provisioned from the bundle in {time.monotonic() - t0:.1f} s "
           f"(load {load0:.1f} -> {os.getloadavg()[0]:.1f})")  # the figure benchmarks/README.md quotes
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
-    v = air["h"].ssh(air["host"], "dpkg-query -W -f='${Version}' nvidia-open-580 nftables rdma-core")
-    assert v.stdout.startswith("580.95.05-1"), v.stdout + v.stderr
+    v = air["h"].ssh(air["host"], "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open-580 nftables rdma-core")
+    got = dict(line.split("=", 1) for line in v.stdout.split())
+    assert got.get("nvidia-open-580") == "580.95.05-1" and {"nftables", "rdma-core"} <= set(got), v.stdout + v.stderr
     assert _counters() == {"leaving": 0, "to_controller": 0}
     d = air["provision"]("drift", str(air["inv"]))
     assert d.returncode == 0, d.stdout[-4000:] + d.stderr[-2000:]
