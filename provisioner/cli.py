@@ -45,6 +45,7 @@ COMMANDS = (
     "ledger",
     "bench",
     "monitoring",
+    "bundle",
     "testbed",
 )
 

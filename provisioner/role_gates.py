@@ -63,7 +63,8 @@ def _fabric(host: Host) -> str:
     return value
 
 
-def _acts(role: str, fleet: Fleet, host: Host) -> bool:
+def acts(role: str, fleet: Fleet, host: Host) -> bool:
+    """Whether GATED `role` acts on `host` (Unknown when only Ansible can decide)."""
     if role == "nvlsm":
         return _needs(host, "nvlsm", "nvlsm")
     if role == "fabric_manager":
@@ -91,7 +92,7 @@ def idle_roles(fleet: Fleet, hosts: Iterable[str], extravars: Mapping[str, Any] 
         if overridden.intersection(deciding):
             continue
         try:
-            if not any(_acts(role, fleet, fleet.hosts[n]) for n in names):
+            if not any(acts(role, fleet, fleet.hosts[n]) for n in names):
                 idle.append(role)
         except Unknown:
             continue

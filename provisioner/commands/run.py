@@ -36,7 +36,11 @@ runs the preflight probe (unless --skip-preflight); live progress on stderr; art
 With --exec-node, the hosts are split into one shard per execution node (a vLLM cluster, NVLink domain or `rack`
 is never split) and each shard runs on its node's `ansible-runner worker`; the report is the same, one for all.
 
-Exit codes: 0 all hosts ok, 1 validation/preflight refused or any host failed, unreachable or not reached, 2 usage.""")
+With --bundle DIR (an air-gapped site), a package, wheel or file the targeted hosts need that DIR's manifest lacks
+is refused before any host is touched, each named with its version, role and hosts.
+
+Exit codes: 0 all hosts ok, 1 validation/preflight/bundle refused or any host failed, unreachable or not reached,
+2 usage.""")
 
 
 def preflight(fleet: Fleet, targeted: list[str]) -> tuple[bool, list[str]]:
@@ -75,6 +79,8 @@ def register(app: typer.Typer) -> None:
             help="Execution accelerator: none | mitogen (default $PROVISION_ACCELERATE, none).")] = None,
         exec_node: Annotated[list[str] | None, typer.Option("--exec-node", help=EXEC_NODE_HELP)] = None,
         vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
+        bundle: Annotated[Path | None, typer.Option(
+            "--bundle", help="An air-gapped bundle (docs/airgap.md): refuse, before any host, what it lacks.")] = None,
     ) -> None:
         from provisioner.endpoints import LaunchSeen, endpoint_lines, endpoints_for, launched_clusters
         from provisioner.reports import run_json, run_text
@@ -99,6 +105,16 @@ def register(app: typer.Typer) -> None:
             err.print(f"refusing to run: {len(errors)} validation error(s) (see `provision validate {inventory}`)",
                       markup=False)
             raise typer.Exit(int(Exit.FAIL))
+        if bundle is not None:
+            from provisioner.bundle.verify import gaps
+
+            lacking = gaps(bundle, fleet, targeted)
+            for line in lacking:
+                err.print(f"[red]bundle[/] {escape(str(bundle))}: {escape(line)}")
+            if lacking:
+                err.print(f"refusing to run: the bundle lacks {count(len(lacking), 'item')} the hosts need "
+                          "(`provision bundle build` it again from this inventory)", markup=False)
+                raise typer.Exit(int(Exit.FAIL))
 
         if not skip_preflight:
             ok, problems = preflight(fleet, targeted)

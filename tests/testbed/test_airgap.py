@@ -1,0 +1,151 @@
+"""The air-gapped site on a real rack host: bare -> provisioned from the bundle alone, with every way out dropped
+and counted.
+
+One fresh host (rack PROVISIONER_TRUST_RACK, default `trust`: test_site_trust's one-host rack, reset first, so no
+rack is added to the lane). The controller builds the bundle from a copy of the rack's inventory (its GPU nodes, as
+`make demo` provisions them: no vLLM cluster, this rack has no vLLM image) with the host also in group
+`bundle_mirror` (Debian's packages from Debian's mirror, the NVIDIA ones from the rack's stand-in repo),
+into the testbed cache (a later session fetches only what changed).
+The host is made an isolated site's image: no apt sources, no proxy. An nftables table on the controller drops and
+counts every packet from the rack's subnet that would leave it (forward) and every new connection from the rack to
+the controller (input: the rack's proxy and stand-in repo are the only ways out it has). Then:
+1. `provision run --bundle` with a driver version the bundle lacks: refused before any host, naming it;
+2. playbooks/bundle_mirror.yml: the host unpacks the bundle, installs nginx from it, serves it on :8091;
+3. `provision run` (site.yml) with the bundle's site-vars.yml: the host goes from bare to provisioned;
+4. the drop counters read 0; drift is clean.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner import PROJECT_ROOT
+
+pytestmark = pytest.mark.testbed
+
+BIN = Path(sys.executable).parent
+RACK = os.environ.get("PROVISIONER_TRUST_RACK", "trust")
+TABLE = "provisioner_airgap_test"
+PORT = 8091
+
+
+def _nft(script: str) -> None:
+    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, capture_output=True)
+
+
+def _counters() -> dict[str, int]:
+    out = subprocess.run(["nft", "list", "table", "inet", TABLE], capture_output=True, text=True, check=True).stdout
+    return {name: int(pk) for pk, name in re.findall(r'counter packets (\d+) bytes \d+ drop comment "(\w+)"', out)}
+
+
+@pytest.fixture(scope="module")
+def air(tmp_path_factory: pytest.TempPathFactory):
+    if os.geteuid() != 0:
+        pytest.skip("the simulated rack needs root")
+    from provisioner_testbed import rack
+
+    rack.ensure(RACK, 1, log=lambda m: print(f"testbed: {m}"))
+    rack.reset(RACK, log=lambda m: print(f"testbed: {m}"))  # a fresh disk: bare
+    h = rack.ensure(RACK, 1)
+    host, addr = next(iter(h.hosts.items()))
+    work = tmp_path_factory.mktemp("airgap")
+    inv_dir = work / "inventory"
+    shutil.copytree(Path(h.inventory).parent, inv_dir)
+    inv = inv_dir / Path(h.inventory).name
+    # the plain rack `make demo` provisions (its vLLM cluster group dropped: no vLLM image on this rack), the host
+    # also the site's mirror
+    gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", inv.read_text(), re.M)
+    assert gpu, inv.read_text()
+    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{host}\n")
+    for gv in (inv_dir / "group_vars").iterdir():
+        if gv.stem not in ("all", "gpu_nodes"):
+            gv.unlink()
+    env = dict(os.environ, PROVISION_RUNS_DIR=str(work / "runs"), NO_COLOR="1", COLUMNS="200")
+
+    def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([str(BIN / "provision"), *args], capture_output=True, text=True, env=env,
+                           cwd=PROJECT_ROOT, timeout=timeout)
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+        return r
+
+    # kept in the testbed cache: a later session fetches only what changed (the first one fetches Debian's part)
+    from provisioner_testbed.rootfs import cache_dir
+
+    bundle = cache_dir() / f"airgap-bundle-{RACK}"
+    b = provision("bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
+                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:{PORT}/")
+    assert b.returncode == 0, b.stderr[-3000:]
+    # the isolated site's inventory: the bundle's site variables, no proxy, the mirror role's source
+    all_yml = inv_dir / "group_vars" / "all.yml"
+    doc = all_yml.read_text()
+    doc = re.sub(r"^apt_proxy: .*\n", "", doc, flags=re.M)
+    doc = re.sub(r"^nvidia_repo_(url|key_url): .*\n", "", doc, flags=re.M)
+    doc = re.sub(r"^nvidia_repo_key_fingerprints:\n(- .*\n)+", "", doc, flags=re.M)
+    site_vars = yaml.safe_load((bundle / "site-vars.yml").read_text())
+    all_yml.write_text(doc + yaml.safe_dump(site_vars) + yaml.safe_dump({"bundle_mirror_source": str(bundle)}))
+    # the host as an isolated site's image: no apt source, no proxy, no lists from before
+    r = h.ssh(host, "rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
+                    " && rm -rf /var/lib/apt/lists/* && apt-get clean")
+    assert r.returncode == 0, r.stderr
+    net = re.sub(r"\.\d+$", ".0/24", addr)
+    _nft(f"""table inet {TABLE} {{
+  chain out_of_rack {{
+    type filter hook forward priority -5; policy accept;
+    ip saddr {net} ip daddr != {net} counter drop comment "leaving"
+  }}
+  chain into_controller {{
+    type filter hook input priority -5; policy accept;
+    ip saddr {net} ct state new counter drop comment "to_controller"
+  }}
+}}
+""")
+    try:
+        yield {"h": h, "host": host, "addr": addr, "inv": inv, "bundle": bundle, "provision": provision,
+               "build": b}
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
+        if os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
+            rack.down(RACK)
+
+
+def test_a_version_the_bundle_lacks_is_refused_before_any_host(air) -> None:
+    r = air["provision"]("run", str(air["inv"]), "--bundle", str(air["bundle"]),
+                         "-e", "nvidia_driver_version=580.105.08-1")
+    assert r.returncode == 1
+    assert "apt package nvidia-open-580=580.105.08-1 is not in the bundle (role nvidia_driver" in r.stderr
+    assert "preflight" not in r.stderr and "PLAY" not in r.stdout
+
+
+def test_the_mirror_host_serves_the_bundle_with_nginx_from_the_bundle(air) -> None:
+    r = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    got = air["h"].ssh(air["host"], f"python3 -c \"import urllib.request as u; print(u.urlopen("
+                                    f"'http://{air['addr']}:{PORT}/manifest.json').read() == "
+                                    f"open('/srv/provisioner-bundle/manifest.json','rb').read())\"")
+    assert got.stdout.strip() == "True", got.stdout + got.stderr
+    again = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
+    assert again.returncode == 0 and re.search(r"\b0 changes\b", again.stdout), again.stdout[-3000:]
+
+
+def test_a_bare_host_is_provisioned_from_the_bundle_alone_with_no_way_out(air) -> None:
+    t0, load0 = time.monotonic(), os.getloadavg()[0]
+    r = air["provision"]("run", str(air["inv"]), "--bundle", str(air["bundle"]))
+    print(f"airgap: bare -> provisioned from the bundle in {time.monotonic() - t0:.1f} s "
+          f"(load {load0:.1f} -> {os.getloadavg()[0]:.1f})")  # the figure benchmarks/README.md quotes
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+    v = air["h"].ssh(air["host"], "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open-580 nftables rdma-core")
+    got = dict(line.split("=", 1) for line in v.stdout.split())
+    assert got.get("nvidia-open-580") == "580.95.05-1" and {"nftables", "rdma-core"} <= set(got), v.stdout + v.stderr
+    assert _counters() == {"leaving": 0, "to_controller": 0}
+    d = air["provision"]("drift", str(air["inv"]))
+    assert d.returncode == 0, d.stdout[-4000:] + d.stderr[-2000:]
+    assert _counters() == {"leaving": 0, "to_controller": 0}

@@ -1,0 +1,102 @@
+"""What a bundle must hold for an inventory (provisioner.bundle.needs over catalog/bundle.yaml), and the manifest's
+pure parts: difference, completeness naming package, version, role and hosts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.bundle import manifest as mf
+from provisioner.bundle.needs import Need, catalog, fleet_needs
+from provisioner.errors import UsageError
+from provisioner.inventory import load_fleet
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _installs(path: Path) -> bool:
+    """Whether a task file installs packages with apt (not only removes them)."""
+    for task in yaml.safe_load(path.read_text()) or []:
+        for t in [task, *task.get("block", [])]:
+            if "provisioner.gpu.provisioner_apt" in t:
+                return True
+            apt = t.get("ansible.builtin.apt")
+            if isinstance(apt, dict) and apt.get("name") and apt.get("state", "present") != "absent":
+                return True
+    return False
+
+
+def test_every_role_that_installs_packages_is_in_the_catalog():
+    installing = {p.parts[-3] for p in (REPO / "roles").glob("*/tasks/*.yml") if _installs(p)}
+    with_apt = {r for r, spec in catalog()["roles"].items() if spec.get("apt")}
+    assert installing and installing <= with_apt, installing - with_apt
+    pip_roles = {p.parts[-3] for p in (REPO / "roles").glob("*/tasks/*.yml") if "/bin/pip', 'install'" in p.read_text()}
+    # execution_node installs this suite from its own wheelhouse: the bundle carries the suite and its dependencies
+    assert pip_roles - {"execution_node"} <= {r for r, s in catalog()["roles"].items() if s.get("pip")}
+
+
+def test_rack_a_needs_the_pinned_driver_fabric_manager_nccl_and_vllm():
+    fleet = load_fleet(REPO / "inventories" / "rack-a.ini")
+    needs = fleet_needs(fleet, ["debian12"], kernel="6.1.0-28-amd64")
+    by = {(n.kind, n.name): n for n in needs}
+    assert by[("apt", "nvidia-open-580")].version == "580.95.05-1"
+    assert by[("apt", "nvidia-open-580")].role == "nvidia_driver"
+    assert by[("apt", "nvidia-fabricmanager-580")].role == "fabric_manager"  # H100 SXM: NVSwitch
+    assert by[("apt", "libnccl2")].version == "2.27.7-1+cuda12.8"
+    assert ("apt", "linux-headers-6.1.0-28-amd64") in by  # the rack-a default installs headers
+    assert ("apt", "nvidia-imex-580") not in by
+    assert by[("pip", "vllm")].version == "0.32.0"
+    assert sorted(needs[by[("apt", "nvidia-open-580")]]) == sorted(n for n, h in fleet.hosts.items()
+                                                                   if "gpu_nodes" in h.groups)
+
+
+def test_gb200_trays_need_imex_and_p5_needs_the_efa_installer_per_release():
+    gb = fleet_needs(load_fleet(REPO / "inventories" / "gb200-nvl72" / "hosts.ini"), ["debian12"])
+    assert any(n.name == "nvidia-imex-580" and n.role == "imex" for n in gb)
+    p5 = fleet_needs(load_fleet(REPO / "inventories" / "p5-pair" / "hosts.ini"), ["debian12", "ubuntu2404"])
+    efa = sorted(n for n in p5 if n.kind == "file")
+    assert [n.release for n in efa] == ["debian12", "ubuntu2404"]
+    assert efa[0].name == "aws-efa-installer-1.43.2.tar.gz" and re.fullmatch(r"[0-9a-f]{64}", efa[0].sha256)
+
+
+def test_a_version_set_in_the_inventory_is_what_the_bundle_must_hold(tmp_path):
+    (tmp_path / "hosts.ini").write_text("[gpu_nodes]\nn1 ansible_host=198.18.0.11\n")
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "gpu_nodes.yml").write_text(
+        'gpu_model: H100-SXM5-80GB\nnvidia_driver_version: "580.105.08-1"\nnvidia_driver_install_headers: false\n')
+    needs = fleet_needs(load_fleet(tmp_path / "hosts.ini"), ["debian12"])
+    pins = {n.name: n.version for n in needs if n.kind == "apt"}
+    # the driver's version flows through every role that follows it, as in the play
+    assert pins["nvidia-utils-580"] == pins["nvidia-persistenced"] == pins["nvidia-fabricmanager-580"] == "580.105.08-1"
+
+
+def test_an_unknown_release_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown release 'debian99'"):
+        fleet_needs(load_fleet(REPO / "inventories" / "rack-a.ini"), ["debian99"])
+
+
+def _art(name: str, version: str, kind: str = "deb", sha: str = "a" * 64) -> mf.Artifact:
+    return mf.Artifact(f"apt/debian12/{name}_{version}_amd64.deb", kind, name, version, sha, 1, "x",
+                       ("nvidia_driver",), ("debian12",))
+
+
+def test_missing_names_package_version_role_and_hosts():
+    arts = [_art("nvidia-open-580", "580.95.05-1")]
+    needs = {Need("apt", "nvidia-open-580", "580.105.08-1", "nvidia_driver", "debian12"): ("n1", "n2"),
+             Need("apt", "nvidia-open-580", "580.95.05-1", "nvidia_driver", "debian12"): ("n3",)}
+    assert mf.missing(arts, needs) == [
+        "apt package nvidia-open-580=580.105.08-1 is not in the bundle (role nvidia_driver, release debian12, "
+        "hosts n1, n2; the bundle has 580.95.05-1)"]
+
+
+def test_the_manifest_is_the_same_bytes_for_the_same_artifacts_and_diff_names_changes():
+    a, b = _art("x", "1"), _art("y", "2")
+    assert mf.dump([a, b], {}, "F" * 40, ["debian12"]) == mf.dump([b, a], {}, "F" * 40, ["debian12"])
+    _, back = mf.load(mf.dump([a, b], {}, "F" * 40, ["debian12"]))
+    assert back == sorted([a, b])
+    c = _art("y", "3")
+    assert mf.diff([a, b], [a, c]) == ["- apt/debian12/y_2_amd64.deb (deb y 2)",
+                                       "+ apt/debian12/y_3_amd64.deb (deb y 3)"]
