@@ -309,7 +309,7 @@ def test_html_has_the_columns(site: tuple[Path, dict[str, str], Path], tmp_path:
 def test_bulk_status_rows_equal_the_per_host_queries(site: tuple[Path, dict[str, str], Path]) -> None:
     """status_rows reads the runs newest first in bulk (issue 47); each row must be what the per-host queries say."""
     from provisioner.inventory import load_fleet
-    from provisioner.ledger.view import cluster_name, recorded_seen, status_rows
+    from provisioner.ledger.view import burnin_row, burnin_slow, cluster_name, recorded_seen, status_rows
 
     inv, _, db = site
     fill(db, inv)
@@ -339,6 +339,9 @@ def test_bulk_status_rows_equal_the_per_host_queries(site: tuple[Path, dict[str,
                 "drift": None if drift is None else {
                     "run": drift[0].id, "started": drift[0].started, "outcome": drift[1],
                     "items": len(lg.drift_items(drift[0].id, host))},
+                "burnin": burnin_row(lg, host),
+                "slow": [{"metric": x.metric, "value": x.value, "median": x.median, "gap": x.gap,
+                          "message": x.message} for x in burnin_slow(fleet, lg) if x.host == host],
                 **recorded_seen(lg, host, lg.records([host]).get(host), 7e9)})
     assert got == want
     assert got[1]["last_run"]["id"] == k and got[1]["last_run"]["outcome"] == "interrupted"
