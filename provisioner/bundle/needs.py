@@ -23,7 +23,7 @@ from provisioner.paths import ROLES
 #: The gpu_nodes play's roles in play order (their defaults are visible to each other, as in the play).
 PLAY_ROLES = ("site_trust", "nvidia_driver", "nvidia_persistenced", "nvlsm", "fabric_manager", "imex", "cuda_nccl",
               "infiniband", "efa", "nccl_tuning", "cluster_firewall", "vllm", "vllm_launch", "serving_lb",
-              "monitoring", "bundle_mirror")
+              "monitoring", "node_health", "alertmanager", "bundle_mirror")
 
 
 @dataclass(frozen=True, order=True)
