@@ -77,6 +77,8 @@ def acts(role: str, fleet: Fleet, host: Host) -> bool:
         return _fabric(host) == "efa"
     if role == "vllm":
         return plan.cluster_of(fleet, host.name) is not None
+    if role == "alerting":  # playbooks/alerting.yml: only where the inventory has a monitoring host
+        return bool(fleet.groups.get("monitoring"))
     raise KeyError(role)
 
 

@@ -73,6 +73,23 @@ def test_a_version_set_in_the_inventory_is_what_the_bundle_must_hold(tmp_path):
     assert pins["nvidia-utils-580"] == pins["nvidia-persistenced"] == pins["nvidia-fabricmanager-580"] == "580.105.08-1"
 
 
+def test_the_alert_loop_packages_come_with_a_monitoring_host_only(tmp_path):
+    """node_exporter for the fault watch and Alertmanager are needed only where playbooks/alerting.yml acts: an
+    inventory with a monitoring group."""
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "gpu_nodes.yml").write_text("gpu_model: H100-SXM5-80GB\n")
+    (tmp_path / "hosts.ini").write_text("[gpu_nodes]\nn1 ansible_host=198.18.0.11\n")
+    without = fleet_needs(load_fleet(tmp_path / "hosts.ini"), ["debian12"])
+    assert not any(n.role in ("node_health", "alertmanager") for n in without)
+    (tmp_path / "hosts.ini").write_text("[gpu_nodes]\nn1 ansible_host=198.18.0.11\n"
+                                        "[monitoring]\nm1 ansible_host=198.18.0.20\n")
+    with_mon = fleet_needs(load_fleet(tmp_path / "hosts.ini"), ["debian12"])
+    by = {(n.name, n.role): sorted(h) for n, h in with_mon.items()}
+    assert by[("prometheus-node-exporter", "node_health")] == ["n1"]
+    assert any(name.startswith("prometheus-alertmanager") and h == ["m1"] for (name, role), h in by.items()
+               if role == "alertmanager")
+
+
 def test_an_unknown_release_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown release 'debian99'"):
         fleet_needs(load_fleet(REPO / "inventories" / "rack-a.ini"), ["debian99"])
