@@ -16,6 +16,7 @@ import getpass
 import grp
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -106,11 +107,16 @@ def test_tarball_carries_the_collection_and_nothing_else(tarball: Path) -> None:
     # the Python package is a dependency, not content: only the node parser the node_health role ships (its
     # files/nodeparse.py links to it, and stays a link inside the collection)
     assert sorted(n for n in names if n.startswith("provisioner/")) == [
-        "provisioner/probes", "provisioner/probes/burninjudge.py", "provisioner/probes/nodeparse.py"]
+        "provisioner/probes", "provisioner/probes/burninjudge.py", "provisioner/probes/generate.py",
+        "provisioner/probes/nodeparse.py"]
     link = members["roles/node_health/files/nodeparse.py"]
     assert link.issym() and link.linkname == "../../../provisioner/probes/nodeparse.py"
     judge = members["roles/node_burnin/files/burninjudge.py"]  # node_burnin ships the burn-in judge too
     assert judge.issym() and judge.linkname == "../../../provisioner/probes/burninjudge.py"
+    for m in members.values():  # every link resolves inside the tarball (ansible-galaxy install refuses one that
+        if m.issym():           # does not: "linkname ... not found")
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(m.name), m.linkname))
+            assert target in names, f"{m.name} -> {m.linkname}: not in the collection"
     for bad in ("tests/", "benchmarks/", ".venv", ".git", ".runs", ".cache", "collections/", "dist/", "context/",
                 "inventories/testbed", "provisioner_testbed", "hatch_build.py", "pyproject.toml", "execution-environment.yml"):
         assert not [n for n in names if n.startswith(bad)], bad
