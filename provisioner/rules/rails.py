@@ -10,7 +10,7 @@ from provisioner.day2.policy import HARD_CHECKS
 from provisioner.day2.rails import DEFAULTS, KEYS, MODES, VAR
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
-from provisioner.rules._util import is_int, is_number, show, suggest, type_name
+from provisioner.rules._util import is_int, is_number, same, show, suggest, type_name
 from provisioner.rules.context import RuleContext
 from provisioner.rules.firmware import _places
 
@@ -44,10 +44,17 @@ def rails_shape(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
             if k not in KEYS:
                 yield Finding("RL001", "error", f"{VAR}.{k} is not a rails key (one of {', '.join(KEYS)})"
                               f"{suggest(k, KEYS)}", host=h, group=g, var=VAR)
-        if g not in (None, "all") or h is not None:
+        # one value for the fleet: a group other than all, or a host whose value is not every host's (the Ansible
+        # face sees group all's value on every host, with no group to name: that is one value)
+        if g not in (None, "all") or (h is not None and not _fleet_wide(fleet, v)):
             yield Finding("RL001", "error", f"{VAR} is set on {'group ' + g if g else 'host ' + str(h)}: set it once "
                           "for the whole fleet (group all): the rails count across the fleet", host=h, group=g,
                           var=VAR)
+
+
+def _fleet_wide(fleet: Fleet, v: Any) -> bool:
+    """Whether every host of the fleet has `v` as its remediation_rails."""
+    return all(VAR in host.vars and same(host.vars[VAR], v) for host in fleet.hosts.values())
 
 
 @rule("RL002", "remediation_rails.mode is not observe, recommend or act")

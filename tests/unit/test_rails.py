@@ -141,3 +141,25 @@ def test_modes(mode: str, approved: bool, want: str) -> None:
 
     assert disposition(mode, Verdict(True), approved=approved) == want
     assert disposition(mode, Verdict(False, "rate", "x"), approved=approved) == "blocked"
+
+
+def test_rl001_one_value_on_every_host_is_one_value_for_the_fleet(tmp_path) -> None:
+    """The play's rules see hostvars only (group all's value on every host, no group to name it by): that is one
+    value for the fleet; a host with a value of its own is not."""
+    import dataclasses
+
+    from provisioner.inventory import load_fleet
+    from provisioner.rules.context import RuleContext
+    from provisioner.rules.rails import rails_shape
+
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text("remediation_rails: {mode: act}\n")
+    (tmp_path / "hosts.ini").write_text("[gpu_nodes]\nn1 ansible_host=198.18.0.11\nn2 ansible_host=198.18.0.12\n")
+    fleet = load_fleet(tmp_path / "hosts.ini")
+    as_the_play_sees_it = dataclasses.replace(fleet, group_vars={})
+    assert list(rails_shape(as_the_play_sees_it, RuleContext())) == []
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "n2.yml").write_text("remediation_rails: {mode: observe}\n")
+    fleet = load_fleet(tmp_path / "hosts.ini")
+    assert [f.host for f in rails_shape(fleet, RuleContext())] == ["n2"]
+    assert [f.host for f in rails_shape(dataclasses.replace(fleet, group_vars={}), RuleContext())] == ["n1", "n2"]
