@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,7 @@ class Options:
     suite_wheel: Path | None = None
     suite: bool = True
     mirror_url: str = ""
+    ca_pems: Sequence[str] = ()  # the inventory's site_ca_certificates: a site mirror behind a private CA
     log: Callable[[str], None] = field(default=lambda s: None)
 
 
@@ -123,13 +125,29 @@ def _stop_agent(home: Path) -> None:
 
 
 # --- fetching -----------------------------------------------------------------------------------------------
+#: The CA bundle of this build (the host's trust store plus the inventory's site_ca_certificates), set by build().
+_CAFILE: Path | None = None
+
+
+def ca_bundle(pems: Sequence[str], dest: Path) -> Path | None:
+    """The host's CA bundle plus the site's CAs in one file (None when the site has none): what every fetch of the
+    build trusts, as the nodes do after site_trust. Certificate checks stay on."""
+    if not pems:
+        return None
+    system = ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt"
+    text = Path(system).read_text() if Path(system).is_file() else ""
+    dest.write_text(text.rstrip("\n") + "\n" + "".join(p.strip() + "\n" for p in pems))
+    return dest
+
+
 def fetch_url(url: str, dest: Path) -> None:
     if not re.match(r"^(https?|file):", url):
         raise BundleError(f"cannot fetch {url!r}: only http(s):// and file: URLs")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
+    ctx = ssl.create_default_context(cafile=str(_CAFILE)) if _CAFILE is not None else None
     try:
-        with urllib.request.urlopen(url, timeout=120) as r, open(tmp, "wb") as fh:  # noqa: S310 (schemes checked)
+        with urllib.request.urlopen(url, timeout=120, context=ctx) as r, open(tmp, "wb") as fh:  # noqa: S310
             shutil.copyfileobj(r, fh)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -172,7 +190,8 @@ def _apt_opts(root: Path, archives: Path) -> list[str]:
             "-o", f"Dir::Etc::trustedparts={root}/trusted.gpg.d", "-o", f"Dir::Cache::archives={archives}",
             "-o", f"APT::Sandbox::User={'root' if os.geteuid() == 0 else ''}",  # apt's _apt cannot read DIR
             "-o", "APT::Install-Recommends=false", "-o", "APT::Get::AllowUnauthenticated=false",
-            "-o", "Acquire::Languages=none"]
+            "-o", "Acquire::Languages=none",
+            *(["-o", f"Acquire::https::CAInfo={_CAFILE}"] if _CAFILE is not None else [])]
 
 
 _INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ", re.M)
@@ -275,7 +294,8 @@ def _pip_index(opts: Options) -> list[str]:
 def pip_download(reqs: Sequence[str], wheels: Path, opts: Options, python: str | None) -> tuple[list[Path], int]:
     """Download `reqs` with their dependencies as wheels for `python` (X.Y; None = this interpreter)."""
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
-           "--only-binary=:all:", "--dest", str(wheels), *_pip_index(opts)]
+           "--only-binary=:all:", "--dest", str(wheels), *_pip_index(opts),
+           *(["--cert", str(_CAFILE)] if _CAFILE is not None else [])]
     if python:
         abi = "cp" + python.replace(".", "")
         cmd += ["--python-version", python, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]
@@ -390,7 +410,17 @@ def site_vars(mirror_url: str, releases: Sequence[str], fingerprint: str, files:
 
 def build(needs: Mapping[Need, Iterable[str]], repos: Mapping[str, list[dict]], opts: Options) -> Result:
     """Build (or update) the bundle in opts.out for `needs`; repos: release -> the hosts' NVIDIA repository
-    settings (provisioner.bundle.needs.repo_settings)."""
+    settings (provisioner.bundle.needs.repo_settings). Every fetch trusts the host's CAs and opts.ca_pems."""
+    global _CAFILE
+    with tempfile.TemporaryDirectory(prefix="provisioner-bundle-ca-") as ca:
+        _CAFILE = ca_bundle(opts.ca_pems, Path(ca) / "ca-bundle.pem")
+        try:
+            return _build(needs, repos, opts)
+        finally:
+            _CAFILE = None
+
+
+def _build(needs: Mapping[Need, Iterable[str]], repos: Mapping[str, list[dict]], opts: Options) -> Result:
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     old = _read_old(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -50,6 +50,17 @@ def _default_key_home() -> Path:
 
     base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return base / "provisioner" / "bundle-key"
+
+
+def _site_cas(fleet: Any) -> list[str]:
+    """The inventory's site_ca_certificates (PEM texts) over its GPU nodes: the mirrors the build fetches from may be
+    behind the site's own CA, as the nodes see them."""
+    out: list[str] = []
+    for h in fleet.hosts.values():
+        for pem in h.vars.get("site_ca_certificates") or []:
+            if isinstance(pem, str) and pem.strip() not in out:
+                out.append(pem.strip())
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -97,7 +108,7 @@ def register(app: typer.Typer) -> None:
         opts = b.Options(out=out, releases=rels, key_home=key_home or _default_key_home(),
                          apt_sources=apt_source or (), pip_index_url=pip_index_url, find_links=find_links or (),
                          no_index=no_index, suite_wheel=suite_wheel, suite=not no_suite, mirror_url=mirror_url,
-                         log=lambda s: err.print(escape(s)))
+                         ca_pems=_site_cas(fleet), log=lambda s: err.print(escape(s)))
         try:
             res = b.build(needs, repos, opts)
         except b.BundleError as exc:  # a source that failed or a resolution apt refused: not a usage error

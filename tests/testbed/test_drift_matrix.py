@@ -154,7 +154,9 @@ def test_bare_hosts_are_drift_not_errors(rig: Rig) -> None:
         files = {role: sum(1 for k, _, r in got if k == "file" and r == role) for role in BARE_FILES}
         assert all(files[r] >= n for r, n in BARE_FILES.items()), (h, files)
         roles = {r for _, _, r in got}
-        assert roles - {"vllm", "vllm_launch"} == set(BARE_FILES) | {"fabric_manager", "cuda_nccl"}, (h, roles)
+        # site_trust: the rack hands its own CA to the nodes (site_ca_certificates, the HTTPS stand-in repo)
+        assert roles - {"vllm", "vllm_launch"} == set(BARE_FILES) | {"fabric_manager", "cuda_nccl", "site_trust"}, \
+            (h, roles)
         assert ("vllm" in roles) == (h in VLLM_MEMBERS), (h, roles)
 
 
@@ -216,7 +218,7 @@ ROUND: dict[str, tuple[str, set[tuple[str, str, Any]]]] = {
 }
 # the package download refused (apt's proxy and the repository): a run dies at the first package it must fetch
 BLOCK = ("nft add table inet h16block; nft add chain inet h16block out '{ type filter hook output priority 0; }'; "
-         "nft add rule inet h16block out tcp dport '{ 3128, 8090 }' reject")
+         "nft add rule inet h16block out tcp dport '{ 3128, 8090, 8091 }' reject")
 
 
 def test_half_applied_failed_run_masked_then_healed(rig: Rig) -> None:

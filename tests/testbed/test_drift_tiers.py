@@ -33,7 +33,7 @@ SKIP = ("--skip-tags", "vllm")  # runs and drifts alike (the rack has no vLLM la
 PROJECT = Path(__file__).resolve().parents[2]
 # the package download refused (apt's proxy and the repository): a run dies at the first package it must fetch
 BLOCK = ("nft add table inet h27block; nft add chain inet h27block out '{ type filter hook output priority 0; }'; "
-         "nft add rule inet h27block out tcp dport '{ 3128, 8090 }' reject")
+         "nft add rule inet h27block out tcp dport '{ 3128, 8090, 8091 }' reject")
 
 
 class Rig(CliRig):

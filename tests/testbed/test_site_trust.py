@@ -108,6 +108,13 @@ def _recap(out: str, host: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
 
 
+class _NoVault(yaml.SafeLoader):
+    """Reads the rack's group_vars/all.yml without its vaulted values."""
+
+
+_NoVault.add_constructor("!vault", lambda loader, node: None)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     if os.geteuid() != 0:
@@ -132,8 +139,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     shutil.copytree(Path(h.inventory).parent, inv_dir)
     ca_pem = pki.ca_pem.read_text().strip()
     all_yml = inv_dir / "group_vars/all.yml"
+    # the rack's own CA (its HTTPS stand-in repo) stays beside the site's: the appended key replaces the rack's
+    rack_cas = (yaml.load(all_yml.read_text(), Loader=_NoVault) or {}).get("site_ca_certificates") or []
     all_yml.write_text(all_yml.read_text() + yaml.safe_dump({
-        "site_ca_certificates": [ca_pem],
+        "site_ca_certificates": [*rack_cas, ca_pem],
         "site_https_proxy": proxy.url.replace("http://", f"http://{USER}:{PASSWORD}@"),
         "site_no_proxy": [h.gateway, "localhost", "127.0.0.1"],
         "vllm_pip_index_url": "https://mirror.site.test/simple/",

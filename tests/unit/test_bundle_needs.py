@@ -117,3 +117,21 @@ def test_the_manifest_is_the_same_bytes_for_the_same_artifacts_and_diff_names_ch
     c = _art("y", "3")
     assert mf.diff([a, b], [a, c]) == ["- apt/debian12/y_2_amd64.deb (deb y 2)",
                                        "+ apt/debian12/y_3_amd64.deb (deb y 3)"]
+
+
+def test_the_build_trusts_the_hosts_cas_plus_the_sites(tmp_path):
+    """A site mirror behind the site's own CA (site_ca_certificates): the build's fetches trust it beside the host's
+    store, as the nodes do after site_trust; no CA given, nothing changes (None: the default context)."""
+    import ssl
+
+    from provisioner.bundle.build import ca_bundle
+
+    assert ca_bundle([], tmp_path / "none.pem") is None and not (tmp_path / "none.pem").exists()
+    pem = "-----BEGIN CERTIFICATE-----\nMIIBsite\n-----END CERTIFICATE-----"
+    got = ca_bundle([pem + "\n"], tmp_path / "ca.pem")
+    assert got is not None
+    text = got.read_text()
+    assert text.endswith(pem + "\n")
+    system = ssl.get_default_verify_paths().cafile
+    if system and Path(system).is_file():
+        assert text.startswith(Path(system).read_text()[:200])
