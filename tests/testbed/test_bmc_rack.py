@@ -195,7 +195,7 @@ def test_onboard_starts_a_powered_off_host_at_its_bmc_and_gates_firmware(rig: Ri
     assert not n2["in_service"] and n2["stage"] == "firmware", n2
     assert "FW010 node02 (bios): found 2.18.0, wanted 2.19.1" in n2["problems"][0]
     assert "node02: LEFT OUT at firmware: FW010" in p.stdout + p.stderr
-    assert n1["passed"] == ["power", "firmware", "preflight", "run", "health"], n1
+    assert n1["passed"] == ["power", "firmware", "preflight", "run", "health", "burn-in"], n1
     assert rig.ssh("node01", "cat /etc/provisioner/in-service && test -s /etc/nccl.conf").returncode == 0
     # never provisioned: the run was limited to node01
     assert rig.ssh("node02", "test -e /etc/nccl.conf").returncode != 0
