@@ -435,7 +435,7 @@ def test_a_row_remap_quarantines_its_cluster_the_other_serves_and_it_returns(edg
             return_s = time.monotonic() - t1
             assert b.returncode == 0, b.stdout + b.stderr
             for needle in ("node02: return to service", "node02: quarantined -> burn-in", "node01: maintenance -> burn-in",
-                           "vllm_pp: vLLM launched on node01, node02", "vllm_pp: /health 200",
+                           "vllm_pp: vLLM launched on node01, node02", "vllm_pp: generates at",
                            f"{head} back into the balancer"):
                 assert needle in b.stdout, (needle, b.stdout)
             total_s = time.monotonic() - t0
