@@ -193,8 +193,10 @@ def test_with_ca_and_proxy_the_package_installs_and_stays_converged(site: Site) 
     # the CA: its own file (0644 root) and an entry in the system bundle
     files = site.ssh("stat -c '%n %a %U' /usr/local/share/ca-certificates/*.crt").stdout.split("\n")
     files = [f for f in files if f]
-    assert len(files) == 1 and re.fullmatch(r"\S+/provisioner-site-[0-9a-f]{16}\.crt 644 root", files[0]), files
-    assert site.ssh(f"cat {files[0].split()[0]}").stdout.strip() == site.ca_pem
+    # the site's CA and the rack's own (its HTTPS stand-in repo), one file each
+    assert len(files) == 2 and all(re.fullmatch(r"\S+/provisioner-site-[0-9a-f]{16}\.crt 644 root", f)
+                                   for f in files), files
+    assert site.ca_pem in [site.ssh(f"cat {f.split()[0]}").stdout.strip() for f in files]
     body = "".join(site.ca_pem.splitlines()[1:-1])
     bundle = "".join(site.ssh("cat /etc/ssl/certs/ca-certificates.crt").stdout.split())
     assert body in bundle
