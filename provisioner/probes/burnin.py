@@ -18,7 +18,7 @@ from provisioner import burnin
 from provisioner.model import Fleet, Host
 from provisioner.paths import ROLES, data_file
 from provisioner.probes.burninjudge import METRICS
-from provisioner.probes.health import STATUSES, remote_command
+from provisioner.probes.health import STATUSES, json_lines, remote_command
 from provisioner.probes.ssh import DEFAULT_FORKS, ExecResult, run_many, target_for
 from provisioner.reports.untrusted import node_text
 
@@ -146,14 +146,7 @@ def parse_output(host: str, tier: str, r: ExecResult, doc: dict[str, Any]) -> Ho
     if len(out) > MAX_OUTPUT:
         problems.append(f"over {MAX_OUTPUT} bytes of output")
         out = out[:MAX_OUTPUT]
-    for line in out.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
+    for obj in json_lines(out):
         rec, why = result_record(obj)
         if rec is None:
             problems.append(str(why))

@@ -19,7 +19,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,6 +236,19 @@ def check_record(obj: Any) -> tuple[dict[str, Any] | None, str | None]:
     return rec, None
 
 
+
+def json_lines(text: str) -> Iterator[Any]:
+    """Each line of a node's output that is a JSON document opening with `{` (any other line skipped), as parsed:
+    what the health and burn-in programs print, one result a line. The caller bounds the text first."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            yield json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+
 def parse_output(host: str, r: ExecResult) -> HostHealth:
     """node_health.py's JSON lines (+ exit status) -> HostHealth. Pure. What the node sends is data: typed and
     bounded by `check_record`; a malformed line or too much output makes the result an error, never a crash."""
@@ -247,14 +260,7 @@ def parse_output(host: str, r: ExecResult) -> HostHealth:
     if len(stdout) > MAX_OUTPUT:
         problems.append(f"over {MAX_OUTPUT} bytes of output (the rest ignored)")
         stdout = stdout[:MAX_OUTPUT]
-    for line in stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
+    for obj in json_lines(stdout):
         if isinstance(obj, dict) and "check" not in obj:
             continue
         rec, why = check_record(obj)
