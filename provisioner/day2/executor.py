@@ -297,7 +297,7 @@ class Ops:
         for h in hosts:
             self.say("gate", f"{h}: health gate: {'pass' if res[h].ok else 'fail (' + res[h].message[:200] + ')'}",
                      ok=res[h].ok, host=h)
-        from provisioner.burnin_return import return_burnin  # the burn-in on the way back (burnin_return_tier)
+        from provisioner.day2.burnin_return import return_burnin  # the burn-in on the way back (burnin_return_tier)
 
         for h, (ok, line) in return_burnin(self.fleet, self.inventory, [h for h in hosts if res[h].ok],
                                            path=ledger_path()).items():
@@ -531,7 +531,7 @@ class Runner:
         self.say(host, "gate", f"{host}: health gate: {'pass' if h.ok else 'fail'}" +
                  ("" if h.ok else f" ({h.message[:200]})"))
         if h.ok:  # the burn-in on the way back (burnin_return_tier); with burnin_gate on, in-service needs it passed
-            from provisioner.burnin_return import return_burnin
+            from provisioner.day2.burnin_return import return_burnin
 
             for _, (_ok, line) in return_burnin(self.fleet, self.inventory, [host], path=ledger_path()).items():
                 self.say(host, "gate", f"{host}: {line}", ok=_ok)

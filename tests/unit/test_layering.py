@@ -10,7 +10,7 @@ import provisioner
 
 PKG = Path(provisioner.__file__).parent
 COMMANDS = PKG / "commands"
-PURE = ("lifecycle", "policy", "rails", "rollout", "drain", "incidents")
+PURE = ("lifecycle", "policy", "rails", "rollout", "drain", "incidents", "onboard")
 
 
 def _imports(path: Path) -> set[str]:
