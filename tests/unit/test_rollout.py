@@ -79,31 +79,10 @@ def test_rollout_records_steps_and_reads_interrupted_when_killed(tmp_path: Path)
 
 
 # --- `provision upgrade` refusals, before anything touches a node (in-process, the ledger in tmp_path) ----------
-INI = """\
-[gpu_nodes]
-n1 ansible_host=198.18.0.11
-n2 ansible_host=198.18.0.12
-n3 ansible_host=198.18.0.13
-n4 ansible_host=198.18.0.14
-
-[pp]
-n1 node_rank=0
-n2 node_rank=1
-
-[pp2]
-n3 node_rank=0
-n4 node_rank=1
-"""
-C = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8, "pipeline_parallel_size": 2,
-     "max_model_len": 4096, "max_num_seqs": 64}
-
-
 def _inv(tmp_path: Path, other_model: bool = False) -> Path:
-    from inventory_factory import write_inventory
+    from two_clusters import write
 
-    other = {"model": "/models/Llama-3.1-70B", "model_arch": "Llama-3.1-70B"} if other_model else {}
-    return write_inventory(tmp_path / "inv", ini=INI, group_vars={
-        "pp": {"vllm_cluster": {**C, "port": 8001}}, "pp2": {"vllm_cluster": {**C, "port": 8000, **other}}})
+    return write(tmp_path / "inv", other_model)
 
 
 def test_upgrade_refuses_a_model_served_by_one_cluster(tmp_path: Path) -> None:
