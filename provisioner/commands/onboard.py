@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         use_vault(vault_password_file)
         from provisioner.day2 import onboard_steps as steps
-        from provisioner.day2.onboard import Outcome, launch_targets, launched_clusters, stages
+        from provisioner.day2.onboard import Outcome, judge_launch, judge_run, launch_targets, launched_clusters, stages
         from provisioner.inventory import load_fleet
         from provisioner.probes.health import run_health
         from provisioner.probes.preflight import probe
@@ -105,13 +105,7 @@ def register(app: typer.Typer) -> None:
                                   serial=serial, skip_tags="vllm", extravars={"node_health_mark_in_service": True},
                                   progress=make_progress("none" if fmt is Format.json else "auto"), fleet=fleet)
             run_dir = result.run_dir
-            for h in alive:
-                hr = result.hosts.get(h)
-                state = hr.state if hr is not None else "not_run"
-                if result.error or state in ("failed", "unreachable", "not_run"):
-                    out[h].stage = "run"
-                    fails = [f"{f.task}: {f.message[:200]}" for f in result.failures if f.host == h]
-                    out[h].problems = fails or [result.error or f"host {state} in the provisioning run"]
+            judge_run(out, alive, result)
             alive = [h for h in alive if out[h].stage is None]
 
         # the node's own firmware, now that the run installed its tools
@@ -150,20 +144,7 @@ def register(app: typer.Typer) -> None:
                               tags="vllm", progress=make_progress("none" if fmt is Format.json else "auto"),
                               fleet=fleet)
             launch_dir = lr.run_dir
-            for h in hosts:
-                o = out[h]
-                if not (o.in_service and o.clusters):
-                    continue
-                members = {m for c in o.clusters for m in fleet.clusters[c].members}
-                fails = [f"{f.host}: {f.task}: {f.message[:300]}" for f in lr.failures if f.host in members]
-                bad = [m for m in members
-                       if (hr := lr.hosts.get(m)) is not None and hr.state in ("failed", "unreachable", "not_run")]
-                if lr.error or fails or bad:
-                    o.launch = "failed"
-                    o.launch_problems = fails or [lr.error or f"{', '.join(sorted(bad))} not launched"]
-                elif o.host in lr.hosts and lr.hosts[o.host].ok > 0:
-                    o.launch = "ok"
-                # else: the playbook has no vllm-tagged task for the host (e.g. --playbook health.yml): not run
+            judge_launch(out, fleet, lr)
 
         from provisioner.endpoints import endpoint_lines, endpoints_for
 

@@ -100,3 +100,30 @@ def launched_clusters(out: Mapping[str, Outcome]) -> list[str]:
         if o.launch == "ok":
             names += [c for c in o.clusters if c not in names]
     return names
+
+
+def judge_run(out: Mapping[str, Outcome], hosts: Iterable[str], result: Any) -> None:
+    """Fail each of `hosts` the provisioning run (a RunResult) did not bring through (stage run)."""
+    for h in hosts:
+        hr = result.hosts.get(h)
+        state = hr.state if hr is not None else "not_run"
+        if result.error or state in ("failed", "unreachable", "not_run"):
+            fails = [f"{f.task}: {f.message[:200]}" for f in result.failures if f.host == h]
+            out[h].fail("run", fails or [result.error or f"host {state} in the provisioning run"])
+
+
+def judge_launch(out: Mapping[str, Outcome], fleet: Fleet, result: Any) -> None:
+    """Each onboarded host in service: its clusters' vLLM launch (a RunResult) ok, failed (with why), or not run
+    (the playbook has no vllm-tagged task for the host, e.g. --playbook health.yml)."""
+    for o in out.values():
+        if not (o.in_service and o.clusters):
+            continue
+        members = {m for c in o.clusters for m in fleet.clusters[c].members}
+        fails = [f"{f.host}: {f.task}: {f.message[:300]}" for f in result.failures if f.host in members]
+        bad = [m for m in members
+               if (hr := result.hosts.get(m)) is not None and hr.state in ("failed", "unreachable", "not_run")]
+        if result.error or fails or bad:
+            o.launch = "failed"
+            o.launch_problems = fails or [result.error or f"{', '.join(sorted(bad))} not launched"]
+        elif o.host in result.hosts and result.hosts[o.host].ok > 0:
+            o.launch = "ok"

@@ -1,5 +1,6 @@
 """Onboarding's pure decisions (provisioner/day2/onboard.py): the burn-in tier per host, which firmware findings
-wait for the run, the gates a host passed, a failed check's line and the outcome's report line."""
+wait for the run, the gates a host passed, a failed check's line, the outcome's report line, and the run and the
+launch judged per host."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 from inventory_factory import write_inventory
 
-from provisioner.day2.onboard import Outcome, before_the_run, burnin_tiers, check_line, stages
+from provisioner.day2.onboard import (Outcome, before_the_run, burnin_tiers, check_line, judge_launch, judge_run,
+                                      stages)
 from provisioner.inventory import load_fleet
+from provisioner.results import HostResult, RunResult, TaskFailure
 
 
 def test_burnin_tier_per_host(tmp_path: Path) -> None:
@@ -43,3 +46,27 @@ def test_stages_and_lines() -> None:
     o = Outcome("n1", clusters=["c1"])
     o.fail("firmware", ["FW010 gpu: 96.00.1 not accepted"])
     assert o.line() == "n1: LEFT OUT at firmware: FW010 gpu: 96.00.1 not accepted; left out of the launch of c1"
+
+
+def _result(**hosts: HostResult) -> RunResult:
+    return RunResult(command="run", inventory="inv", playbook="site.yml", run_dir="/r", artifact_dir="/a",
+                     started=0.0, hosts=dict(hosts))
+
+
+def test_the_run_and_the_launch_judged_per_host(tmp_path: Path) -> None:
+    out = {h: Outcome(h, clusters=["c1"]) for h in ("n1", "n2")}
+    bad = HostResult("n2", seen=True, failed=1, failures=[TaskFailure("n2", "Install the driver", "dpkg error")])
+    judge_run(out, ["n1", "n2"], _result(n1=HostResult("n1", seen=True, ok=3), n2=bad))
+    assert out["n1"].stage is None
+    assert (out["n2"].stage, out["n2"].problems) == ("run", ["Install the driver: dpkg error"])
+    judge_run(out, ["n1"], _result())  # a host the run never reached
+    assert (out["n1"].stage, out["n1"].problems) == ("run", ["host not_run in the provisioning run"])
+
+    fleet = load_fleet(write_inventory(tmp_path))  # cluster c1: n1, n2
+    out = {"n1": Outcome("n1", in_service=True, clusters=["c1"]), "n2": Outcome("n2", clusters=["c1"])}
+    judge_launch(out, fleet, _result(n1=HostResult("n1", seen=True, ok=2), n2=HostResult("n2", seen=True, ok=2)))
+    assert out["n1"].launch == "ok" and out["n2"].launch is None  # n2 is not in service: not judged
+    failed = _result(n1=HostResult("n1", seen=True, ok=1), n2=HostResult("n2", seen=True, unreachable=1))
+    out["n1"].launch = None
+    judge_launch(out, fleet, failed)
+    assert out["n1"].launch == "failed" and out["n1"].launch_problems == ["n2 not launched"]
