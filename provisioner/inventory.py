@@ -470,3 +470,16 @@ def _member_line(group: str, host: str, hosts: dict[str, dict[str, int]], childr
         if found is not None:
             return found
     return None
+
+
+def select_gpu_nodes(fleet: Fleet, limit: str | None) -> list[str]:
+    """The GPU nodes `--limit` picks (retry files and regexes are resolved by Ansible itself, on the inventory the
+    fleet was read from). The commands and day2's service share it."""
+    from provisioner.probes.preflight import select_hosts
+
+    if limit and any(c in limit for c in "@~"):
+        from provisioner.runner.config import resolve_limit
+
+        allowed = set(limit_hosts(fleet, resolve_limit(limit)))
+        return [h for h in select_hosts(fleet, None) if h in allowed]
+    return select_hosts(fleet, limit)

@@ -11,6 +11,7 @@ on top of the roles' `defaults/main.yml`, so they produce the same bytes
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,7 +49,9 @@ def ansible_bool(value: Any) -> bool:
     return str(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+    # One environment for the process: it keeps each compiled template (recompiled when its file changes).
     # The settings of Ansible's template module: trim_blocks on, lstrip_blocks off, trailing newline kept.
     # Filters: plain Jinja2 plus Ansible's `bool` (the only Ansible filter the shared templates may use).
     # Sandboxed: inventory strings are templated here (_resolve), so "{{ ''.__class__... }}" in a value reaches no

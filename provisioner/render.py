@@ -12,6 +12,7 @@ exists as file content on the host, written by Ansible with no_log).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,10 @@ def host_variables(fleet: Fleet, host: Host | str, *, redact: bool = True) -> di
     return v
 
 
+@functools.lru_cache(maxsize=8)
 def _env(templates: Path):
+    """One environment per templates folder: it keeps each compiled template (recompiled when its file changes),
+    so a fleet's hosts do not compile the same template again."""
     import jinja2
     import jinja2.sandbox
 

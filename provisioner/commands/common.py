@@ -30,17 +30,10 @@ def finding_line(f: Any) -> str:
 
 
 def select(fleet: Fleet, limit: str | None) -> list[str]:
-    """The GPU nodes `--limit` picks (retry files and regexes are resolved by Ansible itself, on the inventory the
-    fleet was read from)."""
-    from provisioner.probes.preflight import select_hosts
+    """The GPU nodes `--limit` picks (provisioner.inventory.select_gpu_nodes)."""
+    from provisioner.inventory import select_gpu_nodes
 
-    if limit and any(c in limit for c in "@~"):
-        from provisioner.inventory import limit_hosts
-        from provisioner.runner.config import resolve_limit
-
-        allowed = set(limit_hosts(fleet, resolve_limit(limit)))
-        return [h for h in select_hosts(fleet, None) if h in allowed]
-    return select_hosts(fleet, limit)
+    return select_gpu_nodes(fleet, limit)
 
 
 def load_targets(inventory: Path, limit: str | None, timeout: float, forks: int,

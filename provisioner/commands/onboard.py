@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -16,7 +16,6 @@ from rich.markup import escape
 import provisioner.probes  # noqa: F401  (keeps the SSH key variables in the fleet model)
 from provisioner.commands.common import VAULT_HELP, Format, unwrap, use_vault
 from provisioner.errors import Exit, UsageError
-from provisioner.model import Fleet
 from provisioner.reports import count
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message at any width (grep, logs)
@@ -42,180 +41,6 @@ HELP = unwrap("""Bring new GPU nodes into service, one gate after the other.
 
 Exit codes: 0 every host in service (and its cluster launched), 1 any host left out or a launch failed, 2 usage.""")
 
-IN_SERVICE = "/etc/provisioner/in-service"
-
-
-@dataclass
-class Outcome:
-    host: str
-    in_service: bool = False
-    stage: str | None = None  # where it failed: power, firmware, preflight, run, health, burn-in, mark
-    powered_on: bool = False  # its BMC powered it on first
-    problems: list[str] = field(default_factory=list)
-    clusters: list[str] = field(default_factory=list)
-    marked: bool | None = None  # the in-service file was written/removed on the host
-    passed: list[str] = field(default_factory=list)  # the gates a host in service went through
-    launch: str | None = None  # vLLM launch after the mark: ok, failed, or None (not run: no cluster / skipped)
-    launch_problems: list[str] = field(default_factory=list)
-    lifecycle: str | None = None  # its state in the ledger after onboarding (None: the ledger could not be written)
-
-    def line(self) -> str:
-        if self.in_service:
-            text = f"{self.host}: IN SERVICE ({', '.join(self.passed)} passed; {IN_SERVICE} written)"
-            if self.launch == "ok":
-                text += f"; vLLM launched: {', '.join(self.clusters)}"
-            elif self.launch == "failed":
-                text += f"; vLLM launch FAILED: {'; '.join(self.launch_problems) or 'failed'}"
-            return text
-        why = "; ".join(self.problems) or "failed"
-        cl = f"; left out of the launch of {', '.join(self.clusters)}" if self.clusters else ""
-        return f"{self.host}: LEFT OUT at {self.stage}: {why}{cl}"
-
-
-def _mark(fleet: Fleet, results: dict[str, Outcome], timeout: float, passed: list[str]) -> None:
-    from provisioner.probes.health import mark_command
-    from provisioner.probes.ssh import run_many, target_for
-
-    targets = [target_for(fleet.hosts[h]) for h in results if results[h].stage != "unreachable"]
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-    def cmd(t: Any) -> str:
-        o = results[t.name]
-        note = {"since": now, "by": "provision onboard", "passed": passed}
-        return mark_command(o.in_service, note, sudo=(t.user or "root") != "root")
-
-    for name, r in run_many(targets, cmd, timeout=timeout).items():
-        o = results[name]
-        o.marked = r.ok and r.rc == 0
-        if o.in_service and not o.marked:
-            o.in_service = False
-            o.stage = "mark"
-            o.problems.append(f"could not write {IN_SERVICE}: {r.error or r.stderr.strip()[:200]}")
-
-
-def onboard_burnin(fleet: Fleet, inventory: Path, hosts: list[str], out: dict[str, Outcome], say: Any) -> bool:
-    """Stage 3b: each host's onboarding burn-in tier (`burnin_onboard_tier`: quick, standard (default), soak or off),
-    run and recorded as `provision burn-in` does; a failed check fails the host (stage burn-in). True when one ran."""
-    from provisioner.ledger.record import record_burnin
-    from provisioner.probes.burnin import run_burnin
-
-    tiers: dict[str, list[str]] = {}
-    for h in hosts:
-        tier = str(fleet.hosts[h].vars.get("burnin_onboard_tier", "standard")).strip().lower()
-        if tier != "off":
-            tiers.setdefault(tier if tier in ("quick", "standard", "soak") else "standard", []).append(h)
-    for tier, names in tiers.items():
-        say(f"onboard: burn-in ({tier}) on {', '.join(names)}")
-        started = time.time()
-        res = run_burnin(fleet, names, tier=tier, timeout={"quick": 600.0, "standard": 3600.0}.get(tier, 43200.0))
-        record_burnin(res, tier, inventory, started, time.time() - started, fleet=fleet)
-        for name, hb in res.items():
-            if not hb.ok:
-                out[name].stage = "burn-in"
-                out[name].problems = [f"{r['check']}{'' if r.get('gpu') is None else ' gpu' + str(r['gpu'])}"
-                                      f"{' [' + r['code'] + ']' if r.get('code') else ''}: {r['message']}"
-                                      for r in hb.failed] or [hb.error or "failed"]
-    return bool(tiers)
-
-
-def out_of_band(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float,
-                say: Any) -> list[str]:
-    """Stage 0: power on from the BMC what is off and wait for SSH (hosts with a bmc_address), then the firmware
-    gate for hosts with a `firmware` map: the BMC's report, plus the node's own (VBIOS, HCA fw_ver) where the map
-    names gpu or hca. Fails hosts in `out` (stage power / firmware); returns the stages that ran."""
-    from provisioner.bmc.config import BmcConfigError
-    from provisioner.bmc.firmware import NODE_COMPONENTS, HostFirmware, compare, merged, node_part, wanted_map
-    from provisioner.bmc.redfish import Bmc, BmcError, opt_out_line
-    from provisioner.bmc.session import bmc_target, each, setup_vault, wait_ssh
-    from provisioner.probes.firmware import read_nodes
-
-    with_bmc = [h for h in hosts if fleet.hosts[h].vars.get("bmc_address")]
-    wanted = {h: wanted_map(fleet.hosts[h].vars.get("firmware")) for h in hosts}
-    gated = [h for h in hosts if wanted[h]]
-    if not with_bmc and not gated:
-        return []
-    setup_vault(fleet, with_bmc, None)
-    reports: dict[str, HostFirmware] = {}
-
-    def one(host: str) -> None:
-        o = out[host]
-        try:
-            t = bmc_target(fleet, host)
-        except BmcConfigError as exc:
-            o.stage, o.problems = "power", [f"BMC: {exc}"]
-            return
-        warn = opt_out_line(t)
-        if warn:
-            sys.stderr.write(warn + "\n")
-        bmc = Bmc(t)
-        try:
-            state = bmc.power_state()
-            if state != "On":
-                say(f"onboard: {host} is {state} at its BMC: powering on")
-                bmc.power("on", timeout=timeout)
-                wait_ssh(fleet, host, time.monotonic() + timeout)
-                o.powered_on = True
-        except BmcError as exc:
-            o.stage, o.problems = "power", [str(exc)]
-            return
-        if wanted[host]:
-            try:
-                reports[host] = bmc.firmware()
-            except BmcError as exc:
-                o.stage, o.problems = "firmware", [str(exc)]
-
-    for h, r in each(with_bmc, one, 16).items():
-        if isinstance(r, BaseException):
-            out[h].stage, out[h].problems = "power", [f"{type(r).__name__}: {r}"]
-    gated = [h for h in gated if out[h].stage is None]
-    nodes = read_nodes(fleet, [h for h in gated if node_part(wanted[h])], timeout=min(timeout, 60.0))
-    for h in gated:
-        rep = reports.get(h, HostFirmware(h))
-        if h in nodes:
-            rep = merged(rep, *nodes[h])
-        # a bare node has no nvidia-smi yet: what it cannot report now is judged after the run (node_firmware_gate)
-        findings = [f for f in compare(rep, wanted[h]) if not (f.code == "FW011" and f.component in NODE_COMPONENTS)]
-        if findings:
-            out[h].stage, out[h].problems = "firmware", [f.line() for f in findings]
-    return (["power"] if with_bmc else []) + (["firmware"] if any(wanted.values()) else [])
-
-
-def node_firmware_gate(fleet: Fleet, hosts: list[str], out: dict[str, Outcome], timeout: float) -> bool:
-    """After the run (the driver is installed now): the node's own VBIOS / HCA fw_ver against the gpu / hca entries
-    of each host's firmware map; a host that fails is left out at `firmware`. Whether any host was gated."""
-    from provisioner.bmc.firmware import HostFirmware, compare, merged, node_part, wanted_map
-    from provisioner.probes.firmware import read_nodes
-
-    wanted = {h: node_part(wanted_map(fleet.hosts[h].vars.get("firmware"))) for h in hosts}
-    gated = [h for h in hosts if wanted[h]]
-    for h, (items, error) in read_nodes(fleet, gated, timeout=timeout).items():
-        findings = compare(merged(HostFirmware(h), items, error), wanted[h])
-        if findings:
-            out[h].stage, out[h].problems = "firmware", [f.line() for f in findings]
-    return bool(gated)
-
-
-def launch_targets(fleet: Fleet, in_service: list[str]) -> list[str]:
-    """Hosts of the vLLM launch after onboarding: every member of each cluster that has an onboarded host in
-    service (a cluster launches whole; the vllm_launch role refuses it when a member has no mark). Pure."""
-    out: list[str] = []
-    for h in in_service:
-        for c in fleet.cluster_of(h):
-            for m in fleet.clusters[c].members:
-                if m not in out:
-                    out.append(m)
-    return out
-
-
-def launched_clusters(out: dict[str, Outcome]) -> list[str]:
-    """Clusters the onboarding launched (an onboarded member reports `launch == "ok"`), in first-seen order. Pure."""
-    names: list[str] = []
-    for o in out.values():
-        if o.launch == "ok":
-            names += [c for c in o.clusters if c not in names]
-    return names
-
-
 def register(app: typer.Typer) -> None:
     @app.command("onboard", help=HELP)
     def onboard_cmd(
@@ -235,6 +60,8 @@ def register(app: typer.Typer) -> None:
         vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file", help=VAULT_HELP)] = None,
     ) -> None:
         use_vault(vault_password_file)
+        from provisioner.day2 import onboard_steps as steps
+        from provisioner.day2.onboard import Outcome, judge_launch, judge_run, launch_targets, launched_clusters, stages
         from provisioner.inventory import load_fleet
         from provisioner.probes.health import run_health
         from provisioner.probes.preflight import probe
@@ -260,7 +87,7 @@ def register(app: typer.Typer) -> None:
         say = (lambda m: None) if fmt is Format.json else (lambda m: err.print(m, markup=False))
 
         # 0. out of band: power on from the BMC, the firmware gate
-        oob = out_of_band(fleet, hosts, out, min(timeout, 600.0), say)
+        oob = steps.out_of_band(fleet, hosts, out, min(timeout, 600.0), say)
         # 1. preflight
         ready = [h for h in hosts if out[h].stage is None]
         say(f"onboard: preflight on {', '.join(ready) or 'no host'}")
@@ -278,19 +105,13 @@ def register(app: typer.Typer) -> None:
                                   serial=serial, skip_tags="vllm", extravars={"node_health_mark_in_service": True},
                                   progress=make_progress("none" if fmt is Format.json else "auto"), fleet=fleet)
             run_dir = result.run_dir
-            for h in alive:
-                hr = result.hosts.get(h)
-                state = hr.state if hr is not None else "not_run"
-                if result.error or state in ("failed", "unreachable", "not_run"):
-                    out[h].stage = "run"
-                    fails = [f"{f.task}: {f.message[:200]}" for f in result.failures if f.host == h]
-                    out[h].problems = fails or [result.error or f"host {state} in the provisioning run"]
+            judge_run(out, alive, result)
             alive = [h for h in alive if out[h].stage is None]
 
         # the node's own firmware, now that the run installed its tools
         node_fw = False
         if alive:
-            node_fw = node_firmware_gate(fleet, alive, out, timeout=min(timeout, 60.0))
+            node_fw = steps.node_firmware(fleet, alive, out, timeout=min(timeout, 60.0))
             alive = [h for h in alive if out[h].stage is None]
 
         # 3. health gate
@@ -301,16 +122,15 @@ def register(app: typer.Typer) -> None:
                     out[name].stage = "health"
                     out[name].problems = [f"{c['check']}: {c.get('message', '')}" for c in hh.failed] or [hh.message]
         # 3b. burn-in (docs/burn-in.md): the tier the site names (`burnin_onboard_tier`, default standard; off)
-        burned = onboard_burnin(fleet, inventory, [h for h in alive if out[h].stage is None], out, say)
+        burned = steps.burnin(fleet, inventory, [h for h in alive if out[h].stage is None], out, say)
         for h in hosts:
             out[h].in_service = out[h].stage is None
 
         # 4. mark in service / out of service on the hosts
-        stages = [*oob, "preflight"] + ([] if skip_run else ["run"]) + (["node firmware"] if node_fw else []) + \
-            ["health"] + (["burn-in"] if burned else [])
-        _mark(fleet, out, timeout=min(timeout, 60.0), passed=stages)
+        passed = stages(oob, run=not skip_run, node_firmware=node_fw, burn_in=burned)
+        steps.mark(fleet, out, timeout=min(timeout, 60.0), passed=passed)
         for o in out.values():
-            o.passed = stages
+            o.passed = passed
         from provisioner.day2.executor import record_onboarding
 
         record_onboarding(fleet, out, lambda m: err.print(f"[yellow]warning:[/] {escape(m)}", highlight=False))
@@ -324,20 +144,7 @@ def register(app: typer.Typer) -> None:
                               tags="vllm", progress=make_progress("none" if fmt is Format.json else "auto"),
                               fleet=fleet)
             launch_dir = lr.run_dir
-            for h in hosts:
-                o = out[h]
-                if not (o.in_service and o.clusters):
-                    continue
-                members = {m for c in o.clusters for m in fleet.clusters[c].members}
-                fails = [f"{f.host}: {f.task}: {f.message[:300]}" for f in lr.failures if f.host in members]
-                bad = [m for m in members
-                       if (hr := lr.hosts.get(m)) is not None and hr.state in ("failed", "unreachable", "not_run")]
-                if lr.error or fails or bad:
-                    o.launch = "failed"
-                    o.launch_problems = fails or [lr.error or f"{', '.join(sorted(bad))} not launched"]
-                elif o.host in lr.hosts and lr.hosts[o.host].ok > 0:
-                    o.launch = "ok"
-                # else: the playbook has no vllm-tagged task for the host (e.g. --playbook health.yml): not run
+            judge_launch(out, fleet, lr)
 
         from provisioner.endpoints import endpoint_lines, endpoints_for
 

@@ -44,8 +44,8 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         force: bool = False, reason: str | None = None, wait: float = 120.0, wait_healthy: float = 900.0,
         fmt: Format = Format.text) -> int:
     from provisioner.commands.common import extra_vars, validate
-    from provisioner.day2.executor import Ops, abort_rollout, actor_user, dumps, roll
-    from provisioner.day2.rollout import members_that_balance, spec_digest
+    from provisioner.day2.executor import Ops, actor_user, dumps, upgrade
+    from provisioner.day2.rollout import spec_digest
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
@@ -73,85 +73,24 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         return int(Exit.FAIL)
     models = _models(fleet)
     members = sorted({m for c in fleet.clusters.values() for m in c.members})
-    ok = True
     try:
         with open_ledger(fleet) as ledger:
             key = ledger.digest_key()  # the ledger's one key (the spec digest is recorded there)
             digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
             ops = Ops(inventory, fleet, ledger, actor=actor_user(), quiet=fmt is Format.json, extravars=xv,
                       command="upgrade")
-            rid: int | None = None
-            order: list[str] = []
-            with ledger.atomic():  # check and claim in one write transaction: of two starts at once, one is refused
-                ro = ledger.open_rollout()  # the site's: a copy of the inventory (same provision_site) sees it too
-                refusal = _refusal(ro, inventory, digest=digest, abort=abort, force=force, models=models)
-                if refusal is None and not abort:
-                    if ro is None:
-                        order = list(fleet.clusters)
-                        rid = ledger.rollout_started(_key(inventory), {"extra_keys": sorted(xv), "order": order,
-                                                                       "max_unavailable": max_unavailable}, digest,
-                                                     order)
-                    else:
-                        rid = ro.id
-                        ledger.rollout_claimed(rid)
-            if refusal is not None:
-                sys.stderr.write(refusal + "\n")
-                return int(Exit.FAIL)
-            if abort:
-                if ro is None:
-                    ops.say("abort", f"no rollout of {inventory} to abort")
-                    rid = None
-                else:
-                    ok = abort_rollout(ops, ledger, fleet, ro, wait_healthy)
-                    rid = ro.id
-            else:
-                if ro is None:
-                    ops.say("rollout", f"rollout {rid}: {len(order)} cluster(s), at most {max_unavailable} out at a "
-                            f"time: {', '.join(order)}", rollout=rid)
-                    members_of = {name: cl.members for name, cl in fleet.clusters.items()}
-                    for host, cluster in members_that_balance(members_of, ops.lbs()):
-                        ops.say("rollout", f"note: {host} is also a balancer (group lb): the serving edge goes down "
-                                f"with it while {cluster} is upgraded (give the balancer a host of its own)",
-                                rollout=rid)
-                else:
-                    left = [f"{c.cluster} ({c.status}{', ' + c.step if c.step else ''})" for c in ro.clusters
-                            if c.status != "done"]
-                    ops.say("rollout", f"rollout {rid} resumed ({ro.status}): {len(ro.clusters) - len(left)} done, "
-                            f"left: {', '.join(left)}", rollout=rid)
-                assert rid is not None
-                ok = roll(ops, ledger, rid, fleet, models, max_unavailable=max_unavailable, force=force,
-                           reason=f"upgrade: {why}", wait=wait, wait_healthy=wait_healthy, xv=xv)
+            ok, rid, refused = upgrade(ops, ledger, fleet, models, key=_key(inventory), digest=digest, xv=xv,
+                                       max_unavailable=max_unavailable, abort=abort, force=force, reason=why,
+                                       wait=wait, wait_healthy=wait_healthy)
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.FAIL)
+    if refused is not None:
+        sys.stderr.write(refused + "\n")
         return int(Exit.FAIL)
     if fmt is Format.json:
         sys.stdout.write(dumps(ops, rollout=rid))
     return int(Exit.OK if ok else Exit.FAIL)
-
-
-def _refusal(ro: Any, inventory: Path, *, digest: str, abort: bool, force: bool, models: dict[str, str]) -> str | None:
-    """Why this upgrade may not start or resume (one line), given the site's open rollout `ro`; None: it may. Pure."""
-    from provisioner.day2.rollout import single_model_clusters
-    from provisioner.hoststate import KEYED
-
-    if ro is not None and ro.status == "running":
-        return f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})"
-    if abort:
-        return None
-    if ro is not None and ro.digest != digest and not ro.digest.startswith(KEYED):
-        return (f"refused: rollout {ro.id} was started by an older provisioner (its spec digest used digest.key, not "
-                "the ledger's key): finish it with that version, or --abort it first")
-    if ro is not None and ro.digest != digest:
-        at = next((c for c in ro.clusters if c.status != "done"), None)
-        return (f"refused: rollout {ro.id} of another change is {ro.status}"
-                + (f" at cluster {at.cluster} ({at.status})" if at else "")
-                + ": rerun it with its own inventory and -e to resume, or --abort it first")
-    single = single_model_clusters(models) if ro is None else []
-    if single and not force:
-        c, m = single[0]
-        return (f"refused: cluster {c} is the only one serving {m}: a rolling upgrade would stop the model (add "
-                "--force to upgrade it anyway)")
-    return None
 
 
 Inv = Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)]

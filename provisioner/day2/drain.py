@@ -1,6 +1,6 @@
 """Drain and return as pure data: which clusters a set of targets takes out (a TP/PP cluster goes as a whole), the
 heads the balancer must stop sending to, the balancer's drained list after a change, and vLLM's in-flight count.
-No I/O: provisioner/commands/drain.py acts on these."""
+No I/O: day2/executor.py acts on these (drain_clusters, return_clusters)."""
 
 from __future__ import annotations
 

@@ -297,7 +297,7 @@ class Ops:
         for h in hosts:
             self.say("gate", f"{h}: health gate: {'pass' if res[h].ok else 'fail (' + res[h].message[:200] + ')'}",
                      ok=res[h].ok, host=h)
-        from provisioner.burnin_return import return_burnin  # the burn-in on the way back (burnin_return_tier)
+        from provisioner.day2.burnin_return import return_burnin  # the burn-in on the way back (burnin_return_tier)
 
         for h, (ok, line) in return_burnin(self.fleet, self.inventory, [h for h in hosts if res[h].ok],
                                            path=ledger_path()).items():
@@ -531,7 +531,7 @@ class Runner:
         self.say(host, "gate", f"{host}: health gate: {'pass' if h.ok else 'fail'}" +
                  ("" if h.ok else f" ({h.message[:200]})"))
         if h.ok:  # the burn-in on the way back (burnin_return_tier); with burnin_gate on, in-service needs it passed
-            from provisioner.burnin_return import return_burnin
+            from provisioner.day2.burnin_return import return_burnin
 
             for _, (_ok, line) in return_burnin(self.fleet, self.inventory, [host], path=ledger_path()).items():
                 self.say(host, "gate", f"{host}: {line}", ok=_ok)
@@ -801,3 +801,42 @@ def roll(ops: Any, ledger: Any, rid: int, fleet: Any, models: dict[str, str], *,
             return False
         now = {c.cluster: c.status for c in ledger.rollout(rid).clusters}
         ops.say("progress", f"rollout {rid}: {progress(now, models, serving(fleet, ledger))}")
+
+
+def upgrade(ops: Any, ledger: Any, fleet: Any, models: dict[str, str], *, key: str, digest: str,
+            xv: dict[str, Any], max_unavailable: int, abort: bool, force: bool, reason: str, wait: float,
+            wait_healthy: float) -> tuple[bool, int | None, str | None]:
+    """`provision upgrade`: claim the site's rollout (start one, or resume/abort the open one) in one write
+    transaction, so that of two starts at once one is refused, then roll or abort. (ok, rollout id, refusal line)."""
+    from provisioner.day2.rollout import balancer_note, members_that_balance, refusal, resumed_line, started_line
+
+    rid: int | None = None
+    order: list[str] = []
+    with ledger.atomic():  # check and claim in one write transaction: of two starts at once, one is refused
+        ro = ledger.open_rollout()  # the site's: a copy of the inventory (same provision_site) sees it too
+        refused = refusal(ro, ops.inventory, digest=digest, abort=abort, force=force, models=models)
+        if refused is None and not abort:
+            if ro is None:
+                order = list(fleet.clusters)
+                rid = ledger.rollout_started(key, {"extra_keys": sorted(xv), "order": order,
+                                                   "max_unavailable": max_unavailable}, digest, order)
+            else:
+                rid = ro.id
+                ledger.rollout_claimed(rid)
+    if refused is not None:
+        return False, None, refused
+    if abort:
+        if ro is None:
+            ops.say("abort", f"no rollout of {ops.inventory} to abort")
+            return True, None, None
+        return abort_rollout(ops, ledger, fleet, ro, wait_healthy), ro.id, None
+    assert rid is not None
+    if ro is None:
+        ops.say("rollout", started_line(rid, order, max_unavailable), rollout=rid)
+        members_of = {name: cl.members for name, cl in fleet.clusters.items()}
+        for host, cluster in members_that_balance(members_of, ops.lbs()):
+            ops.say("rollout", balancer_note(host, cluster), rollout=rid)
+    else:
+        ops.say("rollout", resumed_line(ro), rollout=rid)
+    return roll(ops, ledger, rid, fleet, models, max_unavailable=max_unavailable, force=force,
+                reason=f"upgrade: {reason}", wait=wait, wait_healthy=wait_healthy, xv=xv), rid, None

@@ -1,6 +1,6 @@
 """The rolling upgrade as pure data: the spec's digest (a rerun with the same one resumes), the clusters that may go
-out next (at most --max-unavailable, never the last one serving a model) and the progress line. No I/O:
-provisioner/commands/upgrade.py acts on these."""
+out next (at most --max-unavailable, never the last one serving a model), whether it may start or resume, and the
+progress lines. No I/O: day2/executor.py acts on these (`upgrade`), provision upgrade calls it."""
 
 from __future__ import annotations
 
@@ -66,3 +66,45 @@ def progress(statuses: Mapping[str, str], models: Mapping[str, str], serving: It
         n[1] += 1
     cap = ", ".join(f"{m} {a} of {b} cluster{'s' if b != 1 else ''}" for m, (a, b) in sorted(per.items()))
     return f"{done}/{len(statuses)} clusters done, {len(statuses) - done} left; serving now: {cap or 'nothing'}"
+
+
+def refusal(ro: Any, inventory: object, *, digest: str, abort: bool, force: bool,
+            models: Mapping[str, str]) -> str | None:
+    """Why this upgrade may not start or resume (one line), given the site's open rollout `ro`; None: it may."""
+    from provisioner.hoststate import KEYED
+
+    if ro is not None and ro.status == "running":
+        return f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})"
+    if abort:
+        return None
+    if ro is not None and ro.digest != digest and not ro.digest.startswith(KEYED):
+        return (f"refused: rollout {ro.id} was started by an older provisioner (its spec digest used digest.key, not "
+                "the ledger's key): finish it with that version, or --abort it first")
+    if ro is not None and ro.digest != digest:
+        at = next((c for c in ro.clusters if c.status != "done"), None)
+        return (f"refused: rollout {ro.id} of another change is {ro.status}"
+                + (f" at cluster {at.cluster} ({at.status})" if at else "")
+                + ": rerun it with its own inventory and -e to resume, or --abort it first")
+    single = single_model_clusters(models) if ro is None else []
+    if single and not force:
+        c, m = single[0]
+        return (f"refused: cluster {c} is the only one serving {m}: a rolling upgrade would stop the model (add "
+                "--force to upgrade it anyway)")
+    return None
+
+
+def started_line(rid: int, order: Sequence[str], max_unavailable: int) -> str:
+    """The line a new rollout starts with."""
+    return f"rollout {rid}: {len(order)} cluster(s), at most {max_unavailable} out at a time: {', '.join(order)}"
+
+
+def balancer_note(host: str, cluster: str) -> str:
+    """The note for a balancer host that is also a member of a cluster the rollout takes out."""
+    return (f"note: {host} is also a balancer (group lb): the serving edge goes down with it while {cluster} is "
+            f"upgraded (give the balancer a host of its own)")
+
+
+def resumed_line(ro: Any) -> str:
+    """The line a resumed rollout starts with: what is done, what is left and where each one stopped."""
+    left = [f"{c.cluster} ({c.status}{', ' + c.step if c.step else ''})" for c in ro.clusters if c.status != "done"]
+    return f"rollout {ro.id} resumed ({ro.status}): {len(ro.clusters) - len(left)} done, left: {', '.join(left)}"

@@ -193,11 +193,10 @@ def remediate(inventory: Path, *, limit: str | None = None, dry_run: bool = Fals
     incident; `alert_key`: the same key acts at most once (a second call does nothing: `duplicate`). `signal_at`:
     when the signal was seen (an alert's start), else the health pass's start. Raises LedgerError or Refused (one
     line each) when the ledger cannot be used; UsageError for bad arguments."""
-    from provisioner.commands.common import select
     from provisioner.day2.executor import QUIET_TAIL, facts
     from provisioner.day2.policy import decide, policy_of
     from provisioner.errors import UsageError
-    from provisioner.inventory import load_fleet
+    from provisioner.inventory import load_fleet, select_gpu_nodes
     from provisioner.ledger.site import site_of
     from provisioner.ledger.view import open_ledger, read_ledger
     from provisioner.rules import run_rules
@@ -216,7 +215,7 @@ def remediate(inventory: Path, *, limit: str | None = None, dry_run: bool = Fals
         if h not in fleet.hosts:
             raise UsageError(f"--app-fault: {h} is not a host of the inventory")
     under = [h for h in fleet.hosts if policy_of(fleet.hosts[h].vars.get("lifecycle_policy")) is not None]
-    hosts = [h for h in select(fleet, limit) if h in under]
+    hosts = [h for h in select_gpu_nodes(fleet, limit) if h in under]
     bad = [f for f in run_rules(fleet) if (f.code.startswith("LC") and (f.host is None or f.host in hosts)
                                            or f.code.startswith("RL")) and f.severity == "error"]
     if bad:

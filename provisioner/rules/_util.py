@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from provisioner.bmc.config import is_vaulted
@@ -84,6 +84,27 @@ def places(fleet: Fleet, var: str) -> Iterator[tuple[str | None, str | None, Any
         if any(var in fleet.group_vars.get(g, {}) and same(fleet.group_vars[g][var], v) for g in (*h.groups, "all")):
             continue
         yield None, h.name, v
+
+
+def mapping_places(fleet: Fleet, var: str) -> Iterator[tuple[str | None, str | None, Mapping[str, Any]]]:
+    """`places` whose value is a mapping (the key rules of a mapping variable; its shape rule reports the rest)."""
+    for g, h, v in places(fleet, var):
+        if isinstance(v, Mapping):
+            yield g, h, v
+
+
+def mapping_shape(fleet: Fleet, var: str, keys: Sequence[str], *, what: str,
+                  example: str) -> Iterator[tuple[str | None, str | None, Any, list[str]]]:
+    """(group, host, value, problems) per place `var` is set (not null): the messages for a value that is not a
+    mapping or has keys outside `keys` (`what` names a key: "a policy key")."""
+    for g, h, v in places(fleet, var):
+        if v is None:
+            continue
+        if not isinstance(v, Mapping):
+            yield g, h, v, [f"{var} = {show(v)} is a {type_name(v)}: expected a mapping, e.g. {example}"]
+            continue
+        yield g, h, v, [f"{var}.{k} is not {what} (one of {', '.join(keys)}){suggest(k, keys)}"
+                        for k in v if k not in keys]
 
 
 def same(a: Any, b: Any) -> bool:

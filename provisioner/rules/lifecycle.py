@@ -9,35 +9,20 @@ from typing import Any
 from provisioner.day2.policy import HARD_CHECKS, OPT_IN_CHECKS, POLICY_KEYS, REPLACE_KEYS, STEPS
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
-from provisioner.rules._util import is_int, quoted_hint, show, suggest, type_name
+from provisioner.rules._util import is_int, mapping_places, mapping_shape, places, quoted_hint, show, suggest
 from provisioner.rules.context import RuleContext
-from provisioner.rules.firmware import _places
 
 VAR = "lifecycle_policy"
 EXAMPLE = ("{quarantine_on: [ecc, xid], remediation: [gpu_reset, reboot], "
            "replace_after: {quarantines: 3, window_days: 30}}")
 
 
-def _policies(fleet: Fleet) -> Iterable[tuple[str | None, str | None, Mapping[str, Any]]]:
-    for g, h, v in _places(fleet, VAR):
-        if isinstance(v, Mapping):
-            yield g, h, v
-
-
 @rule("LC001", "lifecycle_policy is not a policy mapping")
 def policy_shape(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """lifecycle_policy is a mapping of quarantine_on / remediation / replace_after, nothing else."""
-    for g, h, v in _places(fleet, VAR):
-        if v is None:
-            continue
-        if not isinstance(v, Mapping):
-            yield Finding("LC001", "error", f"{VAR} = {show(v)} is a {type_name(v)}: expected a mapping, e.g. "
-                          f"{EXAMPLE}", host=h, group=g, var=VAR)
-            continue
-        for k in v:
-            if k not in POLICY_KEYS:
-                yield Finding("LC001", "error", f"{VAR}.{k} is not a policy key (one of {', '.join(POLICY_KEYS)})"
-                              f"{suggest(k, POLICY_KEYS)}", host=h, group=g, var=VAR)
+    for g, h, _v, problems in mapping_shape(fleet, VAR, POLICY_KEYS, what="a policy key",
+                                            example=EXAMPLE):
+        yield from (Finding("LC001", "error", m, host=h, group=g, var=VAR) for m in problems)
 
 
 @rule("LC002", "lifecycle_policy.quarantine_on names a check that is not a hardware check")
@@ -45,7 +30,7 @@ def quarantine_on(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """quarantine_on is a list of the hard health checks (ecc, xid, fabricmanager, nvlink, ib), and `slow` (opt-in: the
     burn-in slow node); a soft check
     (driver, persistence, allreduce...) is fixed by a run, not by quarantining the node."""
-    for g, h, v in _policies(fleet):
+    for g, h, v in mapping_places(fleet, VAR):
         if "quarantine_on" not in v:
             continue
         q = v["quarantine_on"]
@@ -64,7 +49,7 @@ def quarantine_on(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 @rule("LC003", "lifecycle_policy.remediation is not a list of known steps")
 def remediation_steps(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """remediation is a non-empty list of gpu_reset / reboot / power_cycle, each once (tried in that order)."""
-    for g, h, v in _policies(fleet):
+    for g, h, v in mapping_places(fleet, VAR):
         if "remediation" not in v:
             continue
         r = v["remediation"]
@@ -87,7 +72,7 @@ def remediation_steps(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 @rule("LC004", "lifecycle_policy.replace_after is not {quarantines: N, window_days: D}")
 def replace_after(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """replace_after is a mapping with quarantines (an int >= 1) and window_days (an int >= 1)."""
-    for g, h, v in _policies(fleet):
+    for g, h, v in mapping_places(fleet, VAR):
         if "replace_after" not in v:
             continue
         ra = v["replace_after"]
@@ -124,7 +109,7 @@ def site_name(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     from provisioner.ledger.site import NAME
     from provisioner.ledger.site import VAR as SITE
 
-    for g, h, v in _places(fleet, SITE):
+    for g, h, v in places(fleet, SITE):
         if v is not None and not (isinstance(v, str) and NAME.fullmatch(v) and v.strip()):
             yield Finding("LC006", "error", f"{SITE} = {show(v)}: expected a non-empty string of at most 200 "
                           "printable characters (no control characters)", host=h, group=g, var=SITE)

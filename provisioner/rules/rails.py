@@ -10,9 +10,8 @@ from provisioner.day2.policy import HARD_CHECKS
 from provisioner.day2.rails import DEFAULTS, KEYS, MODES, VAR
 from provisioner.model import Fleet
 from provisioner.rules import Finding, rule
-from provisioner.rules._util import is_int, is_number, same, show, suggest, type_name
+from provisioner.rules._util import is_int, is_number, mapping_places, mapping_shape, same, show, suggest
 from provisioner.rules.context import RuleContext
-from provisioner.rules.firmware import _places
 
 EXAMPLE = "{mode: act, breaker_share: 0.25, actions_per_hour: 3, min_serving_clusters: 1}"
 #: key -> (lowest, highest or None, integer)
@@ -22,28 +21,13 @@ NUMBERS: Mapping[str, tuple[float, float | None, bool]] = {
     "persist": (1.0, None, True)}
 
 
-def _values(fleet: Fleet) -> Iterable[tuple[str | None, str | None, Mapping[str, Any]]]:
-    for g, h, v in _places(fleet, VAR):
-        if isinstance(v, Mapping):
-            yield g, h, v
-
-
 @rule("RL001", "remediation_rails is not a rails mapping, or is not one value for the fleet")
 def rails_shape(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """remediation_rails is a mapping of the rails' keys, set once for the whole fleet (group all)."""
-    seen: list[Any] = []
-    for g, h, v in _places(fleet, VAR):
-        if v is None:
-            continue
-        seen.append(v)
+    for g, h, v, problems in mapping_shape(fleet, VAR, KEYS, what="a rails key", example=EXAMPLE):
+        yield from (Finding("RL001", "error", m, host=h, group=g, var=VAR) for m in problems)
         if not isinstance(v, Mapping):
-            yield Finding("RL001", "error", f"{VAR} = {show(v)} is a {type_name(v)}: expected a mapping, e.g. "
-                          f"{EXAMPLE}", host=h, group=g, var=VAR)
             continue
-        for k in v:
-            if k not in KEYS:
-                yield Finding("RL001", "error", f"{VAR}.{k} is not a rails key (one of {', '.join(KEYS)})"
-                              f"{suggest(k, KEYS)}", host=h, group=g, var=VAR)
         # one value for the fleet: a group other than all, or a host whose value is not every host's (the Ansible
         # face sees group all's value on every host, with no group to name: that is one value)
         if g not in (None, "all") or (h is not None and not _fleet_wide(fleet, v)):
@@ -61,7 +45,7 @@ def _fleet_wide(fleet: Fleet, v: Any) -> bool:
 def rails_mode(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """mode: observe (record what it would do), recommend (record; provision remediate --approve ID acts; the
     default), act (execute)."""
-    for g, h, v in _values(fleet):
+    for g, h, v in mapping_places(fleet, VAR):
         if "mode" in v and v["mode"] not in MODES:
             yield Finding("RL002", "error", f"{VAR}.mode = {show(v['mode'])}: one of {', '.join(MODES)} (default "
                           f"{DEFAULTS['mode']}){suggest(v['mode'], MODES)}", host=h, group=g, var=VAR)
@@ -70,7 +54,7 @@ def rails_mode(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 @rule("RL003", "a remediation_rails number is out of range")
 def rails_numbers(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """Shares are 0..1, windows and cool-downs seconds >= 0, actions_per_hour and persist integers >= 1."""
-    for g, h, v in _values(fleet):
+    for g, h, v in mapping_places(fleet, VAR):
         for k, (lo, hi, integer) in NUMBERS.items():
             if k not in v:
                 continue
@@ -86,7 +70,7 @@ def rails_numbers(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 def rails_lists(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     """soft_checks is a list of hardware checks (flap-damped); min_serving_clusters an integer >= 0 or a mapping
     model -> integer >= 0."""
-    for g, h, v in _values(fleet):
+    for g, h, v in mapping_places(fleet, VAR):
         if "soft_checks" in v:
             s = v["soft_checks"]
             if not isinstance(s, list) or any(c not in HARD_CHECKS for c in s):

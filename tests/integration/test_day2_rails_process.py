@@ -5,34 +5,14 @@ once). Proven: what the ledger records and what is not done; not proven here: th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import remediate_site
+from remediate_site import health, ledger, provision
 
-from provisioner.ledger import Ledger
-from provisioner.ledger.site import path_site
-
-INI = """\
-[gpu_nodes]
-n1 ansible_host=127.0.0.1 ansible_port=1
-n2 ansible_host=127.0.0.1 ansible_port=1
-n3 ansible_host=127.0.0.1 ansible_port=1
-n4 ansible_host=127.0.0.1 ansible_port=1
-
-[c1]
-n1 node_rank=0
-n2 node_rank=1
-
-[c2]
-n3 node_rank=0
-n4 node_rank=1
-"""
 POLICY = {"quarantine_on": ["ecc", "xid", "ib"], "remediation": ["gpu_reset"],
           "replace_after": {"quarantines": 9, "window_days": 30}}
 CLUSTER = {"model": "meta-llama/Llama-3.1-8B-Instruct", "tensor_parallel_size": 8, "pipeline_parallel_size": 2,
@@ -41,45 +21,7 @@ XID = "critical XID 79 on 0000:1b:00.0"
 
 
 def make(tmp: Path, rails: dict[str, Any] | None) -> dict[str, Path]:
-    inv = tmp / "inv"
-    (inv / "group_vars").mkdir(parents=True)
-    (inv / "hosts.ini").write_text(INI)
-    (inv / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump({
-        "gpu_model": "H100-SXM5-80GB", "gpu_count": 8, "fabric": "ethernet", "bootstrap_interface": "eth0",
-        "ansible_ssh_common_args": "-o ConnectTimeout=3", "lifecycle_policy": POLICY}))
-    for c in ("c1", "c2"):
-        (inv / "group_vars" / f"{c}.yml").write_text(yaml.safe_dump({"vllm_cluster": CLUSTER}))
-    if rails is not None:
-        (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump({"remediation_rails": rails}))
-    site = {"inv": inv / "hosts.ini", "tmp": tmp, "db": tmp / "ledger.sqlite3"}
-    with ledger(site) as lg:
-        for h in ("n1", "n2", "n3", "n4"):
-            for a, b in (("new", "provisioning"), ("provisioning", "burn-in"), ("burn-in", "in-service")):
-                lg.record_transition(h, a, b, reason="setup", actor="test", at=time.time() - 7200)
-    return site
-
-
-def ledger(site: dict[str, Path]) -> Ledger:
-    return Ledger.open(site["db"], site=path_site(site["inv"]))
-
-
-def health(site: dict[str, Path], **fails: tuple[str, str]) -> None:
-    """A `provision health` pass as record_health writes it: every host, the failing (check, detail) given."""
-    with ledger(site) as lg:
-        run = lg.run_started("health", "inv")
-        rows, checks = [], []
-        for h in ("n1", "n2", "n3", "n4"):
-            bad = fails.get(h)
-            rows.append({"host": h, "status": "failed" if bad else "ok", "failed": int(bool(bad))})
-            checks.append((h, bad[0], "fail", bad[1]) if bad else (h, "ecc", "pass", "no errors"))
-        lg.run_finished(run, "failed" if fails else "ok", hosts=rows, health=checks)
-
-
-def provision(site: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PROVISION_RUNS_DIR=str(site["tmp"] / "runs"), PROVISION_LEDGER=str(site["db"]),
-               COLUMNS="300")
-    return subprocess.run([sys.executable, "-m", "provisioner.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return remediate_site.make(tmp, policy=POLICY, cluster=CLUSTER, rails=rails, in_service_for=7200)
 
 
 def states(site: dict[str, Path]) -> dict[str, str]:

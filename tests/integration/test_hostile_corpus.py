@@ -11,6 +11,7 @@ them all); `nft -c` also needs CAP_NET_ADMIN (root), else its check is skipped w
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -164,11 +165,17 @@ def _nft(fleet: Fleet, host: str) -> str:
              cluster_firewall_domain_addresses=part["imex_nodes"])
     if members:
         v["vllm_cluster"] = dict(fleet.clusters[part["cluster"]].settings)
+    return _nft_env().get_template("nftables-cluster.nft.j2").render(**v)
+
+
+@functools.cache
+def _nft_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+    """One environment for the run: it compiles the template once."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                                                        undefined=jinja2.StrictUndefined, trim_blocks=True,
                                                        keep_trailing_newline=True)
     env.tests["search"] = lambda s, pat: re.search(pat, str(s)) is not None  # Ansible's test
-    return env.get_template("nftables-cluster.nft.j2").render(**v)
+    return env
 
 
 def render_all(fleet: Fleet) -> dict[str, str]:

@@ -34,9 +34,10 @@ def test_two_upgrades_started_at_once_the_second_is_refused_naming_the_first(tmp
     open-rollout check and its claim while B runs. The check and the claim are one BEGIN IMMEDIATE transaction, so B
     waits for A's, then sees A's rollout running: refused in one line naming it; one rollout in the ledger."""
     import rollout_race
+    import two_clusters
     from ledger_race import open_site
 
-    inv = write_inventory(tmp_path / "inv", ini=rollout_race.INI, group_vars=rollout_race.GROUP_VARS)
+    inv = two_clusters.write(tmp_path / "inv")
     db = str(tmp_path / "ledger.sqlite3")
     a, b, how = rollout_race.race(tmp_path, inv, db)
     with open_site(db, inv) as lg:

@@ -224,9 +224,9 @@ def test_two_upgrades_started_at_once_the_second_is_refused_naming_the_first(pg_
     seeing it running, is refused in one line naming it."""
     import psycopg
     import rollout_race
-    from inventory_factory import write_inventory
+    import two_clusters
 
-    inv = write_inventory(tmp_path / "inv", ini=rollout_race.INI, group_vars=rollout_race.GROUP_VARS)
+    inv = two_clusters.write(tmp_path / "inv")
 
     def b_waits_for_the_lock() -> bool:
         with psycopg.connect(pg_url, autocommit=True) as c:

@@ -1,22 +1,26 @@
 """The fleet plan is computed once per run and is the same in the play, in `provision plan` and in `provision render`.
 
-Real ansible-playbook runs of playbooks/validate.yml (the provisioner_plan role) with a play that writes the plan
-each host was handed; no host is contacted (the plan is computed on the controller, the dump is delegated to
-localhost). Every example inventory and a generated testbed rack inventory.
+Real ansible-playbook runs of playbooks/validate.yml (the provisioner_plan role) with a play that shows the plan
+each host was handed, kept per host by ansible-core's tree callback; no host is contacted (the plan is computed on
+the controller, `debug` runs there). `provision plan` runs in this process (tests/support/cli_inproc.py: its
+process behaviour is test_cli_process.py's). Every example inventory and a generated testbed rack inventory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_inproc import provision
 
 from provisioner import PLAYBOOKS, PROJECT_ROOT
+from provisioner.inventory import load_fleet
 from provisioner_testbed import inventory_writer as invw
 
 BIN = Path(sys.executable).parent
@@ -44,18 +48,13 @@ PLAYS = """
   gather_facts: false
   roles:
     - role: provisioner_plan
-- name: Every host's plan, as the hosts were handed it
+- name: Every host's plan, as the hosts were handed it (the tree callback keeps each host's last result)
   hosts: all
   gather_facts: false
   tasks:
-    - name: Write it
-      ansible.builtin.copy:
-        content: "{{{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars,
-                     'provisioner_plan'))) | to_json }}}}"
-        dest: "{{{{ lookup('env', 'PLAN_OUT') }}}}"
-        mode: "0644"
-      delegate_to: localhost
-      run_once: true
+    - name: Show it
+      ansible.builtin.debug:
+        var: provisioner_plan
 """
 
 
@@ -73,25 +72,26 @@ def _play(inv: Path, tmp_path: Path, *extra: str) -> tuple[dict[str, Any], int, 
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(COUNTER)
-    out, count = tmp_path / "plan.json", tmp_path / "count"
-    out.unlink(missing_ok=True)
+    out, count = tmp_path / "tree", tmp_path / "count"
+    shutil.rmtree(out, ignore_errors=True)
     count.unlink(missing_ok=True)
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), PLAN_OUT=str(out),
-               PLAN_COUNT_FILE=str(count), PYTHONPATH=os.pathsep.join([str(site), str(PROJECT_ROOT)]))
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), PLAN_COUNT_FILE=str(count),
+               ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree", ANSIBLE_CALLBACK_TREE_DIR=str(out),
+               PYTHONPATH=os.pathsep.join([str(site), str(PROJECT_ROOT)]))
     p = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(pb), *extra], capture_output=True,
                        text=True, env=env, cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert "no hosts matched" not in p.stdout, p.stdout[-2000:]
-    plans = json.loads(out.read_text())
+    plans = {f.name: json.loads(f.read_text())["provisioner_plan"] for f in out.iterdir()}
+    assert sorted(plans) == sorted(load_fleet(inv).hosts), sorted(plans)  # every host showed its plan
     first = next(iter(plans.values()))
     assert all(v == first for v in plans.values())  # every host was handed the same plan
     return first, len(count.read_text().splitlines()), p.stdout
 
 
 def _cli_plan(inv: Path, *extra: str) -> dict[str, Any]:
-    p = subprocess.run([str(BIN / "provision"), "plan", str(inv), "--format", "json", *extra], capture_output=True,
-                       text=True, timeout=300)
+    p = provision("plan", str(inv), "--format", "json", *extra)
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
     for h in plan["hosts"].values():
@@ -100,7 +100,6 @@ def _cli_plan(inv: Path, *extra: str) -> dict[str, Any]:
 
 
 def test_the_play_plans_once_and_agrees_with_provision_plan_and_render(tmp_path: Path) -> None:
-    from provisioner.inventory import load_fleet
     from provisioner.render import host_variables
 
     for inv in _inventories(tmp_path):
@@ -140,18 +139,15 @@ def test_an_invalid_inventory_stops_the_play_with_the_rules_lines(tmp_path: Path
                        env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                                 ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts")))
     assert p.returncode != 0 and "NCCL001" in p.stdout, p.stdout[-3000:]
-    bad = subprocess.run([str(BIN / "provision"), "plan", str(inv), "-e", "nccl_ib_timeout=40"],
-                         capture_output=True, text=True, timeout=300)
+    bad = provision("plan", str(inv), "-e", "nccl_ib_timeout=40")
     assert bad.returncode == 1 and "NCCL001" in bad.stderr and "no plan" in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize("fmt", ["text", "yaml"])
 def test_provision_plan_formats(fmt: str) -> None:
-    p = subprocess.run([str(BIN / "provision"), "plan", str(INVENTORIES / "rack-a.ini"), "--host", "node02",
-                        "--format", fmt], capture_output=True, text=True, timeout=300)
+    p = provision("plan", str(INVENTORIES / "rack-a.ini"), "--host", "node02", "--format", fmt)
     assert p.returncode == 0, p.stderr
     assert "node02" in p.stdout and "--node-rank 1" in p.stdout
     assert "rack-a.ini:" in p.stdout  # where node_rank was set
-    u = subprocess.run([str(BIN / "provision"), "plan", str(INVENTORIES / "rack-a.ini"), "--host", "nope"],
-                       capture_output=True, text=True, timeout=300)
+    u = provision("plan", str(INVENTORIES / "rack-a.ini"), "--host", "nope")
     assert u.returncode == 2 and "unknown host" in u.stderr and "Traceback" not in u.stderr

@@ -1,7 +1,8 @@
 """provisioner.gpu.provisioner_file through ansible-playbook (connection local, files in a temporary directory): a
 template and a content file are written once and then left alone, check mode reports drift (content and mode, with
 the diff) without touching the file, a failing `validate` keeps the old file, the result names the resource;
-`parent_mode` manages the file's directory in the same run.
+`parent_mode` manages the file's directory in the same run. One sequence of six runs (a module-scoped fixture keeps
+each run's outcome and the files as it left them); each test reads the runs that prove its part.
 """
 
 from __future__ import annotations
@@ -10,10 +11,16 @@ import getpass
 import grp
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from provisioner import PROJECT_ROOT
 
@@ -48,80 +55,117 @@ PLAY = textwrap.dedent("""\
             mode: "0600"
             parent_mode: "0750"
           register: inner
-        - name: Results
-          ansible.builtin.copy:
-            dest: "{{ root }}/results.json"
-            content: "{{ {'tpl': tpl, 'plain': plain, 'inner': inner} | to_json }}"
-            mode: "0644"
-          check_mode: false
-          diff: false
+        - name: Results, kept by the tree callback (no module runs for them)
+          ansible.builtin.debug:
+            msg: "{{ {'tpl': tpl, 'plain': plain, 'inner': inner} }}"
     """)
 
 
 def _play(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    tree = tmp_path / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
     env.update(ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_COLLECTIONS_PATH=str(PROJECT_ROOT / "collections"),
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_REMOTE_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"),
+               ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree", ANSIBLE_CALLBACK_TREE_DIR=str(tree))
     inv = tmp_path / "hosts.ini"
     inv.write_text(f"[local]\nalpha ansible_connection=local ansible_python_interpreter={sys.executable} "
                    f"root={tmp_path / 'files'} me={getpass.getuser()} grp={grp.getgrgid(os.getgid()).gr_name}\n")
     r = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(tmp_path / "play.yml"), *args],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    res = tmp_path / "files" / "results.json"
-    return r, (json.loads(res.read_text()) if res.is_file() else {})
+    res = json.loads((tree / "alpha").read_text()) if (tree / "alpha").is_file() else {}
+    return r, (res.get("msg", {}) if r.returncode == 0 else {})
 
 
-def test_parent_directory_is_managed_in_the_same_run(tmp_path: Path) -> None:
-    (tmp_path / "files").mkdir()
-    (tmp_path / "play.yml").write_text(PLAY)
-    (tmp_path / "conf.j2").write_text("a\n")
-    sub = tmp_path / "files" / "sub"
-    r, res = _play(tmp_path, "--check", "--diff")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert not sub.exists()
-    assert res["inner"]["resources"] == [["file", str(sub)], ["file", str(sub / "inner")]]
-    r, res = _play(tmp_path)
-    assert r.returncode == 0 and (sub / "inner").read_text() == "x\n", r.stdout[-3000:]
-    assert sub.stat().st_mode & 0o777 == 0o750 and (sub / "inner").stat().st_mode & 0o777 == 0o600
-    sub.chmod(0o755)
-    r, res = _play(tmp_path, "--check", "--diff")
-    assert res["inner"]["resources"] == [["file", str(sub)]] and sub.stat().st_mode & 0o777 == 0o755
-    assert res["inner"]["diff"][0]["after"] == {"mode": "0750"}
-    r, res = _play(tmp_path)
-    assert sub.stat().st_mode & 0o777 == 0o750
-    r, res = _play(tmp_path)
-    assert r.returncode == 0 and not res["inner"]["changed"] and res["inner"]["resources"] == []
+@dataclass
+class Run:
+    rc: int
+    out: str
+    res: dict[str, Any]
+    files: dict[str, tuple[str, int] | None]  # name -> (text or "" for a directory, mode), None: absent
+    left: list[str]  # temporary files left beside `plain`
 
 
-def test_writes_once_reports_drift_and_keeps_a_file_validate_refuses(tmp_path: Path) -> None:
-    (tmp_path / "files").mkdir()
+def _files(root: Path) -> dict[str, tuple[str, int] | None]:
+    def one(p: Path) -> tuple[str, int] | None:
+        if not p.exists():
+            return None
+        return ("" if p.is_dir() else p.read_text(), p.stat().st_mode & 0o777)
+
+    return {n: one(root / n) for n in ("conf", "plain", "sub", "sub/inner")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Run]]]:
+    """check (nothing there yet) -> apply -> [conf edited and chmod 600, sub chmod 755] check -> apply -> apply again
+    -> a content that its validate refuses."""
+    tmp_path = tmp_path_factory.mktemp("pfile")
+    root = tmp_path / "files"
+    root.mkdir()
     (tmp_path / "play.yml").write_text(PLAY)
     (tmp_path / "conf.j2").write_text("{% if true %}\nsay={{ greeting }}\n{% endif %}\n")
-    conf, plain = tmp_path / "files" / "conf", tmp_path / "files" / "plain"
+    out: dict[str, Run] = {}
 
-    r, res = _play(tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert conf.read_text() == "say=hello\n"  # trim_blocks, as ansible.builtin.template
-    assert conf.stat().st_mode & 0o777 == 0o640 and plain.read_text() == "one\n"
-    assert res["tpl"]["changed"] and res["tpl"]["resources"] == [["file", str(conf)]]
+    def run(name: str, *args: str) -> None:
+        r, res = _play(tmp_path, *args)
+        out[name] = Run(r.returncode, r.stdout, res, _files(root),
+                        [p.name for p in root.iterdir() if p.name.startswith(".plain.")])
 
-    r, res = _play(tmp_path)
-    assert r.returncode == 0 and not res["tpl"]["changed"] and not res["plain"]["changed"]
-    assert res["tpl"]["resources"] == []
+    run("check_fresh", "--check", "--diff")
+    run("apply")
+    (root / "conf").write_text("say=edited\n")
+    (root / "conf").chmod(0o600)
+    (root / "sub").chmod(0o755)
+    run("check_drift", "--check", "--diff")
+    run("fix")
+    run("again")
+    run("refused", "-e", "body=two", "-e", "validator='/bin/false %s'")
+    yield root, out
 
-    conf.write_text("say=edited\n")
-    conf.chmod(0o600)
-    r, res = _play(tmp_path, "--check", "--diff")
-    assert r.returncode == 0, r.stdout[-3000:]
-    assert res["tpl"]["changed"] and conf.read_text() == "say=edited\n" and conf.stat().st_mode & 0o777 == 0o600
-    diffs = res["tpl"]["diff"]
+
+def test_parent_directory_is_managed_in_the_same_run(runs: tuple[Path, dict[str, Run]]) -> None:
+    root, runs_ = runs
+    sub = str(root / "sub")
+    r = runs_["check_fresh"]
+    assert r.rc == 0, r.out[-3000:]
+    assert r.files["sub"] is None  # check mode: not made
+    assert r.res["inner"]["resources"] == [["file", sub], ["file", sub + "/inner"]]
+    r = runs_["apply"]
+    assert r.rc == 0 and r.files["sub/inner"] == ("x\n", 0o600) and r.files["sub"] == ("", 0o750), r.out[-3000:]
+    r = runs_["check_drift"]  # sub was chmod 755
+    assert r.res["inner"]["resources"] == [["file", sub]] and r.files["sub"] == ("", 0o755)
+    assert r.res["inner"]["diff"][0]["after"] == {"mode": "0750"}
+    assert runs_["fix"].files["sub"] == ("", 0o750)
+    r = runs_["again"]
+    assert r.rc == 0 and not r.res["inner"]["changed"] and r.res["inner"]["resources"] == []
+
+
+def test_writes_once_reports_drift_and_keeps_a_file_validate_refuses(runs: tuple[Path, dict[str, Run]]) -> None:
+    root, runs_ = runs
+    conf = str(root / "conf")
+    assert runs_["check_fresh"].files["conf"] is None  # check mode writes nothing
+    r = runs_["apply"]
+    assert r.rc == 0, r.out[-3000:]
+    assert r.files["conf"] == ("say=hello\n", 0o640)  # trim_blocks, as ansible.builtin.template
+    assert r.files["plain"] == ("one\n", 0o644)
+    assert r.res["tpl"]["changed"] and r.res["tpl"]["resources"] == [["file", conf]]
+
+    r = runs_["check_drift"]  # conf was edited and chmod 600
+    assert r.rc == 0, r.out[-3000:]
+    assert r.res["tpl"]["changed"] and r.files["conf"] == ("say=edited\n", 0o600)
+    diffs = r.res["tpl"]["diff"]
     assert diffs[0]["before"] == "say=edited\n" and diffs[0]["after"] == "say=hello\n"
     assert diffs[1]["before"] == {"mode": "0600"} and diffs[1]["after"] == {"mode": "0640"}
-    assert not res["plain"]["changed"]
+    assert not r.res["plain"]["changed"]
+    assert runs_["fix"].files["conf"] == ("say=hello\n", 0o640)
 
-    r, res = _play(tmp_path, "-e", "body=two", "-e", "validator='/bin/false %s'")
-    assert r.returncode != 0 and "failed to validate" in r.stdout
-    assert plain.read_text() == "one\n"
-    assert [p.name for p in plain.parent.iterdir() if p.name.startswith(".plain.")] == []  # no temporary left
+    r = runs_["again"]  # written once: a rerun leaves everything alone
+    assert r.rc == 0 and not r.res["tpl"]["changed"] and not r.res["plain"]["changed"]
+    assert r.res["tpl"]["resources"] == []
+
+    r = runs_["refused"]
+    assert r.rc != 0 and "failed to validate" in r.out
+    assert r.files["plain"] == ("one\n", 0o644)
+    assert r.left == []  # no temporary left

@@ -6,34 +6,15 @@ the output lines and exit codes. Not proven here: a GPU reset, reboot or power c
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from remediate_site import health, ledger, make, provision
 
 from provisioner.ledger import Ledger
-from provisioner.ledger.site import path_site
 
-INI = """\
-[gpu_nodes]
-n1 ansible_host=127.0.0.1 ansible_port=1
-n2 ansible_host=127.0.0.1 ansible_port=1
-n3 ansible_host=127.0.0.1 ansible_port=1
-n4 ansible_host=127.0.0.1 ansible_port=1
-
-[c1]
-n1 node_rank=0
-n2 node_rank=1
-
-[c2]
-n3 node_rank=0
-n4 node_rank=1
-"""
 POLICY = {"quarantine_on": ["ecc", "xid", "fabricmanager", "ib"], "remediation": ["gpu_reset", "reboot"],
           "replace_after": {"quarantines": 3, "window_days": 30}}
 CLUSTER = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8,
@@ -45,51 +26,16 @@ OPEN_RAILS = {"mode": "act", "breaker_share": 1.0, "breaker_model_share": 1.0, "
 
 def _open(db: Path) -> Ledger:
     """The ledger of the fixture's inventory's site (its resolved path)."""
-    return Ledger.open(db, site=path_site(db.parent / "inv" / "hosts.ini"))
+    return ledger({"db": db, "inv": db.parent / "inv" / "hosts.ini"})
 
 
 @pytest.fixture()
 def site(tmp_path: Path) -> dict[str, Path]:
-    inv = tmp_path / "inv"
-    (inv / "group_vars").mkdir(parents=True)
-    (inv / "host_vars").mkdir()
-    (inv / "hosts.ini").write_text(INI)
-    (inv / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump({
-        "gpu_model": "H100-SXM5-80GB", "gpu_count": 8, "fabric": "ethernet", "bootstrap_interface": "eth0",
-        "ansible_ssh_common_args": "-o ConnectTimeout=3", "lifecycle_policy": POLICY}))
-    for c in ("c1", "c2"):
-        (inv / "group_vars" / f"{c}.yml").write_text(yaml.safe_dump({"vllm_cluster": CLUSTER}))
     # these tests are about the policy's decisions: the rails act and hold nothing here (tests/unit/test_rails.py)
-    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump({"remediation_rails": OPEN_RAILS}))
-    (inv / "host_vars" / "n4.yml").write_text(yaml.safe_dump(
-        {"lifecycle_policy": {**POLICY, "replace_after": {"quarantines": 1, "window_days": 30}}}))
-    db = tmp_path / "ledger.sqlite3"
-    with _open(db) as lg:
-        for h in ("n1", "n2", "n3", "n4"):
-            for a, b in (("new", "provisioning"), ("provisioning", "burn-in"), ("burn-in", "in-service")):
-                lg.record_transition(h, a, b, reason="setup", actor="test", at=time.time() - 3600)
-    health(db, n1=("fail", REMAP), n4=("fail", "critical XID 79 on 0000:1b:00.0"))
-    return {"inv": inv / "hosts.ini", "tmp": tmp_path, "db": db}
-
-
-def health(db: Path, **fails: tuple[str, str]) -> None:
-    """A `provision health` pass as record_health writes it: every host, the failing checks given."""
-    with _open(db) as lg:
-        run = lg.run_started("health", "inv")
-        rows, checks = [], []
-        for h in ("n1", "n2", "n3", "n4"):
-            bad = fails.get(h)
-            rows.append({"host": h, "status": "failed" if bad else "ok", "failed": int(bool(bad))})
-            check = "xid" if bad and "XID" in bad[1] else "ecc"
-            checks += [(h, check, "fail", bad[1]) if bad else (h, "ecc", "pass", "no uncorrectable ECC errors")]
-        lg.run_finished(run, "failed" if fails else "ok", hosts=rows, health=checks)
-
-
-def provision(site: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PROVISION_RUNS_DIR=str(site["tmp"] / "runs"), PROVISION_LEDGER=str(site["db"]),
-               COLUMNS="300")
-    return subprocess.run([sys.executable, "-m", "provisioner.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    s = make(tmp_path, policy=POLICY, cluster=CLUSTER, rails=OPEN_RAILS, host_vars={
+        "n4": {"lifecycle_policy": {**POLICY, "replace_after": {"quarantines": 1, "window_days": 30}}}})
+    health(s, n1=("ecc", REMAP), n4=("xid", "critical XID 79 on 0000:1b:00.0"))
+    return s
 
 
 def transitions(db: Path, host: str) -> list[tuple[str, str, str, str]]:
@@ -139,7 +85,7 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     again = provision(site, "remediate", str(site["inv"]), "--limit", "n1,n4", "--dry-run")
     assert "n4: no action (marked for hardware replacement: stays quarantined)" in again.stdout
     # the fault is cleared (a part swapped by hand): the next health pass passes, the node returns
-    health(site["db"])
+    health(site)
     back = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
     # named: the pass that returns it, and that the gate after the reboot (unreachable) did not pass
     assert re.search(r"n1: return to service \(health run #\d+ passed; the gate after reboot did not \(health run "

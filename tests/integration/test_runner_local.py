@@ -1,7 +1,7 @@
 """Real ansible-runner runs of tiny playbooks against local-connection hosts (no root, no network).
 
 Every assertion is on a real outcome: files on disk, the RunResult folded from the events, the artifacts and the
-rendered reports.
+rendered reports. The counts and check-mode tests read one module-scoped sequence of runs (`applied`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,10 @@ PLAYBOOK = """
 
 @pytest.fixture()
 def site(tmp_path: Path) -> dict[str, Path]:
+    return _site(tmp_path)
+
+
+def _site(tmp_path: Path) -> dict[str, Path]:
     root = tmp_path / "hosts"
     root.mkdir()
     for h in ("alpha", "beta", "gamma"):
@@ -118,19 +123,39 @@ def _all_text(paths: list[Path]) -> str:
     return "\n".join(chunks)
 
 
-def test_counts_changed_then_idempotent(site: dict[str, Path]) -> None:
-    first = _run(site)
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One site through apply, apply again, [beta's nccl.conf edited, gamma's token removed] drift (check mode),
+    apply (the fix), drift: each run's result and the files around the first drift."""
+    s = _site(tmp_path_factory.mktemp("applied"))
+    out: dict[str, Any] = {"site": s, "first": _run(s)}
+    out["written"] = {h: ((s["root"] / h / "nccl.conf").read_text(), (s["root"] / h / "token").read_text())
+                      for h in ("alpha", "beta", "gamma")}
+    out["second"] = _run(s)
+    (s["root"] / "beta" / "nccl.conf").write_text("NCCL_IB_HCA=mlx5_0\nNCCL_SOCKET_IFNAME=eth9\n")
+    (s["root"] / "gamma" / "token").unlink()
+    out["before"] = _tree(s["root"])
+    out["drift"] = _run(s, command="drift", check=True)
+    out["after"] = _tree(s["root"])
+    out["fix"] = _run(s)
+    out["nccl_fixed"] = (s["root"] / "beta" / "nccl.conf").read_text()
+    out["clean"] = _run(s, command="drift", check=True)
+    return out
+
+
+def test_counts_changed_then_idempotent(applied: dict[str, Any]) -> None:
+    first, second = applied["first"], applied["second"]
     assert first.succeeded, first.to_dict()
     assert first.status == "successful" and first.rc == 0
     for name in ("alpha", "beta", "gamma"):
         h = first.hosts[name]
         # ok counts changed results too (as Ansible's recap does): 3 changes + 1 debug + the handler
         assert (h.ok, h.changed, h.failed, h.unreachable, h.skipped) == (5, 4, 0, 0, 3), (name, h)
-        assert (site["root"] / name / "nccl.conf").read_text() == "NCCL_IB_HCA=mlx5_0\nNCCL_SOCKET_IFNAME=eth0\n"
-        assert (site["root"] / name / "token").read_text() == SECRET + "\n"  # the secret really was used
+        nccl, token = applied["written"][name]  # as the first run left them
+        assert nccl == "NCCL_IB_HCA=mlx5_0\nNCCL_SOCKET_IFNAME=eth0\n"
+        assert token == SECRET + "\n"  # the secret really was used
     assert first.totals()["changed"] == 12
 
-    second = _run(site)
     assert second.succeeded
     assert all(h.changed == 0 and h.ok == 4 for h in second.hosts.values()), second.to_dict()["hosts"]
     # a fresh run directory (ansible-runner private data dir) per run, artifacts and our result beside them
@@ -142,15 +167,10 @@ def test_counts_changed_then_idempotent(site: dict[str, Path]) -> None:
     assert second.retry_file is None
 
 
-def test_check_mode_reports_diff_and_changes_nothing(site: dict[str, Path]) -> None:
-    assert _run(site).succeeded
-    nccl = site["root"] / "beta" / "nccl.conf"
-    nccl.write_text("NCCL_IB_HCA=mlx5_0\nNCCL_SOCKET_IFNAME=eth9\n")
-    (site["root"] / "gamma" / "token").unlink()
-    before = _tree(site["root"])
-
-    drift = _run(site, command="drift", check=True)
-    assert _tree(site["root"]) == before, "check mode changed files"
+def test_check_mode_reports_diff_and_changes_nothing(applied: dict[str, Any]) -> None:
+    nccl = applied["site"]["root"] / "beta" / "nccl.conf"
+    drift = applied["drift"]
+    assert applied["after"] == applied["before"], "check mode changed files"
     assert drift.succeeded and drift.check
     assert drift.hosts["alpha"].drift == []
     [item] = drift.hosts["beta"].drift  # the handler the change notifies is not a resource of its own
@@ -161,11 +181,11 @@ def test_check_mode_reports_diff_and_changes_nothing(site: dict[str, Path]) -> N
     assert (secret_item.kind, secret_item.resource, secret_item.diff) == ("file", "Write the token file", None)
 
     # the gotcha: a plain run right after a check run must apply again (fresh private data dir per run)
-    fix = _run(site)
+    fix = applied["fix"]
     assert fix.succeeded and not fix.check
     assert fix.hosts["beta"].changed == 2 and fix.hosts["gamma"].changed == 1 and fix.hosts["alpha"].changed == 0
-    assert nccl.read_text().endswith("eth0\n")
-    clean = _run(site, command="drift", check=True)
+    assert applied["nccl_fixed"].endswith("eth0\n")
+    clean = applied["clean"]
     assert clean.drift == [] and clean.succeeded
 
 

@@ -1,7 +1,8 @@
 """provisioner.gpu.provisioner_signing_key through ansible-playbook (connection local, a key server on loopback): the
 repository key is installed only when its fingerprint is pinned, a wrong one is refused naming the variable (nothing
 written; a key on the node that fails the pin is removed), check mode downloads nothing. Keys are made by gpg and
-the module's own fingerprints are checked against gpg's.
+the module's own fingerprints are checked against gpg's. Four runs in all (a module-scoped fixture): the cases are
+hosts of the same runs, each with its own files, and each test reads its hosts' results (the tree callback's).
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,14 +40,10 @@ PLAY = textwrap.dedent("""\
             dest: "{{ root }}/keyrings/repo.asc"
             fingerprints: "{{ pinned }}"
             var: nvidia_repo_key_fingerprints
-          register: key
-        - name: Result
-          ansible.builtin.copy:
-            dest: "{{ root }}/result.json"
-            content: "{{ key | to_json }}"
-            mode: "0644"
-          check_mode: false
     """)
+#: the refusals, each a host of the same run: (host, key served, pinned: None = the good key's fingerprint)
+WRONG = [("evil_asc", "evil.asc", None), ("evil_gpg", "evil.gpg", None), ("both", "both.asc", None),
+         ("empty", "good.asc", []), ("short_id", "good.asc", ["3BF863CC"])]
 
 
 @pytest.fixture(scope="module")
@@ -84,68 +84,106 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def _play(tmp_path: Path, url: str, pinned: list[str], *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+@dataclass
+class Seen:
+    rc: int  # the run's exit status (a run holds several hosts: each one's own outcome is `failed` and `res`)
+    failed: bool  # the host's failed count in the run's recap
+    res: dict[str, Any]  # the module's result on this host (the tree callback's file)
+    key: bytes | None  # the key file on this host after the run
+
+
+def _play(tmp_path: Path, url: str, hosts: dict[str, tuple[str, list[str]]], *args: str) -> dict[str, Seen]:
+    """One ansible-playbook run over `hosts` ({name: (key served, pinned)}), each a local-connection host with a root
+    of its own under tmp_path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and "proxy" not in k.lower()}
+    tree = tmp_path / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
     env.update(ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_COLLECTIONS_PATH=str(PROJECT_ROOT / "collections"),
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_REMOTE_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"),
+               ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree", ANSIBLE_CALLBACK_TREE_DIR=str(tree))
     (tmp_path / "play.yml").write_text(PLAY)
-    (tmp_path / "files").mkdir(exist_ok=True)
-    (tmp_path / "files" / "result.json").unlink(missing_ok=True)
-    inv = tmp_path / "hosts.ini"
-    inv.write_text(f"[local]\nalpha ansible_connection=local ansible_python_interpreter={sys.executable} "
-                   f"root={tmp_path / 'files'}\n")
-    extra = json.dumps({"key_url": url, "pinned": pinned})
-    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(tmp_path / "play.yml"), "-e", extra,
+    inv = {"all": {"children": {"local": {"hosts": {
+        h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "root": str(tmp_path / h),
+            "key_url": f"{url}/{served}", "pinned": pinned} for h, (served, pinned) in hosts.items()}}}}}
+    (tmp_path / "hosts.yml").write_text(json.dumps(inv))
+    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
                         *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    res = tmp_path / "files" / "result.json"
-    return r, (json.loads(res.read_text()) if res.is_file() else {})
+    assert "PLAY RECAP" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    recap = {m[1]: int(m[2]) for m in re.finditer(r"^(\S+)\s+: ok=\d+ .*?failed=(\d+)", r.stdout, re.M)}
+    assert sorted(recap) == sorted(hosts), r.stdout[-3000:]
+    out = {}
+    for h in hosts:
+        dest = tmp_path / h / "keyrings" / "repo.asc"
+        res = json.loads((tree / h).read_text()) if (tree / h).is_file() else {}
+        out[h] = Seen(r.returncode, recap[h] > 0, res, dest.read_bytes() if dest.is_file() else None)
+    return out
 
 
-def test_pinned_key_is_installed_once_and_kept(tmp_path: Path, keys: tuple[Path, dict[str, str]],
-                                               server: str) -> None:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, dict[str, str]],
+         server: str) -> Iterator[tuple[Path, list[dict[str, Seen]]]]:
+    """Four runs; host `pin` installs the pinned key, host `swap` starts with a stranger's key where apt reads it,
+    and in the second run each refusal of WRONG is a host of its own."""
     d, fps = keys
-    dest = tmp_path / "files" / "keyrings" / "repo.asc"
-    r, res = _play(tmp_path, f"{server}/good.asc", [fps["good"]], "--check")
-    assert r.returncode == 0 and res["changed"] and not dest.exists(), r.stdout[-3000:]  # check mode: no download
-    spaced = " ".join(fps["good"][i:i + 4] for i in range(0, 40, 4)).lower()  # as `gpg -k` prints it
-    r, res = _play(tmp_path, f"{server}/good.asc", [spaced])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert res["changed"] and res["fingerprints"] == [fps["good"]]  # the module's parser agrees with gpg
-    assert dest.read_bytes() == (d / "good.asc").read_bytes() and dest.stat().st_mode & 0o777 == 0o644
-    r, res = _play(tmp_path, f"{server}/good.asc", [fps["good"]])
-    assert r.returncode == 0 and not res["changed"] and res["resources"] == []
-    r, res = _play(tmp_path, f"{server}/good.gpg", [fps["good"], fps["evil"]])  # binary key, either pin
-    assert r.returncode == 0 and not res["changed"]  # the file on the node already passes: kept, not fetched
-
-
-def test_wrong_fingerprint_is_refused_naming_the_variable(tmp_path: Path, keys: tuple[Path, dict[str, str]],
-                                                          server: str) -> None:
-    d, fps = keys
-    dest = tmp_path / "files" / "keyrings" / "repo.asc"
-    for served in ("evil.asc", "evil.gpg", "both.asc"):  # another key, or the right one with a stranger beside it
-        r, _ = _play(tmp_path, f"{server}/{served}", [fps["good"]])
-        assert r.returncode != 0, served
-        assert "refusing the repository key" in r.stdout and "nvidia_repo_key_fingerprints" in r.stdout, r.stdout
-        assert fps["evil"] in r.stdout and not dest.exists()
-    r, _ = _play(tmp_path, f"{server}/good.asc", [])
-    assert r.returncode != 0 and "nvidia_repo_key_fingerprints is empty" in r.stdout and not dest.exists()
-    r, _ = _play(tmp_path, f"{server}/good.asc", ["3BF863CC"])  # a short key id is no pin
-    assert r.returncode != 0 and "expected a list of OpenPGP fingerprints" in r.stdout and not dest.exists()
-
-
-def test_a_swapped_key_on_the_node_is_replaced_or_removed(tmp_path: Path, keys: tuple[Path, dict[str, str]],
-                                                          server: str) -> None:
-    d, fps = keys
-    dest = tmp_path / "files" / "keyrings" / "repo.asc"
+    tmp = tmp_path_factory.mktemp("signing")
+    good = fps["good"]
+    dest = tmp / "swap" / "keyrings" / "repo.asc"
     dest.parent.mkdir(parents=True)
     shutil.copy(d / "evil.asc", dest)  # someone put another key where apt reads it
-    r, res = _play(tmp_path, f"{server}/good.asc", [fps["good"]], "--check")
-    assert r.returncode == 0 and res["changed"] and res["resources"] == [["file", str(dest)]]
-    assert dest.read_bytes() == (d / "evil.asc").read_bytes()  # check mode changes nothing
-    r, res = _play(tmp_path, f"{server}/good.asc", [fps["good"]])
-    assert r.returncode == 0 and res["changed"] and dest.read_bytes() == (d / "good.asc").read_bytes()
+    spaced = " ".join(good[i:i + 4] for i in range(0, 40, 4)).lower()  # as `gpg -k` prints it
+    seen = [_play(tmp, server, {"pin": ("good.asc", [good]), "swap": ("good.asc", [good])}, "--check"),
+            _play(tmp, server, {"pin": ("good.asc", [spaced]), "swap": ("good.asc", [good]),
+                                **{h: (served, [good] if pinned is None else pinned) for h, served, pinned in WRONG}})]
     shutil.copy(d / "evil.asc", dest)
-    r, _ = _play(tmp_path, f"{server}/evil.asc", [fps["good"]])  # and the mirror serves it too: refused, removed
-    assert r.returncode != 0 and "was removed" in r.stdout and not dest.exists()
+    seen.append(_play(tmp, server, {"pin": ("good.asc", [good]), "swap": ("evil.asc", [good])}))
+    seen.append(_play(tmp, server, {"pin": ("good.gpg", [good, fps["evil"]])}))  # binary key, either pin
+    yield tmp, seen
+
+
+def _ok(s: Seen) -> bool:
+    return bool(s.res) and not s.failed
+
+
+def test_pinned_key_is_installed_once_and_kept(keys: tuple[Path, dict[str, str]],
+                                               runs: tuple[Path, list[dict[str, Seen]]]) -> None:
+    d, fps = keys
+    _, seen = runs
+    check, first, again, binary = (r["pin"] for r in seen)
+    assert _ok(check) and check.res["changed"] and check.key is None, check.res  # check mode: no download
+    assert _ok(first) and first.res["changed"], first.res
+    assert first.res["fingerprints"] == [fps["good"]]  # the module's parser agrees with gpg
+    assert first.key == (d / "good.asc").read_bytes()
+    assert (runs[0] / "pin" / "keyrings" / "repo.asc").stat().st_mode & 0o777 == 0o644
+    assert _ok(again) and not again.res["changed"] and again.res["resources"] == []
+    assert binary.rc == 0 and _ok(binary) and not binary.res["changed"]  # the file on the node passes: kept
+
+
+def test_wrong_fingerprint_is_refused_naming_the_variable(keys: tuple[Path, dict[str, str]],
+                                                          runs: tuple[Path, list[dict[str, Seen]]]) -> None:
+    d, fps = keys
+    run = runs[1][1]
+    assert run["pin"].rc != 0  # the refusals fail the run
+    for host in ("evil_asc", "evil_gpg", "both"):  # another key, or the right one with a stranger beside it
+        s = run[host]
+        assert s.failed, (host, s.res)
+        assert "refusing the repository key" in s.res["msg"] and "nvidia_repo_key_fingerprints" in s.res["msg"]
+        assert fps["evil"] in s.res["msg"] and s.key is None, (host, s.res["msg"])
+    s = run["empty"]
+    assert s.failed and "nvidia_repo_key_fingerprints is empty" in s.res["msg"] and s.key is None
+    s = run["short_id"]  # a short key id is no pin
+    assert s.failed and "expected a list of OpenPGP fingerprints" in s.res["msg"] and s.key is None
+
+
+def test_a_swapped_key_on_the_node_is_replaced_or_removed(keys: tuple[Path, dict[str, str]],
+                                                          runs: tuple[Path, list[dict[str, Seen]]]) -> None:
+    d, fps = keys
+    tmp, seen = runs
+    check, fixed, refused = (r["swap"] for r in seen[:3])
+    dest = tmp / "swap" / "keyrings" / "repo.asc"
+    assert _ok(check) and check.res["changed"] and check.res["resources"] == [["file", str(dest)]], check.res
+    assert check.key == (d / "evil.asc").read_bytes()  # check mode changes nothing
+    assert _ok(fixed) and fixed.res["changed"] and fixed.key == (d / "good.asc").read_bytes()
+    # the stranger's key put back, and the mirror serves it too: refused, removed
+    assert refused.failed and "was removed" in refused.res["msg"] and refused.key is None

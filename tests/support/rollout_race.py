@@ -3,7 +3,8 @@ after its open-rollout check found none; B is started and released once it has m
 check-and-claim: both start a rollout) or announced that it waits for the ledger's write transaction
 (`Ledger.atomic`: A holds it). A then records its rollout and is held in its rollout loop (alive, `running`) until
 B has finished. No sleep orders anything: each step waits for a file the other side writes. The hooks wrap
-`Ledger.open_rollout`, `Ledger.atomic` and the command's rollout loop from outside (a wrapper script)."""
+`Ledger.open_rollout`, `Ledger.atomic` and the executor's rollout loop from outside (a wrapper script). The
+inventory: tests/support/two_clusters.py."""
 
 from __future__ import annotations
 
@@ -14,26 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ledger_race import wait_for
-
-INI = """\
-[gpu_nodes]
-n1 ansible_host=198.18.0.11
-n2 ansible_host=198.18.0.12
-n3 ansible_host=198.18.0.13
-n4 ansible_host=198.18.0.14
-
-[pp]
-n1 node_rank=0
-n2 node_rank=1
-
-[pp2]
-n3 node_rank=0
-n4 node_rank=1
-"""
-C = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8, "pipeline_parallel_size": 2,
-     "max_model_len": 4096, "max_num_seqs": 64}
-#: two clusters serving one model (a rolling upgrade may take one out at a time)
-GROUP_VARS = {"pp": {"vllm_cluster": {**C, "port": 8001}}, "pp2": {"vllm_cluster": {**C, "port": 8000}}}
 
 WRAPPER = r'''
 import os, sys, time

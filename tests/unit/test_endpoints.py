@@ -119,7 +119,7 @@ def test_a_run_reports_the_clusters_its_launch_step_left_serving(tmp_path: Path)
 
 
 def test_onboard_names_the_clusters_it_launched() -> None:
-    from provisioner.commands.onboard import Outcome, launched_clusters
+    from provisioner.day2.onboard import Outcome, launched_clusters
 
     out = {"node01": Outcome("node01", in_service=True, clusters=["vllm_pp"], launch="ok"),
            "node02": Outcome("node02", in_service=True, clusters=["vllm_pp"], launch="ok"),

@@ -10,7 +10,7 @@ import provisioner
 
 PKG = Path(provisioner.__file__).parent
 COMMANDS = PKG / "commands"
-PURE = ("lifecycle", "policy", "rails", "rollout", "drain", "incidents")
+PURE = ("lifecycle", "policy", "rails", "rollout", "drain", "incidents", "onboard")
 
 
 def _imports(path: Path) -> set[str]:
@@ -55,3 +55,11 @@ def test_the_walk_catches_a_cross_import(tmp_path: Path) -> None:
     p = tmp_path / "x.py"
     p.write_text("def f():\n    from provisioner.commands.drain import run\n")
     assert "provisioner.commands.drain" in _imports(p)
+
+
+def test_day2_imports_no_command() -> None:
+    """The executor and its I/O siblings (onboard_steps, burnin_return) serve the commands; none calls one back."""
+    mods = sorted((PKG / "day2").glob("*.py"))
+    assert {"executor", "onboard_steps", "burnin_return", "onboard"} <= {p.stem for p in mods}
+    bad = [f"day2/{p.name} imports {m}" for p in mods for m in _imports(p) if m.startswith("provisioner.commands")]
+    assert not bad, "; ".join(sorted(set(bad)))

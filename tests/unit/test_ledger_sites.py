@@ -74,7 +74,7 @@ def test_the_site_is_provision_site_else_the_resolved_path(tmp_path: Path) -> No
 def test_two_racks_with_node01_keep_apart(checkout: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's scenario: onboarding/marking the second rack leaves the first's never-onboarded node01 alone;
     each status and history shows its own runs only; a run on one keeps the other's recorded state."""
-    from provisioner.commands.onboard import Outcome
+    from provisioner.day2.onboard import Outcome
     from provisioner.day2.executor import record_onboarding
 
     a, b, db = checkout["a"], checkout["b"], checkout["db"]

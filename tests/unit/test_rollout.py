@@ -79,31 +79,10 @@ def test_rollout_records_steps_and_reads_interrupted_when_killed(tmp_path: Path)
 
 
 # --- `provision upgrade` refusals, before anything touches a node (in-process, the ledger in tmp_path) ----------
-INI = """\
-[gpu_nodes]
-n1 ansible_host=198.18.0.11
-n2 ansible_host=198.18.0.12
-n3 ansible_host=198.18.0.13
-n4 ansible_host=198.18.0.14
-
-[pp]
-n1 node_rank=0
-n2 node_rank=1
-
-[pp2]
-n3 node_rank=0
-n4 node_rank=1
-"""
-C = {"model": "/models/Qwen2-72B", "model_arch": "Qwen2-72B", "tensor_parallel_size": 8, "pipeline_parallel_size": 2,
-     "max_model_len": 4096, "max_num_seqs": 64}
-
-
 def _inv(tmp_path: Path, other_model: bool = False) -> Path:
-    from inventory_factory import write_inventory
+    from two_clusters import write
 
-    other = {"model": "/models/Llama-3.1-70B", "model_arch": "Llama-3.1-70B"} if other_model else {}
-    return write_inventory(tmp_path / "inv", ini=INI, group_vars={
-        "pp": {"vllm_cluster": {**C, "port": 8001}}, "pp2": {"vllm_cluster": {**C, "port": 8000, **other}}})
+    return write(tmp_path / "inv", other_model)
 
 
 def test_upgrade_refuses_a_model_served_by_one_cluster(tmp_path: Path) -> None:
@@ -174,3 +153,43 @@ def test_a_balancer_that_is_also_a_member_is_named_with_its_cluster() -> None:
     assert members_that_balance(clusters, ["node03"]) == [("node03", "vllm_single")]
     assert members_that_balance(clusters, ["lb01"]) == []
     assert members_that_balance(clusters, []) == []
+
+
+class _C:
+    def __init__(self, cluster: str, status: str, step: str | None = None) -> None:
+        self.cluster, self.status, self.step = cluster, status, step
+
+
+class _Ro:
+    def __init__(self, status: str, digest: str, clusters: list[_C]) -> None:
+        self.id, self.status, self.digest, self.clusters, self.pid, self.node = 7, status, digest, clusters, 42, "ctl"
+
+
+def test_refusal_of_a_start_or_resume() -> None:
+    from provisioner.day2.rollout import refusal
+    from provisioner.hoststate import KEYED
+
+    d = KEYED + "abc"
+    assert refusal(None, "inv", digest=d, abort=False, force=False, models=MODELS) is None
+    running = refusal(_Ro("running", d, []), "inv", digest=d, abort=True, force=False, models=MODELS)
+    assert running == "refused: rollout 7 of inv is running (pid 42 on ctl)"
+    other = refusal(_Ro("stopped", KEYED + "x", [_C("a1", "done"), _C("a2", "draining")]), "inv", digest=d,
+                    abort=False, force=False, models=MODELS)
+    assert other is not None and "rollout 7 of another change is stopped at cluster a2 (draining)" in other
+    old = refusal(_Ro("stopped", "legacy", []), "inv", digest=d, abort=False, force=False, models=MODELS)
+    assert old is not None and "older provisioner" in old
+    assert refusal(_Ro("stopped", "legacy", []), "inv", digest=d, abort=True, force=False, models=MODELS) is None
+    single = refusal(None, "inv", digest=d, abort=False, force=False, models={"x": "m1"})
+    assert single is not None and "cluster x is the only one serving m1" in single
+    assert refusal(None, "inv", digest=d, abort=False, force=True, models={"x": "m1"}) is None
+    # a resume of the same change is not refused for a single-model cluster: the start already was allowed
+    assert refusal(_Ro("stopped", d, [_C("x", "pending")]), "inv", digest=d, abort=False, force=False,
+                   models={"x": "m1"}) is None
+
+
+def test_rollout_lines() -> None:
+    from provisioner.day2.rollout import resumed_line, started_line
+
+    assert started_line(3, ["a1", "b1"], 1) == "rollout 3: 2 cluster(s), at most 1 out at a time: a1, b1"
+    ro = _Ro("interrupted", "d", [_C("a1", "done"), _C("b1", "failed", "holders"), _C("b2", "pending")])
+    assert resumed_line(ro) == "rollout 7 resumed (interrupted): 1 done, left: b1 (failed, holders), b2 (pending)"

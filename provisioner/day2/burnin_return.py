@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from provisioner.day2.onboard import check_line
 from provisioner.model import Fleet
 
 TIERS = ("quick", "standard", "soak")
@@ -39,7 +40,6 @@ def return_burnin(fleet: Fleet, inventory: Any, hosts: Iterable[str], *, path: P
         res = run_burnin(fleet, names, tier=tier, timeout=timeout)
         record_burnin(res, tier, inventory, started, time.time() - started, path, fleet=fleet)
         for n, hb in res.items():
-            why = "; ".join(f"{r['check']}{'' if r.get('gpu') is None else ' gpu' + str(r['gpu'])}"
-                            f"{' [' + r['code'] + ']' if r.get('code') else ''}" for r in hb.failed[:4])
+            why = "; ".join(check_line(r, message=False) for r in hb.failed[:4])
             out[n] = (hb.ok, f"burn-in {tier}: " + ("pass" if hb.ok else f"fail ({why or hb.error})"))
     return out
