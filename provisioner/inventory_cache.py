@@ -143,29 +143,25 @@ def _freeze(d: dict[str, Any]) -> Mapping[str, Any]:
 def _vaulted(ciphertext: str) -> Any:
     from ansible.parsing.vault import EncryptedString
 
-    value = EncryptedString(ciphertext=str.__str__(ciphertext))  # the plain str: the tags go on below
-    try:  # keep the value's origin (file and line) when ansible-core's tag helper is where 2.19 has it
-        from ansible.module_utils._internal._datatag import AnsibleTagHelper
-    except ImportError:  # pragma: no cover - moved in another ansible-core: the value, without its origin
-        return value
-    return AnsibleTagHelper.tag_copy(ciphertext, value)
+    from provisioner.origin import tag_like
+
+    return tag_like(ciphertext, EncryptedString(ciphertext=str.__str__(ciphertext)))  # plain str in, tags copied
 
 
 def _origin(path: str | None, description: str | None, line_num: int | None, col_num: int | None) -> Any:
-    from ansible._internal._datatag._tags import Origin
+    from provisioner.origin import make_origin
 
-    return Origin(path=path, description=description, line_num=line_num, col_num=col_num)
+    return make_origin(path, description, line_num, col_num)
 
 
 def _dispatch() -> dict[Any, Any]:
+    from provisioner.origin import origin_type
+
     table = copyreg.dispatch_table.copy()
     table[MappingProxyType] = lambda mp: (_freeze, (dict(mp),))
-    try:  # one origin tag per value of every vars file: rebuilt by its constructor, 4x faster than a dataclass state
-        from ansible._internal._datatag._tags import Origin
-
-        table[Origin] = lambda o: (_origin, (o.path, o.description, o.line_num, o.col_num))
-    except ImportError:  # pragma: no cover - moved in another ansible-core: pickled as it pickles itself
-        pass
+    origin = origin_type()
+    if origin is not None:  # one origin tag per value of every vars file: rebuilt by its constructor, 4x faster
+        table[origin] = lambda o: (_origin, (o.path, o.description, o.line_num, o.col_num))
     return table
 
 
