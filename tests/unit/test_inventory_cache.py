@@ -47,6 +47,11 @@ def test_a_second_load_is_the_cached_fleet_and_equal(tmp_path: Path, cache_here:
     assert second.ansible_inventory is None  # not parsed by Ansible
     assert second.hosts == first.hosts and second.clusters == first.clusters
     assert dict(second.group_vars) == dict(first.group_vars) and dict(second.groups) == dict(first.groups)
+    from provisioner.origin import where
+
+    value = second.hosts["n1"].vars["gpu_model"]  # the file and line a finding names survive the cache
+    assert where(value) == where(first.hosts["n1"].vars["gpu_model"]) is not None
+    assert str(where(value)[0]).endswith("group_vars/gpu_nodes.yml")  # type: ignore[index]
 
 
 @pytest.mark.parametrize("change", ["group_vars", "host_vars", "inventory", "extra_vars"])
