@@ -45,7 +45,9 @@ from provisioner.paths import ledger_path
 
 fleet = load_fleet(Path(sys.argv[1]))
 hosts = sorted(fleet.groups["gpu_nodes"])
-inputs = tiers.host_inputs(fleet, hosts, key=tiers.digest_key(ledger_path()))
+with Ledger.open(ledger_path(), site=site_of(fleet)) as ledger:  # the ledger's one digest key, as tiers records
+    key = ledger.digest_key()
+inputs = tiers.host_inputs(fleet, hosts, key=key)
 probed = tiers.probe(fleet, hosts)
 bad = {h: p.error for h, p in probed.items() if p.state is None}
 if bad:  # a loaded machine times a few out: once more for those

@@ -50,7 +50,7 @@ COMMANDS = (
 )
 
 #: Commands with a fast path (no typer/rich import): their module has FAST_OPTIONS {option: (param, type)}, run().
-FAST_COMMANDS = ("preflight", "drift")
+FAST_COMMANDS = ("preflight", "drift", "status")
 
 _app: Any = None
 

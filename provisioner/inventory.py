@@ -85,6 +85,16 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
         raise UsageError("inventory is not readable", path=str(p))
     if p.is_file() and p.stat().st_size == 0:
         raise UsageError("inventory is empty", path=str(p))
+    from provisioner import inventory_cache
+
+    # the same bytes as a load that passed every check below: the fleet it built (provisioner/inventory_cache.py)
+    digest = inventory_cache.key(p, extra_vars)
+    cached = inventory_cache.lookup(p, digest)
+    if cached is not None:
+        c_hosts, c_clusters, c_group_vars, c_groups = cached
+        inventory_cache.keep(len(c_hosts))
+        return Fleet(source=p, hosts=freeze(c_hosts), clusters=freeze(c_clusters), group_vars=freeze(c_group_vars),
+                     groups=freeze(c_groups), ansible_inventory=None)  # --limit parses the hosts (limit_hosts)
     from provisioner.input_limits import check_inventory
 
     check_inventory(p)  # before ansible-core reads it: no FIFO/device, no YAML alias bomb (resource limits)
@@ -100,7 +110,7 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
     chatter = io.StringIO()  # Ansible's own warnings; we report the reason ourselves
     failure: AnsibleError | None = None
     try:
-        with contextlib.redirect_stderr(chatter):
+        with contextlib.redirect_stderr(chatter), inventory_cache.no_gc():
             inv = InventoryManager(loader=loader, sources=[str(p)])
             hosts, group_vars, groups = _read(loader, inv, [str(p)], extra_vars=dict(extra_vars or {}))
     except AnsibleError as exc:
@@ -119,7 +129,11 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
     if not hosts:
         raise UsageError("the inventory defines no hosts: nothing to validate or run (is it the right file?)",
                          path=str(p))
-    return _fleet(inv, p, hosts, group_vars, groups)
+    with inventory_cache.no_gc():
+        fleet = _fleet(inv, p, hosts, group_vars, groups)
+    inventory_cache.store(p, digest, fleet.hosts, fleet.clusters, fleet.group_vars, fleet.groups)
+    inventory_cache.keep(len(fleet.hosts))
+    return fleet
 
 
 def limit_hosts(source: Fleet | str | os.PathLike[str], limit: str | None) -> list[str]:

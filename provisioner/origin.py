@@ -22,3 +22,27 @@ def where(value: Any) -> tuple[str, int | None] | None:
     if o is None or not o.path or o.path.startswith("<"):
         return None
     return o.path, o.line_num
+
+
+def origin_type() -> type | None:
+    """ansible-core's Origin tag class (the parsed-inventory cache pickles it compactly), or None when it moved."""
+    try:
+        from ansible._internal._datatag._tags import Origin
+    except ImportError:  # pragma: no cover - another ansible-core layout
+        return None
+    return Origin
+
+
+def make_origin(path: str | None, description: str | None, line_num: int | None, col_num: int | None) -> Any:
+    from ansible._internal._datatag._tags import Origin
+
+    return Origin(path=path, description=description, line_num=line_num, col_num=col_num)
+
+
+def tag_like(src: Any, value: Any) -> Any:
+    """`value` with `src`'s tags (its origin), or `value` as it is when ansible-core's tag helper moved."""
+    try:
+        from ansible.module_utils._internal._datatag import AnsibleTagHelper
+    except ImportError:  # pragma: no cover - another ansible-core layout: the value, without its origin
+        return value
+    return AnsibleTagHelper.tag_copy(src, value)

@@ -1,11 +1,15 @@
 """The receiver's HTTP service and its one worker.
 
 POST /alerts (Alertmanager's webhook_config, `Authorization: Bearer TOKEN`): each alert decided (payload.decide),
-an acting one recorded (store) and queued; the answer comes at once (Alertmanager's timeout is short). The worker
-runs, one alert at a time: `provision health INVENTORY --limit HOST`, then `provision remediate INVENTORY --limit
-HOST` (+ `--source alert --alert-key KEY` where remediate offers them): remediate acts on the ledger's newest health
-results, so an alert whose fault has already cleared acts on nothing. GET /metrics: counters and a histogram of the
-action's duration. One log line per alert, one per action.
+an acting one recorded (store) and queued; the answer comes at once (Alertmanager's timeout is short). Requests are
+handled in threads, but their alerts pass the decision and the claim one at a time (one intake lock), so two
+requests never both act on one alert. The worker runs, one host at a time from the queue: `provision health
+INVENTORY --limit HOST`, then `provision remediate INVENTORY --limit HOST` (+ `--source alert --alert-key KEY` where
+remediate offers them): remediate acts on the ledger's newest health results, so an alert whose fault has already
+cleared acts on nothing. Under a storm, alerts for a host that already waits in the queue join it (`coalesced`):
+one health + remediate answers them all (each alert is still recorded and finished once, with that action's
+outcome); an alert arriving while its host's action runs waits for the next one. GET /metrics: counters and a
+histogram of the action's duration. One log line per alert, one per action.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from provisioner.alerts.store import Store
 MAX_BODY = 1 << 20
 #: Buckets of provisioner_receiver_action_seconds (health + remediate, a drain included).
 BUCKETS = (5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0)
-OUTCOMES = ("act", "resolved", "not an acting alert", "duplicate", "unknown host")
+OUTCOMES = ("act", "coalesced", "resolved", "not an acting alert", "duplicate", "unknown host")
 
 #: (host, key) -> (ok, detail): what acting on one alert means.
 Action = Callable[[str, str], tuple[bool, str]]
@@ -114,56 +118,76 @@ class Receiver:
     def __init__(self, *, token: str, gpu_nodes: Collection[str], store: Store, action: Action) -> None:
         self.token, self.gpu_nodes, self.store, self.action = token, frozenset(gpu_nodes), store, action
         self.metrics = Metrics()
-        self.queue: queue.Queue[tuple[str, str, str, float] | None] = queue.Queue()
+        self.intake = threading.Lock()  # decide + claim + enqueue, one alert at a time
+        # host -> [(key, name, accepted)] waiting for the host's next action (the first one is the queue's entry)
+        self.pending: dict[str, list[tuple[str, str, float]]] = {}
+        self.queue: queue.Queue[str | None] = queue.Queue()
         for key, host, name in store.unfinished():  # accepted before a restart, never finished
             log(f"alert {safe(key)} {safe(name)} host={safe(host)}: accepted before the restart, acting now")
             self._enqueue(key, host, name)
         self.worker = threading.Thread(target=self._work, name="receiver-worker", daemon=True)
         self.worker.start()
 
-    def _enqueue(self, key: str, host: str, name: str) -> None:
+    def _enqueue(self, key: str, host: str, name: str) -> bool:
+        """Queue the alert; True when it starts a new action, False when it joins its host's waiting one."""
         with self.metrics.lock:
             self.metrics.queued += 1
-        self.queue.put((key, host, name, time.monotonic()))
+        waiting = self.pending.get(host)
+        if waiting is not None:
+            waiting.append((key, name, time.monotonic()))
+            return False
+        self.pending[host] = [(key, name, time.monotonic())]
+        self.queue.put(host)
+        return True
 
     def authorized(self, header: str | None) -> bool:
         scheme, _, cred = (header or "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(cred.strip().encode(), self.token.encode())
 
     def receive(self, doc: Any) -> int:
-        """Decide every alert of one webhook body; return how many were queued."""
+        """Decide every alert of one webhook body; return how many were queued (new actions and coalesced)."""
         queued = 0
         for a in parse(doc):
-            d = decide(a, self.gpu_nodes, () if not self.store.seen(a.key) else (a.key,))
-            why = d.why
-            if d.act and not self.store.claim(a.key, a.host, a.name):
-                why = "duplicate"  # the same alert in two concurrent requests: the first one claimed it
+            with self.intake:
+                d = decide(a, self.gpu_nodes, () if not self.store.seen(a.key) else (a.key,))
+                why = d.why
+                if d.act and not self.store.claim(a.key, a.host, a.name):
+                    why = "duplicate"  # recorded since the check above (a restart's replay): acted on once
+                if why == "act" and not self._enqueue(a.key, a.host, a.name):
+                    why = "coalesced"
             with self.metrics.lock:
                 self.metrics.alerts[why] += 1
             log(f"alert {safe(a.key)} {safe(a.name)} host={safe(a.host)} status={a.status}: "
-                + ("queued: health + remediate" if why == "act" else f"no action ({why})"))
-            if why == "act":
-                self._enqueue(a.key, a.host, a.name)
+                + {"act": "queued: health + remediate",
+                   "coalesced": "queued: joins the host's waiting health + remediate"}.get(why, f"no action ({why})"))
+            if why in ("act", "coalesced"):
                 queued += 1
         return queued
 
     def _work(self) -> None:
         while True:
-            item = self.queue.get()
-            if item is None:
+            host = self.queue.get()
+            if host is None:
                 return
-            key, host, name, t0 = item
+            with self.intake:  # what waits for this host now is answered by this action; later alerts queue again
+                alerts = self.pending.pop(host, [])
+            if not alerts:
+                continue
+            key, name, t0 = alerts[0]
             try:
                 ok, detail = self.action(host, key)
             except Exception as exc:  # the worker must outlive one bad action
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
             seconds = time.monotonic() - t0
             self.store.finish(key, "done" if ok else "failed", detail)
+            for other, _, _ in alerts[1:]:
+                self.store.finish(other, "done" if ok else "failed", f"with {key}: {detail}")
             self.metrics.observe(seconds, ok)
             with self.metrics.lock:
-                self.metrics.queued -= 1
-            log(f"action {safe(key)} {safe(name)} host={safe(host)}: {'done' if ok else 'FAILED'} in {seconds:.1f} s"
-                f" ({safe(detail, 400)})")
+                self.metrics.queued -= len(alerts)
+            log(f"action {safe(key)} {safe(name)} host={safe(host)}"
+                + (f" (+{len(alerts) - 1} coalesced)" if len(alerts) > 1 else "")
+                + f": {'done' if ok else 'FAILED'} in {seconds:.1f} s ({safe(detail, 400)})")
 
     def idle(self) -> bool:
         with self.metrics.lock:

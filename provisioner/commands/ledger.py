@@ -11,7 +11,7 @@ import typer
 
 from provisioner.commands.common import unwrap
 from provisioner.errors import Exit, UsageError
-from provisioner.ledger.retention import DEFAULT_KEEP_DAYS
+from provisioner.ledger.retention import DEFAULT_ARCHIVE_DAYS, DEFAULT_KEEP_DAYS, DEFAULT_SUMMARY_DAYS
 
 ADOPT_HELP = unwrap("""Give every record the ledger holds from before sites to INVENTORY's site.
 
@@ -57,10 +57,14 @@ Kept whatever their age: runs, lifecycle transitions, remediation steps, inciden
 and each host's newest outcome of each command (status and the health gate read it). Idempotent; the nightly timer
 runs it after the drift check (playbooks/drift_timer.yml, drift_ledger_keep_days). docs/lifecycle.md, Retention.
 
+Bounded over years: daily summaries older than --summary-days become one row per host, month and command, only for
+the months with a non-ok outcome; monthly rows older than --archive-days are dropped.
+
 Exit codes: 0 compacted (or nothing to do), 1 the ledger cannot be written, 2 usage.""")
 
 
-def compact(inventory: Path, keep_days: int) -> int:
+def compact(inventory: Path, keep_days: int, summary_days: int = DEFAULT_SUMMARY_DAYS,
+            archive_days: int = DEFAULT_ARCHIVE_DAYS) -> int:
     from provisioner.inventory import load_fleet
     from provisioner.ledger import Ledger, LedgerError
     from provisioner.ledger.retention import compact as fold
@@ -70,6 +74,9 @@ def compact(inventory: Path, keep_days: int) -> int:
 
     if keep_days < 1:
         raise UsageError(f"--keep-days must be at least 1, got {keep_days}")
+    if not keep_days <= summary_days <= archive_days:
+        raise UsageError(f"need --keep-days <= --summary-days <= --archive-days, got {keep_days}, {summary_days}, "
+                         f"{archive_days}")
     site = site_of(load_fleet(inventory))
     path = ledger_path()
     if not str(path).startswith(("postgresql://", "postgres://")) and not Path(path).exists():
@@ -77,13 +84,15 @@ def compact(inventory: Path, keep_days: int) -> int:
         return int(Exit.OK)
     try:
         with Ledger.open(path, site=site) as ledger:
-            done = fold(ledger, keep_days)
+            done = fold(ledger, keep_days, summary_days=summary_days, archive_days=archive_days)
     except LedgerError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
     sys.stdout.write(f"site {site}: {done.runs} run(s) before {day_of(done.cutoff)} folded: {done.outcomes} host "
                      f"outcome(s), {done.health} health result(s), {done.drift} drift item(s) -> {done.summaries} "
-                     "daily summary row(s)\n")
+                     "daily summary row(s); "
+                     f"{done.rolled} daily summary row(s) rolled into {done.months} monthly row(s), "
+                     f"{done.expired} monthly row(s) expired\n")
     return int(Exit.OK)
 
 
@@ -101,7 +110,11 @@ def register(app: typer.Typer) -> None:
         inventory: Annotated[Path, typer.Argument(help="Inventory file or directory.", show_default=False)],
         keep_days: Annotated[int, typer.Option(
             "--keep-days", min=1, help="Days of per-check rows kept in full.")] = DEFAULT_KEEP_DAYS,
+        summary_days: Annotated[int, typer.Option(
+            "--summary-days", min=1, help="Days of daily summaries kept; older: monthly rows.")] = DEFAULT_SUMMARY_DAYS,
+        archive_days: Annotated[int, typer.Option(
+            "--archive-days", min=1, help="Days of monthly rows kept.")] = DEFAULT_ARCHIVE_DAYS,
     ) -> None:
-        raise typer.Exit(compact(inventory, keep_days))
+        raise typer.Exit(compact(inventory, keep_days, summary_days, archive_days))
 
     app.add_typer(group)

@@ -745,6 +745,12 @@ class Ledger(Day2Records):
             " ORDER BY runs.id DESC LIMIT 1", (self.site, host)).fetchone()
         return dict(row) if row else None
 
+    def burnin_hosts(self) -> set[str]:
+        """The hosts with at least one burn-in in this site (status reads the newest of those only)."""
+        return {str(r[0]) for r in self._db.execute(
+            "SELECT DISTINCT host_outcomes.host FROM runs JOIN host_outcomes ON host_outcomes.run = runs.id "
+            "WHERE runs.command = 'burn-in' AND runs.site = ?", (self.site,))}
+
     def burnin_figures(self) -> dict[str, dict[str, float]]:
         """{host: {metric: its slowest GPU's figure}} from each host's newest burn-in run in this site (the slow-node
         comparison's input)."""

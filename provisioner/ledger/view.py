@@ -75,6 +75,10 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
     latest = _latest(ledger, nodes)
     reasons = {str(r[0]): str(r[1]) for r in ledger._db.execute(
         "SELECT host, reason FROM transitions WHERE site = ? ORDER BY id", (ledger.site,))}
+    burned = ledger.burnin_hosts()
+    slow_of: dict[str, list[Any]] = {}
+    for x in slow:
+        slow_of.setdefault(x.host, []).append(x)
     rows = []
     for host in nodes:
         state, since = states.get(host, ("new", None))
@@ -90,9 +94,9 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
                 "run": health[0].id, "started": health[0].started, "result": health[1], "failed": lt.failed},
             "drift": None if drift is None else {
                 "run": drift[0].id, "started": drift[0].started, "outcome": drift[1], "items": lt.items},
-            "burnin": burnin_row(ledger, host),
+            "burnin": burnin_row(ledger, host) if host in burned else None,
             "slow": [{"metric": x.metric, "value": x.value, "median": x.median, "gap": x.gap, "message": x.message}
-                     for x in slow if x.host == host],
+                     for x in slow_of.get(host, ())],
             **_seen(lt.driver, records.get(host), now),
         })
     return rows

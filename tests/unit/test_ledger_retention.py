@@ -46,7 +46,7 @@ def test_old_rows_become_daily_summaries_and_the_rest_is_kept(ledger: Ledger) ->
     d_new = _drift(ledger, NOW - 5 * DAY, {"n1": [], "n2": []})
     ledger.record_transition("n1", "new", "provisioning", reason="onboard", actor="t")
 
-    done = compact(ledger, keep_days=30, now=NOW)
+    done = compact(ledger, keep_days=30, summary_days=365, now=NOW)
 
     assert done.cutoff == cutoff_of(NOW, 30) and done.runs == 3  # h_old, h_mid, d_old
     assert (done.outcomes, done.health, done.drift) == (5, 4, 2)
@@ -71,16 +71,16 @@ def test_old_rows_become_daily_summaries_and_the_rest_is_kept(ledger: Ledger) ->
     from provisioner.ledger.view import history
 
     assert history(ledger, "n1")["days"] == days(ledger, "n1")  # `provision history` shows them
-    again = compact(ledger, keep_days=30, now=NOW)  # idempotent: nothing left to fold
+    again = compact(ledger, keep_days=30, summary_days=365, now=NOW)  # idempotent: nothing left to fold
     assert again.runs == 0 and days(ledger, "n1") == list(n1.values())
 
 
 def test_a_newer_run_releases_a_kept_row_on_the_next_pass(ledger: Ledger) -> None:
     h_mid = _health(ledger, NOW - 100 * DAY, {"n2": [("gpu", "fail")]})
-    compact(ledger, keep_days=30, now=NOW)
+    compact(ledger, keep_days=30, summary_days=365, now=NOW)
     assert _count(ledger, "health_results", h_mid) == 1  # n2's newest
     _health(ledger, NOW - DAY, {"n2": [("gpu", "pass")]})
-    done = compact(ledger, keep_days=30, now=NOW)
+    done = compact(ledger, keep_days=30, summary_days=365, now=NOW)
     assert done.runs == 1 and _count(ledger, "health_results", h_mid) == 0
     assert days(ledger, "n2")[0]["failed_checks"] == ["gpu"]
 
@@ -99,3 +99,39 @@ def test_other_sites_are_not_touched(tmp_path: Path) -> None:
 def test_the_window_is_at_least_a_day(ledger: Ledger) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         compact(ledger, keep_days=0)
+
+
+def _summary_rows(lg: Ledger) -> list[tuple[str, str, str]]:
+    return [(str(r[0]), str(r[1]), str(r[2])) for r in lg._db.execute(
+        "SELECT day, host, command FROM check_days WHERE site = ? ORDER BY day, host, command", (lg.site,))]
+
+
+def test_old_summaries_roll_into_months_and_expire_so_years_stay_bounded(ledger: Ledger) -> None:
+    # n1 fails a check on one night 300 days ago; n2 is clean every night; then a year goes by, compacted nightly
+    for back in range(320, 280, -1):
+        _health(ledger, NOW - back * DAY, {"n1": [("gpu", "fail" if back == 300 else "pass")], "n2": [("gpu", "pass")]})
+        _drift(ledger, NOW - back * DAY + 600, {"n1": [], "n2": ["file:/etc/nccl.conf"] if back == 310 else []})
+    ledger.record_transition("n1", "new", "provisioning", reason="onboard", actor="t")
+    done = compact(ledger, keep_days=30, summary_days=100, archive_days=400, now=NOW)
+    month = day_of(NOW - 300 * DAY)[:7]
+    rows = _summary_rows(ledger)
+    assert all(len(day) == 7 for day, _, _ in rows)  # every daily row is older than 100 days: rolled
+    assert (month, "n1", "health") in rows and (day_of(NOW - 310 * DAY)[:7], "n2", "drift") in rows
+    assert not any(h == "n2" and c == "health" for _, h, c in rows)  # clean host-months leave no row
+    assert done.rolled > 0 and done.months == len(rows)
+    n1 = {(d["day"], d["command"]): d for d in days(ledger, "n1")}
+    assert n1[(month, "health")]["failed"] == 1 and n1[(month, "health")]["failed_checks"] == ["gpu"]
+    assert n1[(month, "health")]["runs"] + sum(d["runs"] for (m, c), d in n1.items() if c == "health" and m != month
+                                               ) <= 39  # the newest health run of each host stays whole
+
+    # the rows left are bounded: a second pass changes nothing, and past archive_days they go, transitions stay
+    assert _summary_rows(ledger) == rows and compact(ledger, keep_days=30, summary_days=100, archive_days=400,
+                                                     now=NOW).months == 0
+    later = compact(ledger, keep_days=30, summary_days=100, archive_days=400, now=NOW + 200 * DAY)
+    assert later.expired == len(rows) and _summary_rows(ledger) == []
+    assert [t.to_state for t in ledger.transitions("n1")] == ["provisioning"]
+
+
+def test_the_windows_must_nest(ledger: Ledger) -> None:
+    with pytest.raises(ValueError, match="summary_days"):
+        compact(ledger, keep_days=90, summary_days=30, now=NOW)
