@@ -160,3 +160,34 @@ def test_dcgm_diag_runs_where_dcgmi_is_and_skips_without_its_host_engine(node: N
     dcgm = [json.loads(x) for x in p.stdout.splitlines() if '"check": "dcgm"' in x][0]
     assert (dcgm["status"], dcgm.get("code")) == ("fail", "BRN013"), dcgm
     assert "software GPU 1" in dcgm["message"]
+
+
+def test_ib_link_at_half_rate_is_caught_naming_the_port_and_a_healthy_fabric_passes(node: Node) -> None:
+    """The HCA ports the inventory names, read from the node's sysfs (the stand-in's files): each judged against the
+    model's catalog rate and width (400 Gb/s, 4X); mlx5_2 trained at HDR 200 fails BRN019 naming mlx5_2:1, the
+    others pass; the controller keeps the finding and names the port in the failed-check label."""
+    hcas = ",".join(f"mlx5_{i}" for i in range(8))
+    quick = ("--skip", "load", "--skip", "nccl", "--sysfs-root", str(node.hwsim), "--ib-hca", hcas)
+    node.spec()
+    rc, out, res = node.run("quick", 8, *quick)
+    links = {r["link"]: r for r in res if r["check"] == "ib_link"}
+    assert rc == 0 and set(links) == {f"mlx5_{i}:1" for i in range(8)}, out
+    assert all(r["status"] == "pass" and r["value"] == 400 for r in links.values())
+    node.spec(faults={"hca_rate": {"mlx5_2": 200}})
+    rc, out, res = node.run("quick", 8, *quick)
+    assert rc == 1 and failed(res) == [("ib_link", None, "BRN019")], out
+    bad = [r for r in res if r["status"] == "fail"][0]
+    assert bad["link"] == "mlx5_2:1" and "rate 200 Gb/s < 400" in bad["message"], bad
+    assert res[-1]["failed"] == ["ib_link[mlx5_2:1]"]
+    h = probe.parse_output("node01", "quick", ExecResult("node01", ok=True, rc=rc, stdout=out),
+                           burnin.thresholds("H100-SXM5-80GB", 8))
+    assert [(r["check"], r.get("link"), r.get("code")) for r in h.failed] == [("ib_link", "mlx5_2:1", "BRN019")]
+    # a site on HDR (inventory ib_rate_gbps: 200): the controller judges the same figure against 200 and passes it
+    hdr = probe.parse_output("node01", "quick", ExecResult("node01", ok=True, rc=0, stdout=out.replace(
+        '"status": "fail"', '"status": "pass"')), burnin.thresholds("H100-SXM5-80GB", 8, 200))
+    assert hdr.failed == []
+    # a port down (hca_down) fails on its state whatever the rate
+    node.spec(faults={"hca_down": "mlx5_5"})
+    rc, out, res = node.run("quick", 8, *quick)
+    bad = [r for r in res if r["status"] == "fail" and r["check"] != "summary"]
+    assert [r.get("link") for r in bad] == ["mlx5_5:1"] and "state DOWN" in bad[0]["message"], out
