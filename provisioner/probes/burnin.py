@@ -195,7 +195,11 @@ def run_burnin(fleet: Fleet, hosts: Iterable[str], *, tier: str, timeout: float,
         docs[n] = host_thresholds(host)
         cmds[n] = remote_command(burnin_argv(fleet, host, tier), sudo=(t.user or "root") != "root", files=files)
     res = run_many(targets, lambda t: cmds[t.name], timeout=timeout, forks=forks, on_result=on_result)
-    return {n: parse_output(n, tier, res[n], docs[n]) for n in names}
+    out = {n: parse_output(n, tier, res[n], docs[n]) for n in names}
+    from provisioner.probes.burnin_cross import add_cross_results
+
+    add_cross_results(fleet, out, tier=tier, timeout=timeout, forks=forks)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ reports
@@ -210,8 +214,9 @@ def render_text(results: dict[str, HostBurnin], seconds: float | None = None) ->
                      f"{n['warn']} warn, {n['skip']} skip; {h.summary.get('seconds')}s on the node)")
         for r in h.results:
             if r["status"] in ("fail", "warn"):
-                lines.append(f"  {r['status'].upper()} {r['check']}"
-                             f"{'' if r.get('gpu') is None else ' gpu' + str(r['gpu'])}"
+                where = (" " + r["link"] if r.get("link") else
+                         "" if r.get("gpu") is None else " gpu" + str(r["gpu"]))
+                lines.append(f"  {r['status'].upper()} {r['check']}{where}"
                              f"{' [' + r['code'] + ']' if r.get('code') else ''}: {r['message']}")
         for r in h.results:
             if r["status"] == "skip":
