@@ -210,7 +210,7 @@ def pair_run(a: Node, b: Node, kind: str) -> list[dict[str, Any]]:
     loopback; on the rack, the rack network); each side's stand-in reads its own node's hardware spec. The
     connecting side's lines, read and judged as the controller does."""
     port = _free_port()
-    hcas = ",".join(f"mlx5_{i}" for i in range(4))  # four rails of eight keep the lane short
+    hcas = "mlx5_1,mlx5_2"  # two rails of eight keep the lane short
     common = ["--port", str(port), "--timeout", "60"]
     if kind == "ib":
         common += ["--hcas", hcas, "--seconds", "1", "--cmd", str(a.tools["hwsim-ib-write-bw"])]
@@ -237,7 +237,7 @@ def test_cross_node_pair_ib_rail_at_half_rate_and_nccl_low_are_caught_naming_pai
     b.spec(node="node02")
     ib = pair_run(a, b, "ib")
     assert [(r["link"], r["status"], r["value"]) for r in ib] == [
-        (f"node01/mlx5_{i}:1-node02/mlx5_{i}:1", "pass", 384.0) for i in range(4)], ib
+        (f"node01/mlx5_{i}:1-node02/mlx5_{i}:1", "pass", 384.0) for i in (1, 2)], ib
     nccl = pair_run(a, b, "nccl")
     assert [(r["check"], r["link"], r["status"], r["value"]) for r in nccl] == [
         ("nccl_cluster", "node01-node02", "pass", 360.0)], nccl
@@ -247,7 +247,7 @@ def test_cross_node_pair_ib_rail_at_half_rate_and_nccl_low_are_caught_naming_pai
     ib = pair_run(a, b, "ib")
     bad = [(r["link"], r.get("code"), r["value"]) for r in ib if r["status"] == "fail"]
     assert bad == [("node01/mlx5_2:1-node02/mlx5_2:1", "BRN016", 192.0)], ib
-    assert "node01/mlx5_2:1-node02/mlx5_2:1: ib_pair_gbps 192.0 < 345.6" in [r["message"] for r in ib][2]
+    assert "node01/mlx5_2:1-node02/mlx5_2:1: ib_pair_gbps 192.0 < 345.6" in [r["message"] for r in ib][1]
     nccl = pair_run(a, b, "nccl")  # the ring is as fast as its slowest rail: node02's half-rate rail
     assert [(r["status"], r.get("code"), r["value"]) for r in nccl] == [("fail", "BRN017", 180.0)], nccl
     b.spec(node="node02")
