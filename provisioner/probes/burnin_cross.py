@@ -95,6 +95,8 @@ def _phase(fleet: Fleet, kind: str, pairs: list[Pair], timeout: float, docs: Map
            forks: int) -> dict[str, list[dict[str, Any]]]:
     from provisioner.probes.burnin import result_record
 
+    if not pairs:
+        return {}
     files = {"burnin_pair.py": data_file(burnin_pair_path()).read_text()}
     cmds: dict[str, str] = {}
     client_of: dict[str, Pair] = {}
