@@ -70,7 +70,7 @@ def ib(a):
         dev, _, port = hca.partition(":")
         port = port or "1"
         argv = [a.cmd, "-d", dev, "-i", port, "-p", str(a.port + i), "-F", "--report_gbits", "-D", str(a.seconds)]
-        link = "%s/%s:%s-%s/%s:%s" % (a.name, dev, port, a.peer_name, dev, port)
+        link = "-".join("%s/%s:%s" % (h, dev, port) for h in sorted([a.name, a.peer_name]))  # as both sides name it
         if a.side == "serve":
             rc, out, err = run(argv, a.timeout)
             if rc != 0:
