@@ -74,3 +74,15 @@ def test_a_failed_pair_is_the_peers_fault_where_the_hosts_other_pairs_pass_on_th
     # two members: nothing to compare with, both keep the failure
     two = attribute({"n1": [bad13], "n3": [bad13]})
     assert two["n1"][0]["status"] == two["n3"][0]["status"] == "fail"
+
+
+def test_status_labels_a_failed_link_check_by_its_link_and_a_gpu_check_by_its_gpu() -> None:
+    from provisioner.ledger.view import burnin_label
+
+    row = {"check": "ib_pair", "gpu": -1, "code": "BRN016",
+           "detail": "n1/mlx5_2:1-n2/mlx5_2:1: ib_pair_gbps 192.0 < 345.6 (56% of the minimum)"}
+    assert burnin_label(row) == "ib_pair[n1/mlx5_2:1-n2/mlx5_2:1] BRN016"
+    assert burnin_label({**row, "check": "ib_link", "code": "BRN019",
+                         "detail": "mlx5_2:1: link rate 200 Gb/s < 400"}) == "ib_link[mlx5_2:1] BRN019"
+    assert burnin_label({"check": "hbm", "gpu": 5, "code": "BRN002", "detail": "GPU 5: x"}) == "hbm[gpu5] BRN002"
+    assert burnin_label({"check": "nccl", "gpu": -1, "code": "BRN012", "detail": "a: b"}) == "nccl BRN012"
