@@ -37,10 +37,11 @@ def minimum(figure: Mapping[str, Any]) -> float:
     return round(float(figure["nominal"]) * (1.0 - float(figure.get("margin", 0.0))), 1)
 
 
-def thresholds(gpu_model: str | None, gpu_count: int | None = None) -> dict[str, Any]:
+def thresholds(gpu_model: str | None, gpu_count: int | None = None, ib_rate: float | None = None) -> dict[str, Any]:
     """The threshold document node_burnin.py and the controller judge with, for a node of `gpu_model` carrying
     `gpu_count` GPUs ({} metrics for a model the catalog does not carry: figures reported, not judged). The
-    all-reduce figure refers to a full node (gpus.yaml all_reduce_gpus) and is dropped for any other count."""
+    all-reduce figure refers to a full node (gpus.yaml all_reduce_gpus) and is dropped for any other count.
+    `ib_rate` (the inventory's ib_rate_gbps) replaces the catalog's InfiniBand port rate."""
     cat = catalog()
     d = cat["defaults"]
     doc: dict[str, Any] = {"metrics": {}, "sustained_fraction": d.get("sustained_fraction"),
@@ -58,6 +59,10 @@ def thresholds(gpu_model: str | None, gpu_count: int | None = None) -> dict[str,
         doc["metrics"][name] = {"min": minimum(fig)}
     if m.get("pcie"):
         doc["pcie"] = {"gen": int(m["pcie"]["gen"]), "width": int(m["pcie"]["width"])}
+    if m.get("ib"):
+        rate = float(ib_rate if ib_rate is not None else m["ib"]["rate_gbps"])
+        doc["ib"] = {"rate_gbps": rate, "width": int(m["ib"]["width"])}
+        doc["metrics"]["ib_link_rate_gbps"] = {"min": rate}
     return doc
 
 
@@ -81,9 +86,13 @@ def rejudge(check: dict[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
         return check  # the node's burst comparison (its own figures) stays
     if check.get("code") == "BRN012" and "wrong sum" in str(check.get("message", "")):
         return check
+    if check.get("code") == "BRN019" and check.get("status") == "fail":
+        return check  # a port down or narrow at a rate that passes: the node's finding stays
     status, code, expected, message = judge_metric(metric, float(value), dict(doc))
     gpu, peer = check.get("gpu"), check.get("peer")
     where = "" if gpu is None else f"GPU {gpu}" + ("" if peer is None else f" -> GPU {peer}")
+    if check.get("link"):
+        where = str(check["link"])
     out = dict(check, status=status, expected=expected, message=(f"{where}: " if where else "") + message)
     out.pop("code", None)
     if code:
@@ -180,6 +189,10 @@ def render_docs_table() -> str:
         p = m.get("pcie")
         lines.append(f"| {model} | pcie link | gen {p['gen']} x{p['width']} | - | gen {p['gen']} x{p['width']} | - | "
                      f"{_source(p['source'])} |" if p else f"| {model} | pcie link | not PCIe | - | - | - | - |")
+        ib = m.get("ib")
+        if ib:
+            lines.append(f"| {model} | ib link (each HCA port) | {ib['rate_gbps']} Gb/s {ib['width']}X | - | "
+                         f"{ib['rate_gbps']} Gb/s {ib['width']}X | - | {_source(ib['source'])} |")
         for metric, f in (m.get("metrics") or {}).items():
             a = f.get("anchor")
             lines.append(f"| {model} | {metric} | {f['nominal']:g} | {100 * float(f.get('margin', 0)):g}% | "

@@ -166,6 +166,11 @@ def render(rack: InvRack, encrypt: Encrypt | None = None) -> dict[str, str]:
         "burnin_load_seconds": 3,
         "burnin_stress_seconds": 3,
         "burnin_soak_rounds": 1,
+        # standard's cross-node checks between cluster members: the stand-ins of perftest's ib_write_bw and of
+        # nccl-tests' all_reduce_perf (nvidia-utils; figures from each node's spec, the handshake over the rack net)
+        "burnin_perftest_cmd": "/usr/bin/hwsim-ib-write-bw",
+        "burnin_nccl_cmd": "/usr/bin/hwsim-all-reduce-perf",
+        "burnin_ib_seconds": 1,
         # The rack's ledger site (docs/lifecycle.md, Sites): a copy of this inventory elsewhere (the tests make some)
         # is the same site; two racks, both with a node01, are two.
         "provision_site": f"testbed-{rack.name}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,13 +103,24 @@ def status_rows(fleet: Fleet, ledger: Ledger, now: float | None = None) -> list[
     return rows
 
 
+_LINK_CHECKS = ("ib_link", "ib_pair", "nccl_cluster")
+
+
+def burnin_label(r: Mapping[str, Any]) -> str:
+    """A failed burn-in row as `check[gpuN] CODE`, or `check[link] CODE` for a link check (its detail starts with
+    the link it names: `mlx5_2:1: ...`, `node01/mlx5_2:1-node02/mlx5_2:1: ...`)."""
+    where = "" if r["gpu"] < 0 else f"[gpu{r['gpu']}]"
+    if r["check"] in _LINK_CHECKS and r.get("detail") and ": " in str(r["detail"]):
+        where = f"[{str(r['detail']).split(': ', 1)[0][:160]}]"
+    return r["check"] + where + (" " + r["code"] if r["code"] else "")
+
+
 def burnin_row(ledger: Ledger, host: str) -> dict[str, Any] | None:
     """The newest burn-in of `host`: run, tier, when, outcome, failed checks as `check[gpuN] CODE`."""
     last = ledger.burnin_last(host)
     if last is None:
         return None
-    failed = [r["check"] + ("" if r["gpu"] < 0 else f"[gpu{r['gpu']}]") + (" " + r["code"] if r["code"] else "")
-              for r in ledger.burnin(host, int(last["run"])) if r["result"] == "fail"]
+    failed = [burnin_label(r) for r in ledger.burnin(host, int(last["run"])) if r["result"] == "fail"]
     return {"run": last["run"], "tier": last["tier"], "ended": last["ended"], "result": last["status"],
             "failed": failed}
 
@@ -337,8 +349,7 @@ def history(ledger: Ledger, host: str) -> dict[str, Any]:
             outcome = {**outcome, "status": "interrupted"}
         failed = [h["check"] for h in ledger.health(host, r.id) if h["result"] == "fail"]
         if r.command == "burn-in":
-            failed = [b["check"] + ("" if b["gpu"] < 0 else f"[gpu{b['gpu']}]") + (f" {b['code']}" if b["code"] else "")
-                      for b in ledger.burnin(host, r.id) if b["result"] == "fail"]
+            failed = [burnin_label(b) for b in ledger.burnin(host, r.id) if b["result"] == "fail"]
         runs.append({"id": r.id, "command": r.command, "started": r.started, "ended": r.ended, "status": r.status,
                      "outcome": outcome["status"] if outcome else None, "run_dir": r.run_dir,
                      "failed_checks": failed, "drift": [i for _, i in ledger.drift_items(r.id, host)]})

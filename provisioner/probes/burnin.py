@@ -31,10 +31,21 @@ MAX_RESULTS = 1024
 MAX_MESSAGE = 500
 _CHECK = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _CODE = re.compile(r"BRN\d{3}")
+#: an HCA port (`mlx5_2:1`) or a pair of them across hosts (`node01/mlx5_2:1-node02/mlx5_2:1`)
+_LINK = re.compile(r"[A-Za-z0-9_.:/-]{1,160}")
 
 
 def program_files() -> dict[str, str]:
     return {p.name: data_file(p).read_text() for p in PROGRAM_FILES}
+
+
+def host_thresholds(host: Host) -> dict[str, Any]:
+    """The catalog's thresholds for `host`'s GPU model and count, the InfiniBand rate the inventory names
+    (`ib_rate_gbps`) in place of the catalog's where set (a usage error when it is not a number)."""
+    rate = host.vars.get("ib_rate_gbps", host.vars.get("ib_rate"))
+    ib_rate = None if rate in (None, "") else float(burnin.number_var(host.name, host.vars, "ib_rate_gbps", rate,
+                                                                      int, 1))
+    return burnin.thresholds(host.gpu_model, host.gpu_count, ib_rate)
 
 
 def burnin_argv(fleet: Fleet, host: Host, tier: str) -> list[str]:
@@ -47,13 +58,17 @@ def burnin_argv(fleet: Fleet, host: Host, tier: str) -> list[str]:
     def num(name: str, default: int, low: int = 1) -> str:
         return str(burnin.number_var(host.name, v, name, default, int, low))
 
-    argv = ["--tier", tier, "--thresholds", json.dumps(burnin.thresholds(host.gpu_model, host.gpu_count),
-                                                       sort_keys=True, separators=(",", ":"))]
+    argv = ["--tier", tier, "--thresholds", json.dumps(host_thresholds(host), sort_keys=True, separators=(",", ":"))]
     argv += ["--load-seconds", num("burnin_load_seconds", knobs["load_seconds"])]
     if tier != "quick":
         argv += ["--stress-seconds", num("burnin_stress_seconds", knobs["stress_seconds"])]
     if tier == "soak":
         argv += ["--soak-rounds", num("burnin_soak_rounds", knobs["soak_rounds"])]
+    if host.ib_hcas and host.fabric != "efa":
+        argv += ["--ib-hca", ",".join(host.ib_hcas)]
+    sysfs = v.get("node_health_sysfs_root")
+    if sysfs not in (None, "", "/"):
+        argv += ["--sysfs-root", str(sysfs)]
     if "burnin_gemm_n" in v:
         num("burnin_gemm_n", 8192, 256)
     for var, flag in (("node_health_kmsg", "--kmsg"), ("node_health_torch_python", "--torch-python"),
@@ -114,6 +129,9 @@ def result_record(obj: Any) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"check {name}: gpu {node_text(gpu, 20)!r} is not an index"
     rec: dict[str, Any] = {"check": name, "gpu": gpu, "status": status,
                            "message": node_text(obj.get("message", ""), MAX_MESSAGE)}
+    link = obj.get("link")
+    if isinstance(link, str) and _LINK.fullmatch(link):
+        rec["link"] = link
     peer = obj.get("peer")
     if isinstance(peer, int) and not isinstance(peer, bool) and 0 <= peer < 64:
         rec["peer"] = peer
@@ -174,10 +192,14 @@ def run_burnin(fleet: Fleet, hosts: Iterable[str], *, tier: str, timeout: float,
         host = fleet.hosts[n]
         t = target_for(host)
         targets.append(t)
-        docs[n] = burnin.thresholds(host.gpu_model, host.gpu_count)
+        docs[n] = host_thresholds(host)
         cmds[n] = remote_command(burnin_argv(fleet, host, tier), sudo=(t.user or "root") != "root", files=files)
     res = run_many(targets, lambda t: cmds[t.name], timeout=timeout, forks=forks, on_result=on_result)
-    return {n: parse_output(n, tier, res[n], docs[n]) for n in names}
+    out = {n: parse_output(n, tier, res[n], docs[n]) for n in names}
+    from provisioner.probes.burnin_cross import add_cross_results
+
+    add_cross_results(fleet, out, tier=tier, timeout=timeout, forks=forks)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ reports
@@ -192,8 +214,9 @@ def render_text(results: dict[str, HostBurnin], seconds: float | None = None) ->
                      f"{n['warn']} warn, {n['skip']} skip; {h.summary.get('seconds')}s on the node)")
         for r in h.results:
             if r["status"] in ("fail", "warn"):
-                lines.append(f"  {r['status'].upper()} {r['check']}"
-                             f"{'' if r.get('gpu') is None else ' gpu' + str(r['gpu'])}"
+                where = (" " + r["link"] if r.get("link") else
+                         "" if r.get("gpu") is None else " gpu" + str(r["gpu"]))
+                lines.append(f"  {r['status'].upper()} {r['check']}{where}"
                              f"{' [' + r['code'] + ']' if r.get('code') else ''}: {r['message']}")
         for r in h.results:
             if r["status"] == "skip":

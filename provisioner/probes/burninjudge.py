@@ -30,6 +30,7 @@ CODES = {
     "BRN016": "pairwise InfiniBand bandwidth below the threshold",
     "BRN017": "cross-node NCCL all-reduce below the threshold",
     "BRN018": "slow node: a figure at least the configured fraction below its GPU model's fleet median",
+    "BRN019": "InfiniBand link not Active/LinkUp, or trained below the expected rate or width",
 }
 
 #: metric -> (check name, failure code). A check result names its metric; the ledger keeps both.
@@ -44,6 +45,7 @@ METRICS = {
     "p2p_gbps": ("p2p", "BRN015"),
     "ib_pair_gbps": ("ib_pair", "BRN016"),
     "nccl_cluster_busbw_gbps": ("nccl_cluster", "BRN017"),
+    "ib_link_rate_gbps": ("ib_link", "BRN019"),
 }
 
 #: nvidia-smi clocks_event_reasons (clocks_throttle_reasons before R535) bits.
@@ -126,6 +128,7 @@ def judge_sustained(sustained: Optional[float], burst: Optional[float], threshol
 
 
 def summarize(results: list) -> dict[str, Any]:
-    failed = sorted({"%s%s" % (r["check"], "" if r.get("gpu") is None else "[gpu%s]" % r["gpu"])
+    failed = sorted({"%s%s" % (r["check"], "[%s]" % r["link"] if r.get("link") else
+                               "" if r.get("gpu") is None else "[gpu%s]" % r["gpu"])
                      for r in results if r.get("status") == "fail"})
     return {"check": "summary", "status": "fail" if failed else "pass", "failed": failed}

@@ -35,7 +35,8 @@ class Node:
         marker.write_text("")
         pkgroot = root / "pkg"
         self.tools = {}
-        for pkg, tool in (("nvidia-utils", "nvidia-smi"), ("nvidia-utils", "hwsim-burnin"), ("dcgm", "dcgmi")):
+        for pkg, tool in (("nvidia-utils", "nvidia-smi"), ("nvidia-utils", "hwsim-burnin"), ("dcgm", "dcgmi"),
+                          ("nvidia-utils", "hwsim-ib-write-bw"), ("nvidia-utils", "hwsim-all-reduce-perf")):
             dst = pkgroot / "usr" / "bin" / tool
             dst.parent.mkdir(parents=True, exist_ok=True)
             text = (PACKAGES / pkg / "root" / "usr" / "bin" / tool).read_text()
@@ -160,3 +161,96 @@ def test_dcgm_diag_runs_where_dcgmi_is_and_skips_without_its_host_engine(node: N
     dcgm = [json.loads(x) for x in p.stdout.splitlines() if '"check": "dcgm"' in x][0]
     assert (dcgm["status"], dcgm.get("code")) == ("fail", "BRN013"), dcgm
     assert "software GPU 1" in dcgm["message"]
+
+
+def test_ib_link_at_half_rate_is_caught_naming_the_port_and_a_healthy_fabric_passes(node: Node) -> None:
+    """The HCA ports the inventory names, read from the node's sysfs (the stand-in's files): each judged against the
+    model's catalog rate and width (400 Gb/s, 4X); mlx5_2 trained at HDR 200 fails BRN019 naming mlx5_2:1, the
+    others pass; the controller keeps the finding and names the port in the failed-check label."""
+    hcas = ",".join(f"mlx5_{i}" for i in range(8))
+    quick = ("--skip", "load", "--skip", "nccl", "--sysfs-root", str(node.hwsim), "--ib-hca", hcas)
+    node.spec()
+    rc, out, res = node.run("quick", 8, *quick)
+    links = {r["link"]: r for r in res if r["check"] == "ib_link"}
+    assert rc == 0 and set(links) == {f"mlx5_{i}:1" for i in range(8)}, out
+    assert all(r["status"] == "pass" and r["value"] == 400 for r in links.values())
+    node.spec(faults={"hca_rate": {"mlx5_2": 200}})
+    rc, out, res = node.run("quick", 8, *quick)
+    assert rc == 1 and failed(res) == [("ib_link", None, "BRN019")], out
+    bad = [r for r in res if r["status"] == "fail"][0]
+    assert bad["link"] == "mlx5_2:1" and "rate 200 Gb/s < 400" in bad["message"], bad
+    assert res[-1]["failed"] == ["ib_link[mlx5_2:1]"]
+    h = probe.parse_output("node01", "quick", ExecResult("node01", ok=True, rc=rc, stdout=out),
+                           burnin.thresholds("H100-SXM5-80GB", 8))
+    assert [(r["check"], r.get("link"), r.get("code")) for r in h.failed] == [("ib_link", "mlx5_2:1", "BRN019")]
+    # a site on HDR (inventory ib_rate_gbps: 200): the controller judges the same figure against 200 and passes it
+    hdr = probe.parse_output("node01", "quick", ExecResult("node01", ok=True, rc=0, stdout=out.replace(
+        '"status": "fail"', '"status": "pass"')), burnin.thresholds("H100-SXM5-80GB", 8, 200))
+    assert hdr.failed == []
+    # a port down (hca_down) fails on its state whatever the rate
+    node.spec(faults={"hca_down": "mlx5_5"})
+    rc, out, res = node.run("quick", 8, *quick)
+    bad = [r for r in res if r["status"] == "fail" and r["check"] != "summary"]
+    assert [r.get("link") for r in bad] == ["mlx5_5:1"] and "state DOWN" in bad[0]["message"], out
+
+
+PAIR = PROJECT_ROOT / "roles" / "node_burnin" / "files" / "burnin_pair.py"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1]) + 0
+
+
+def pair_run(a: Node, b: Node, kind: str) -> list[dict[str, Any]]:
+    """burnin_pair.py's two sides at once, as the controller starts them: `b` serves, `a` connects over TCP (here
+    loopback; on the rack, the rack network); each side's stand-in reads its own node's hardware spec. The
+    connecting side's lines, read and judged as the controller does."""
+    port = _free_port()
+    hcas = "mlx5_1,mlx5_2"  # two rails of eight keep the lane short
+    common = ["--port", str(port), "--timeout", "60"]
+    if kind == "ib":
+        common += ["--hcas", hcas, "--seconds", "1", "--cmd", str(a.tools["hwsim-ib-write-bw"])]
+    else:
+        common += ["--cmd", str(a.tools["hwsim-all-reduce-perf"]), "--peer", "127.0.0.1"]
+    serve = subprocess.Popen([sys.executable, str(PAIR), kind, "serve", "--name", "node02", "--peer-name", "node01",
+                              *common], env=b.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    c = subprocess.run([sys.executable, str(PAIR), kind, "connect", "--name", "node01", "--peer-name", "node02",
+                        "--peer", "127.0.0.1", *common], env=a.env, capture_output=True, text=True, timeout=120)
+    serve.communicate(timeout=60)
+    doc = burnin.thresholds("H100-SXM5-80GB", 8)
+    out = []
+    for line in c.stdout.splitlines():
+        rec, why = probe.result_record(json.loads(line))
+        assert rec is not None, why
+        out.append(burnin.rejudge(rec, doc))
+    assert out, c.stdout + c.stderr
+    return out
+
+
+def test_cross_node_pair_ib_rail_at_half_rate_and_nccl_low_are_caught_naming_pair_and_rail(tmp_path: Path) -> None:
+    a, b = Node(tmp_path / "a"), Node(tmp_path / "b")
+    a.spec(node="node01")
+    b.spec(node="node02")
+    ib = pair_run(a, b, "ib")
+    assert [(r["link"], r["status"], r["value"]) for r in ib] == [
+        (f"node01/mlx5_{i}:1-node02/mlx5_{i}:1", "pass", 384.0) for i in (1, 2)], ib
+    nccl = pair_run(a, b, "nccl")
+    assert [(r["check"], r["link"], r["status"], r["value"]) for r in nccl] == [
+        ("nccl_cluster", "node01-node02", "pass", 360.0)], nccl
+    # node02's mlx5_2 trained at HDR 200: that rail's pair fails BRN016, the pair and rail named; node01's NCCL 20% low
+    b.spec(node="node02", faults={"hca_rate": {"mlx5_2": 200}})
+    a.spec(node="node01", faults={"nccl_low": 0.8})
+    ib = pair_run(a, b, "ib")
+    bad = [(r["link"], r.get("code"), r["value"]) for r in ib if r["status"] == "fail"]
+    assert bad == [("node01/mlx5_2:1-node02/mlx5_2:1", "BRN016", 192.0)], ib
+    assert "node01/mlx5_2:1-node02/mlx5_2:1: ib_pair_gbps 192.0 < 345.6" in [r["message"] for r in ib][1]
+    nccl = pair_run(a, b, "nccl")  # the ring is as fast as its slowest rail: node02's half-rate rail
+    assert [(r["status"], r.get("code"), r["value"]) for r in nccl] == [("fail", "BRN017", 180.0)], nccl
+    b.spec(node="node02")
+    nccl = pair_run(a, b, "nccl")  # node01's 20% low NCCL alone
+    assert [(r["status"], r.get("code"), r["value"]) for r in nccl] == [("fail", "BRN017", 288.0)], nccl
+    assert nccl[0]["message"].startswith("node01-node02: nccl_cluster_busbw_gbps 288.0 < 324.0")

@@ -344,3 +344,38 @@ def test_burn_in_flags_the_slow_node_of_four_and_no_other(rig: Any, tmp_path: Pa
         assert "SLOW gemm_bf16_tflops -7.0%" in text
     finally:
         clear_all(rig)
+
+
+def test_burn_in_standard_catches_a_half_rate_rail_and_low_nccl_across_the_cluster_pair(rig: Any,
+                                                                                         tmp_path: Path) -> None:
+    """standard on the rack: node 2's mlx5_2 trained at HDR 200 and node 1's NCCL 20% low. The cluster pair (the
+    rack's 2-node vLLM cluster: nodes 1 and 2) measures every rail with ib_write_bw and a two-node all-reduce over
+    the rack network; the half-rate rail fails on that pair and rail (BRN016) and node 2's ib_link names the port
+    (BRN019); the all-reduce fails (BRN017); node 3 (alone in its cluster) and node 4 (in none) pass, saying why."""
+    clear_all(rig)
+    n1, n2, n3, n4 = rig.names
+    fault(rig, n2, "hca_rate=mlx5_2:200")
+    fault(rig, n1, "nccl_low=0.8")
+    db = tmp_path / "ledger.sqlite3"
+    try:
+        rc, doc, out = burn_in(db, "burn-in", str(rig.inventory), "--tier", "standard", "--format", "json")
+        assert rc == 1, out
+        rail = f"{n1}/mlx5_2:1-{n2}/mlx5_2:1"
+        for n in (n1, n2):
+            res = doc["hosts"][n]["results"]
+            failed = {(r["check"], r.get("link"), r.get("code")) for r in res if r["status"] == "fail"}
+            assert ("ib_pair", rail, "BRN016") in failed and ("nccl_cluster", f"{n1}-{n2}", "BRN017") in failed, out
+            assert sum(1 for r in res if r["check"] == "ib_pair" and r["status"] == "pass") == 7
+        assert ("ib_link", "mlx5_2:1", "BRN019") in {(r["check"], r.get("link"), r.get("code"))
+                                                      for r in doc["hosts"][n2]["results"]}
+        assert ("nccl", None, "BRN012") in burnin_failed(doc, n1)
+        for n, why in ((n3, "the only member of cluster"), (n4, "not a member of a vLLM cluster")):
+            assert doc["hosts"][n]["ok"], out
+            skips = {r["check"]: r["message"] for r in doc["hosts"][n]["results"] if r["status"] == "skip"}
+            assert why in skips["ib_pair"] and why in skips["nccl_cluster"]
+        rc, st, out = burn_in(db, "status", str(rig.inventory), "--format", "json")
+        rows = {r["host"]: r for r in st["hosts"]}
+        assert f"ib_pair[{rail}] BRN016" in rows[n2]["burnin"]["failed"], rows[n2]
+        assert "ib_link[mlx5_2:1] BRN019" in rows[n2]["burnin"]["failed"]
+    finally:
+        clear_all(rig)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -47,7 +48,7 @@ from burninjudge import (  # noqa: E402
     judge_sustained,
     summarize,
 )
-from nodeparse import parse_query_csv, parse_xids  # noqa: E402
+from nodeparse import parse_ib_sysfs, parse_query_csv, parse_xids  # noqa: E402
 
 TIERS = ("quick", "standard", "soak")
 WATCH_FIELDS = ["index", "clocks.sm", "clocks.max.sm", "temperature.gpu", "power.draw", "pcie.link.gen.current",
@@ -417,6 +418,55 @@ def delta_results(node, before_ecc, before_xids, gpus):
     return out
 
 
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def ib_link_results(a, thr):
+    """Every HCA port burn-in is told about (--ib-hca): Active, LinkUp, and trained at the rate and width the model's
+    catalog expects (sysfs `rate`: '400 Gb/sec (4X NDR)'); one result per port, the port named."""
+    want = (thr or {}).get("ib") or {}
+    hcas = [x for x in (a.ib_hca or "").lstrip("=^").split(",") if x.strip()]
+    if not hcas:
+        return [result("ib_link", "skip", "no InfiniBand HCA named (--ib-hca; inventory ib_hcas): nothing to check")]
+    rate, width = want.get("rate_gbps"), want.get("width")
+    exp = {k: v for k, v in (("rate_gbps", rate), ("width", width), ("state", "ACTIVE")) if v is not None}
+    ibdir = os.path.join(a.sysfs_root, "sys/class/infiniband")
+    out = []
+    for item in hcas:
+        hca, _, port = item.strip().partition(":")
+        port = int(port) if port.isdigit() else 1
+        link = "%s:%d" % (hca, port)
+        base = os.path.join(ibdir, hca, "ports", str(port))
+        raw = {n: _read(os.path.join(base, n)) for n in ("state", "phys_state", "rate")}
+        if raw["state"] is None:
+            out.append(result("ib_link", "fail", "%s: no such HCA port under %s" % (link, ibdir), code="BRN019",
+                              expected=exp, link=link))
+            continue
+        ib = parse_ib_sysfs({os.path.join(base, n): v for n, v in raw.items() if v is not None})[hca][port]
+        m = re.search(r"\((\d+)X", raw.get("rate") or "")
+        w = int(m.group(1)) if m else None
+        low = []
+        if not ib.active or (ib.phys_state is not None and not ib.link_up):
+            low.append("state %s/%s" % (ib.state, ib.phys_state))
+        if rate and ib.rate_gbps is not None and ib.rate_gbps < float(rate):
+            low.append("rate %g Gb/s < %g" % (ib.rate_gbps, float(rate)))
+        if width and w is not None and w < int(width):
+            low.append("width %dX < %dX" % (w, int(width)))
+        found = "%s (%s)" % (raw.get("rate"), ib.state)
+        if low:
+            out.append(result("ib_link", "fail", "%s: link %s [%s]" % (link, ", ".join(low), found), code="BRN019",
+                              metric="ib_link_rate_gbps", value=ib.rate_gbps, unit="Gb/s", expected=exp, link=link))
+        else:
+            out.append(result("ib_link", "pass", "%s: %s" % (link, found), metric="ib_link_rate_gbps",
+                              value=ib.rate_gbps, unit="Gb/s", expected=exp or None, link=link))
+    return out
+
+
 def run_tier(a):
     node = Node(a)
     thr = json.loads(a.thresholds) if a.thresholds else {}
@@ -461,6 +511,7 @@ def run_tier(a):
                 else:
                     results.append(result("p2p", "skip", "1 GPU: no GPU-to-GPU link to measure", metric="p2p_gbps"))
                 results += load_phase(a, node, worker, a.stress_seconds, thr, burst, check="stress")[0]
+    results += ib_link_results(a, thr)
     if a.tier in ("standard", "soak"):
         for check, metric in (("nccl_cluster", "nccl_cluster_busbw_gbps"), ("ib_pair", "ib_pair_gbps")):
             results.append(result(check, "skip", "runs from the controller across the cluster's members "
@@ -484,6 +535,9 @@ def build_parser():
     p.add_argument("--nvidia-smi", default="nvidia-smi")
     p.add_argument("--dcgmi", help="dcgmi path (default: from PATH; absent: the DCGM check skips)")
     p.add_argument("--kmsg", help="kernel log: a kmsg device or kmsg-shaped file (default /dev/kmsg, journalctl -k)")
+    p.add_argument("--sysfs-root", default="/", help="where sys/class/infiniband is read (the simulated rack: "
+                   "/var/lib/hwsim)")
+    p.add_argument("--ib-hca", help="HCA ports to check, NCCL_IB_HCA style: mlx5_0,mlx5_1:1 (none: ib_link skips)")
     p.add_argument("--gemm-n", type=int, default=8192)
     p.add_argument("--measure-seconds", type=float, default=1.0, help="timed seconds per micro measurement")
     p.add_argument("--sdc-repeats", type=int, default=20)
