@@ -139,14 +139,14 @@ def launch_tasks(since: float) -> dict[str, float]:
     return out
 
 
-def cycle(h, inv: str, cluster: str, head: str, env: dict[str, str]) -> dict:
+def cycle(h, inv: str, clusters: list[str], heads: list[str], env: dict[str, str]) -> dict:
     prov = str(ROOT / ".venv" / "bin" / "provision")
-    rc, dout = timed_lines([prov, "drain", inv, cluster, "--reason", "return bench"], env)
+    rc, dout = timed_lines([prov, "drain", inv, *clusters, "--reason", "return bench"], env)
     if rc != 0:
         raise SystemExit(f"drain failed: {dout[-20:]}")
     time.sleep(2)
     t0 = time.time()
-    rc, rout = timed_lines([prov, "return", inv, cluster, "--reason", "return bench"], env)
+    rc, rout = timed_lines([prov, "return", inv, *clusters, "--reason", "return bench"], env)
     t_end = time.time()
     if rc != 0:
         raise SystemExit("return failed:\n" + "\n".join(x for _, x in rout[-30:]))
@@ -155,7 +155,8 @@ def cycle(h, inv: str, cluster: str, head: str, env: dict[str, str]) -> dict:
         for name, rx in STEP_LINES:
             if name not in steps and rx.search(ln):
                 steps[name] = round(t - t0, 1)
-    ms = milestones(journal(h, head, t0))
+    per_head = {x: milestones(journal(h, x, t0)) for x in heads}
+    ms = per_head[heads[0]]
     lt = launch_tasks(t0)
     start = ms.get("unit_started")
     rel = {k: round(v - start, 1) for k, v in ms.items()} if start else {}
@@ -180,6 +181,8 @@ def cycle(h, inv: str, cluster: str, head: str, env: dict[str, str]) -> dict:
             "api_ready_to_health_wait_end": round(lt["health_wait_end"] - ms["api_ready"], 1)
             if "api_ready" in ms and "health_wait_end" in lt else None,
         },
+        "heads_api_ready_after_return_start_s": {x: round(m["api_ready"] - t0, 1) for x, m in per_head.items()
+                                                  if "api_ready" in m},
         "return_lines": [f"+{t - t0:6.1f}s {x}" for t, x in rout],
     }
     return rec
@@ -188,7 +191,7 @@ def cycle(h, inv: str, cluster: str, head: str, env: dict[str, str]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rack", required=True)
-    ap.add_argument("--cluster", default="vllm_single")
+    ap.add_argument("--cluster", default="vllm_single", help="one cluster, or several (comma) returned together")
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--label", default="", help="what this run measures (before/after), kept in the JSON")
     ap.add_argument("--json", type=Path)
@@ -205,11 +208,12 @@ def main() -> int:
     h = rack.handle(rack.load(args.rack))
     inv = str(h.inventory)
     fleet = load_fleet(Path(inv))
-    head = fleet.clusters[args.cluster].head
+    clusters = args.cluster.split(",")
+    heads = [fleet.clusters[c].head for c in clusters]
     loads = [float(Path("/proc/loadavg").read_text().split()[0])]
     cycles = []
     for i in range(args.cycles):
-        rec = cycle(h, inv, args.cluster, head, env)
+        rec = cycle(h, inv, clusters, heads, env)
         rec["cycle"] = i + 1
         cycles.append(rec)
         print(json.dumps({k: v for k, v in rec.items() if k != "return_lines"}), flush=True)
