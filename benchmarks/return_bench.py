@@ -141,7 +141,8 @@ def launch_tasks(since: float) -> dict[str, float]:
 
 def cycle(h, inv: str, clusters: list[str], heads: list[str], env: dict[str, str]) -> dict:
     prov = str(ROOT / ".venv" / "bin" / "provision")
-    rc, dout = timed_lines([prov, "drain", inv, *clusters, "--reason", "return bench"], env)
+    force = ["--force"] if len(clusters) > 1 else []  # both clusters of the model: the last one needs --force
+    rc, dout = timed_lines([prov, "drain", inv, *clusters, "--reason", "return bench", *force], env)
     if rc != 0:
         raise SystemExit(f"drain failed: {dout[-20:]}")
     time.sleep(2)
