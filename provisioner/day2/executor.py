@@ -323,18 +323,25 @@ class Ops:
             self.say("holders", f"no process holds /dev/nvidia* on {', '.join(hosts)}")
         return not any(res.values())
 
-    def launch(self, cluster: str, members: Iterable[str]) -> bool:
+    def launch(self, members: Mapping[str, Iterable[str]]) -> bool:
+        """Launch the clusters of `members` ({cluster: its hosts}) in ONE run of the playbook: the role starts every
+        cluster that is not serving at once and waits for them together (one cluster after the other was the sum of
+        their start-up times). One line per cluster; a cluster failed when the run failed on one of its members."""
         from provisioner.runner import make_progress, run_playbook
 
-        members = list(members)
+        members = {c: list(m) for c, m in members.items()}
+        hosts = list(dict.fromkeys(h for m in members.values() for h in m))
+        if not hosts:
+            return True
         t0 = time.monotonic()
-        r = run_playbook(self.inventory, command=f"{self.command}-launch", limit=",".join(members), tags="vllm",
+        r = run_playbook(self.inventory, command=f"{self.command}-launch", limit=",".join(hosts), tags="vllm",
                          extravars=self.extravars or None, progress=make_progress("none"), fleet=self.fleet)
         bad = r.failed_hosts + r.unreachable_hosts
         ok = not r.error and not bad and r.rc in (0, None)
-        self.say("launch", f"{cluster}: vLLM launched on {', '.join(members)} ({time.monotonic() - t0:.1f} s)" if ok
-                 else f"{cluster}: vLLM launch FAILED ({r.error or ', '.join(bad)}; run dir {r.run_dir})", ok=ok,
-                 cluster=cluster)
+        for cluster, m in members.items():
+            why = r.error or ", ".join([h for h in bad if h in m] or bad) or f"rc {r.rc}"
+            self.say("launch", f"{cluster}: vLLM launched on {', '.join(m)} ({time.monotonic() - t0:.1f} s)" if ok
+                     else f"{cluster}: vLLM launch FAILED ({why}; run dir {r.run_dir})", ok=ok, cluster=cluster)
         return ok
 
 
@@ -421,9 +428,8 @@ def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_
     ops.move([(h, "in-service") for h in back], reason, health_passed=True)
     if not ops.mark(p.hosts, True, f"returned: {reason}"):
         return False
-    for c in p.clusters:
-        if not ops.launch(c, p.members[c]):
-            return False
+    if p.clusters and not ops.launch({c: p.members[c] for c in p.clusters}):
+        return False
     if p.heads and not ops.wait_healthy(p.heads, wait_healthy):
         return False
     if p.heads and not ops.balancer(remove=[h.server for h in p.heads]):

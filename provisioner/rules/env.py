@@ -21,6 +21,9 @@ MANAGED_ENV: dict[str, str] = {
     "VLLM_NO_USAGE_STATS": "the suite always turns vLLM's usage statistics off",
     "DO_NOT_TRACK": "the suite always turns vLLM's usage statistics off",
     "HOME": "set vllm_home",
+    "VLLM_CACHE_ROOT": "set vllm_cache_dir",
+    "TORCHINDUCTOR_CACHE_DIR": "set vllm_cache_dir",
+    "TRITON_CACHE_DIR": "set vllm_cache_dir",
     "VLLM_API_KEY": "set vllm_api_key (vault it: it is never logged)",
     "LD_LIBRARY_PATH": "set efa_libfabric_dir / aws_ofi_nccl_dir (fabric efa)",
 }

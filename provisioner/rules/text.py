@@ -234,6 +234,8 @@ _FIELDS: dict[str, tuple[str, Callable[[str], str | None], str]] = {
                           "an unquoted EnvironmentFile line"),
     "vllm_venv": ("value", _pattern(_PATH_RE, "an absolute path of plain characters"), "a systemd ExecStop= line"),
     "vllm_home": ("value", _pattern(_PATH_RE, "an absolute path of plain characters"), "a systemd unit"),
+    "vllm_cache_dir": ("value", _pattern(_PATH_RE, "an absolute path of plain characters"),
+                       "an EnvironmentFile line"),
     "vllm_env_file": ("value", _pattern(_PATH_RE, "an absolute path of plain characters"), "a systemd unit"),
     "vllm_libexec_dir": ("value", _pattern(_PATH_RE, "an absolute path of plain characters"), "a systemd unit"),
     "vllm_unit_dir": ("value", _pattern(_PATH_RE, "an absolute path of plain characters"), "a systemd unit"),

@@ -551,3 +551,69 @@ def test_gate_is_on_by_default_and_documented() -> None:
     specs = yaml.safe_load((PROJECT_ROOT / "roles/vllm_launch/meta/argument_specs.yml").read_text())
     opts = specs["argument_specs"]["main"]["options"]
     assert opts["vllm_launch_require_in_service"]["default"] is True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# vllm-argcheck's record of accepted command lines (issue 44: the parser's import is 10-30 s of every launch)
+
+ARGCHECK = ROLES / "vllm/files/vllm-argcheck"
+# a stand-in for vLLM's parser (the real one is exercised on the vLLM rack): it leaves a mark each time it is imported
+_STUB = {
+    "vllm/__init__.py": "import os\nopen(os.environ['STUB_MARK'], 'a').write('imported\\n')\n",
+    "vllm/utils/__init__.py": "",
+    "vllm/utils/argparse_utils.py": "from argparse import ArgumentParser as FlexibleArgumentParser\n",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/cli/__init__.py": "",
+    "vllm/entrypoints/cli/serve.py": (
+        "class ServeSubcommand:\n"
+        "    def subparser_init(self, subs):\n"
+        "        p = subs.add_parser('serve'); p.add_argument('model'); p.add_argument('--dtype')\n"
+        "    def validate(self, ns):\n"
+        "        pass\n"),
+}
+
+
+def test_argcheck_records_an_accepted_line_and_skips_the_import_next_time(tmp_path: Path) -> None:
+    for rel, text in _STUB.items():
+        (tmp_path / "stub" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "stub" / rel).write_text(text)
+    mark, verdicts = tmp_path / "imports", tmp_path / "verdicts"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "stub"), "STUB_MARK": str(mark)}
+
+    def check(argv: list[str], record: str = "1") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(ARGCHECK), json.dumps(argv), str(verdicts)], capture_output=True,
+                              text=True, env={**env, "PROVISIONER_ARGCHECK_RECORD": record}, timeout=60)
+
+    def imports() -> int:
+        return len(mark.read_text().splitlines()) if mark.exists() else 0
+
+    good = ["/opt/vllm/venv/bin/vllm", "serve", "/m", "--dtype", "float32"]
+    p = check(good, record="0")  # check mode (the drift run): parsed, nothing written
+    assert p.returncode == 0 and imports() == 1 and not verdicts.exists(), p.stderr
+    p = check(good)
+    assert p.returncode == 0 and imports() == 2 and len(list(verdicts.iterdir())) == 1, p.stderr
+    p = check(good)  # the same line with the same venv: accepted from the record, vLLM not imported
+    assert p.returncode == 0 and imports() == 2 and "recorded" in p.stdout, p.stdout
+    bad = [*good, "--swap-space", "4"]
+    for _ in range(2):  # a rejection is never recorded: parsed (and refused) every time
+        p = check(bad)
+        assert p.returncode == 2 and "unrecognized arguments: --swap-space" in p.stderr, p.stderr
+    assert imports() == 4 and len(list(verdicts.iterdir())) == 1
+    other = [*good[:-1], "bfloat16"]  # another line: parsed again
+    assert check(other).returncode == 0 and imports() == 5 and len(list(verdicts.iterdir())) == 2
+    # a change in the venv (a distribution added) is another key: parsed again
+    (tmp_path / "stub" / "extra_dist-1.0.dist-info").mkdir()
+    (tmp_path / "stub" / "extra_dist-1.0.dist-info" / "METADATA").write_text("Name: extra-dist\nVersion: 1.0\n")
+    assert check(good).returncode == 0 and imports() == 6
+
+
+def test_env_file_points_vllms_caches_at_the_managed_directory(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path)
+    env = _files(inv, "node01")["/etc/vllm/vllm.env"]
+    for line in ('VLLM_CACHE_ROOT="/var/cache/vllm/vllm"', 'TORCHINDUCTOR_CACHE_DIR="/var/cache/vllm/torchinductor"',
+                 'TRITON_CACHE_DIR="/var/cache/vllm/triton"'):
+        assert line in env, env
+    with (tmp_path / "group_vars/gpu_nodes.yml").open("a") as f:
+        f.write('vllm_cache_dir: ""\n')
+    env = _files(inv, "node01")["/etc/vllm/vllm.env"]
+    assert "VLLM_CACHE_ROOT" not in env and "TORCHINDUCTOR_CACHE_DIR" not in env, env
