@@ -140,6 +140,7 @@ class Loop:
     url: str  # the receiver
     log: Path
     client: Client
+    hca: str  # node03's first HCA of NCCL_IB_HCA (the flapping port)
     figures: dict[str, object] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)  # a phase that failed: the later ones skip
 
@@ -193,7 +194,7 @@ def loop(vllm_rack: VllmRack, tmp_path_factory: pytest.TempPathFactory) -> Itera
                                "--state", str(tmp / "rx.sqlite3")], stdout=out, stderr=subprocess.STDOUT,
                               cwd=PROJECT_ROOT)
     client = Client(f"http://{lb_addr}:8000", rack.api_key)
-    lp = Loop(rack, name, inv, site_of(fleet), lb_addr, url, log, client)
+    lp = Loop(rack, name, inv, site_of(fleet), lb_addr, url, log, client, str(fleet.hosts[SINGLE].get("ib_hcas")[0]))
     t0 = time.monotonic()
     try:
         assert _wait(lambda: http(url + "/healthz", timeout=3)[0] == 200, 60), log.read_text()
@@ -234,10 +235,9 @@ def test_a_fatal_xid_drains_its_cluster_with_no_command(loop: Loop) -> None:
     lp, fig = loop, loop.figures
     try:
         # --- a bouncing IB port on node03: never 15 s down, no alert, no action --------------------------------
-        fleet_hca = yaml.safe_load((lp.inv.parent / "group_vars" / "gpu_nodes.yml").read_text())["ib_hcas"][0]
         lp.client.phase = "flap"
         for _ in range(3):
-            testbed.fault(lp.name, SINGLE, [f"hca_down={fleet_hca}"])
+            testbed.fault(lp.name, SINGLE, [f"hca_down={lp.hca}"])
             time.sleep(6)
             testbed.clear(lp.name, SINGLE)
             time.sleep(8)
