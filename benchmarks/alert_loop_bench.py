@@ -185,6 +185,10 @@ def main() -> int:
                         marks["returned_after_clear_s"] = round(time.monotonic() - t1, 2)
                         break
                     time.sleep(1)
+                t2 = time.monotonic()  # the return's remediate ends (the incident marked) after the balancer add
+                while time.monotonic() - t2 < 120 and not any("/resolved " in ln and f"host={node}: done" in ln
+                                                              for ln in log.read_text().splitlines()[start:]):
+                    time.sleep(1)
                 marks.update(_incident(site, node))
             rounds.append({"round": i, "node": node, **marks, "load1": loadavg()})
             print(json.dumps(rounds[-1]), flush=True)
