@@ -20,9 +20,9 @@ client loop through the balancer that runs throughout (requests sent / failed pe
 
 The rails and the later tests of the lane: node01 is the one node taken out (cool-down per node: test_vllm_balancer.py
 takes node02 out later); closing the breaker restarts its window; 1 automated take-out of actions_per_hour 3.
-What it adds to the lane (2026-12-07): 206 s at load 2-3.6 (124 s of it the return, mostly vllm_pp's relaunch);
-385 s at load 7 before the flap ran alongside the XID; the setup's share is in benchmarks/README.md. Figures: .runs/alert-loop-figures.json
-(benchmarks/README.md, "The alert loop")."""
+What it adds to the lane (2026-12-07): 206 s at load 2-3.6 (124 s of it the return, mostly vllm_pp's relaunch); 385
+s at load 7 before the flap ran alongside the XID; the setup's share is in benchmarks/README.md. Figures:
+.runs/alert-loop-figures.json (benchmarks/README.md, "The alert loop")."""
 
 from __future__ import annotations
 
