@@ -20,6 +20,7 @@ from provisioner_testbed.hosts import HWSIM_MOUNT
 DEFAULT_HCAS = [f"mlx5_{i}" for i in range(8)]
 NVL72_DOMAIN = "nvl72-a"  # the one NVLink domain of a rack's GB200 trays
 GPU_GROUP = "gpu_nodes"
+MONITORING_GROUP = "monitoring"  # Prometheus + Alertmanager: the first balancer host of a rack with the alert loop
 LB_GROUP = "lb"  # the serving edge's hosts (`testbed up --balancers N`: lb01..): nginx, no GPU stack
 MULTI_GROUP = "vllm_pp"  # the 2-node cluster (TP 8 x PP 2)
 SINGLE_GROUP = "vllm_single"  # the 1-node cluster (TP 8)
@@ -63,6 +64,9 @@ class InvRack:
     # declare the vLLM cluster groups (vllm_pp, vllm_single); a plain rack without them is what `make demo` gets:
     # nothing in site.yml's vLLM area applies, so a plain `provision run` and `provision drift` are clean
     clusters: bool = True
+    # the alert loop (docs/monitoring.md): the first balancer host also in group `monitoring` (Prometheus +
+    # Alertmanager), these vars in group_vars/monitoring.yml; empty: no monitoring group
+    monitoring_vars: dict[str, Any] = field(default_factory=dict)
 
 
 def inventory_dir(rack: str) -> Path:
@@ -88,7 +92,7 @@ def _common(hosts: tuple[InvHost, ...], attr: str) -> Any:
 
 
 #: The variables the writer vaults (`!vault |` values, docs/inventory.md) when it is given a vault password.
-SECRET_VARS = ("vllm_api_key", "vllm_hf_token", "bmc_password")
+SECRET_VARS = ("vllm_api_key", "vllm_hf_token", "bmc_password", "alert_receiver_token")
 
 #: (variable, plain text) -> the vault text (`$ANSIBLE_VAULT;1.1;AES256` + hex lines)
 Encrypt = Callable[[str, str], str]
@@ -127,6 +131,8 @@ def render(rack: InvRack, encrypt: Encrypt | None = None) -> dict[str, str]:
         lines += ["", f"[{g}]", *members]
     if balancers:
         lines += ["", f"[{LB_GROUP}]", *(f"{h.name} ansible_host={h.address}" for h in balancers)]
+    if balancers and rack.monitoring_vars:
+        lines += ["", f"[{MONITORING_GROUP}]", balancers[0].name]
     files = {"hosts.ini": "\n".join(lines) + "\n"}
     for h in nodes:  # hardware that differs from host to host (from the rack's --spec)
         own = {a: (list(v) if isinstance(v := getattr(h, a), tuple) else v) for a in common if common[a] is None}
@@ -196,6 +202,9 @@ def render(rack: InvRack, encrypt: Encrypt | None = None) -> dict[str, str]:
         gpu_vars.update(fabric="efa", efa_device_count=common["efa_devices"])
     if common["nvlink_domain"]:
         gpu_vars["nvlink_domain"] = common["nvlink_domain"]
+    if balancers and rack.monitoring_vars:
+        files[f"group_vars/{MONITORING_GROUP}.yml"] = _yaml(
+            f"Generated: the alert loop's Prometheus + Alertmanager on {balancers[0].name}.", rack.monitoring_vars)
     files["group_vars/gpu_nodes.yml"] = _yaml("Generated: the simulated nodes' hardware (HGX H100 + NDR).", gpu_vars)
     for g, members in groups.items():
         tp = max(1, min(h.gpu_count for h in rack.hosts if h.name in members))

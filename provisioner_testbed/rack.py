@@ -430,6 +430,19 @@ def _wait_ready(st: RackState, names: list[str]) -> None:
         raise RuntimeError(f"SSH login failed on {failed[0][0]}: {failed[0][1]}")
 
 
+#: The alert receiver of a vLLM rack: `provision receiver serve INVENTORY --listen GATEWAY:PORT` on the controller;
+#: the token is vaulted in the inventory (group all) like a site's.
+ALERT_RECEIVER_PORT = 9095
+ALERT_RECEIVER_TOKEN = "testbed-alert-receiver-token"
+
+
+def alert_loop_vars(gateway: str) -> dict[str, Any]:
+    """group_vars/monitoring.yml of a vLLM rack: Prometheus and Alertmanager on the one host, the acting alerts to the
+    controller's receiver, no DCGM exporter (the nodes' GPUs are simulated)."""
+    return {"monitoring_alertmanagers": ["127.0.0.1:9093"], "monitoring_dcgm_exporter": False,
+            "alertmanager_receiver_url": f"http://{gateway}:{ALERT_RECEIVER_PORT}/alerts"}
+
+
 def _write_inventory(st: RackState) -> None:
     specs = {h.name: _load_spec(st, h) for h in st.hosts}
     extra: dict[str, Any] = {}
@@ -460,6 +473,12 @@ def _write_inventory(st: RackState) -> None:
     # every rack's inventory holds a vaulted secret (the clusters' API key; a plain rack's has no cluster to use it),
     # so every rack test goes through the vault path: loading, the drift's input digest, ansible-playbook's secrets
     extra = {"vllm_api_key": vllm_image.TESTBED_API_KEY, **extra}
+    monitoring: dict[str, Any] = {}
+    if st.with_vllm and st.clusters and any(h.group == invw.LB_GROUP for h in inv_hosts):
+        # the alert loop from the start (docs/monitoring.md, "The alert loop"): Prometheus + Alertmanager on the
+        # first balancer host, routed to the receiver on the controller (the rack bridge's address)
+        monitoring = alert_loop_vars(st.gateway)
+        extra = {**extra, "alert_receiver_token": ALERT_RECEIVER_TOKEN}
     inv = invw.InvRack(
         name=st.name,
         hosts=inv_hosts,
@@ -472,6 +491,7 @@ def _write_inventory(st: RackState) -> None:
         extra_vars={**extra, **bmc.group_vars(st.name)},
         cluster_vars=cluster_vars,
         clusters=st.clusters,
+        monitoring_vars=monitoring,
     )
     from provisioner_testbed import vault
 

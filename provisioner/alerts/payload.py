@@ -3,7 +3,8 @@
 An alert acts when it is firing, carries the label `remediate="true"` (the node-faults rules set it) and names a GPU
 node of the inventory in `host`. Its key is fingerprint + startsAt: Alertmanager resends a firing alert on every
 group_interval/repeat_interval with the same key, so each fault is acted on once; a fault that clears and comes back
-is a new key. Resolved alerts never act (the node's return is remediate's own decision, on a passing health gate).
+is a new key. A resolved alert never takes anything out: the receiver only queues the return of a node whose alert
+it acted on (server.Receiver; the return itself is remediate's decision, on a passing health gate).
 """
 
 from __future__ import annotations

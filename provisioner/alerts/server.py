@@ -8,8 +8,9 @@ INVENTORY --limit HOST`, then `provision remediate INVENTORY --limit HOST` (+ `-
 remediate offers them): remediate acts on the ledger's newest health results, so an alert whose fault has already
 cleared acts on nothing. Under a storm, alerts for a host that already waits in the queue join it (`coalesced`):
 one health + remediate answers them all (each alert is still recorded and finished once, with that action's
-outcome); an alert arriving while its host's action runs waits for the next one. GET /metrics: counters and a
-histogram of the action's duration. One log line per alert, one per action.
+outcome); an alert arriving while its host's action runs waits for the next one. The resolve of an alert it acted
+on queues the same pair once more (the return: the policy returns a node whose health passes). GET /metrics:
+counters and a histogram of the action's duration. One log line per alert, one per action.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from provisioner.alerts.payload import PayloadError, decide, parse, safe
+from provisioner.alerts.payload import Alert, PayloadError, decide, parse, safe
 from provisioner.alerts.store import Store
 
 MAX_BODY = 1 << 20
@@ -41,6 +42,11 @@ Action = Callable[[str, str], tuple[bool, str]]
 def log(line: str) -> None:
     sys.stderr.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + line + "\n")
     sys.stderr.flush()
+
+
+def resolved_key(key: str) -> str:
+    """The key the return after an alert's resolve acts under (the ledger acts on one key once)."""
+    return key + "/resolved"
 
 
 def remediate_alert_args(key: str) -> list[str]:
@@ -157,12 +163,32 @@ class Receiver:
                     why = "coalesced"
             with self.metrics.lock:
                 self.metrics.alerts[why] += 1
+            if why == "resolved" and self._return_on_resolve(a):
+                queued += 1
+                continue
             log(f"alert {safe(a.key)} {safe(a.name)} host={safe(a.host)} status={a.status}: "
                 + {"act": "queued: health + remediate",
                    "coalesced": "queued: joins the host's waiting health + remediate"}.get(why, f"no action ({why})"))
             if why in ("act", "coalesced"):
                 queued += 1
         return queued
+
+    def _return_on_resolve(self, a: Alert) -> bool:
+        """The resolve of an alert this receiver acted on queues the node's way back, once: health + remediate
+        again (key KEY/resolved), whose policy returns a node whose health now passes (its cluster relaunched and
+        back into the balancer, the incident's returned_at set) and does nothing to one still failing. A resolve
+        of an alert it never acted on changes nothing."""
+        if a.labels.get("remediate") != "true" or a.host not in self.gpu_nodes or not self.store.seen(a.key):
+            return False
+        key = resolved_key(a.key)
+        with self.intake:
+            if not self.store.claim(key, a.host, a.name):
+                return False
+            joined = not self._enqueue(key, a.host, a.name)
+        log(f"alert {safe(a.key)} {safe(a.name)} host={safe(a.host)} status=resolved: "
+            + ("queued: joins the host's waiting health + remediate (the return)" if joined
+               else "queued: health + remediate (the return)"))
+        return True
 
     def _work(self) -> None:
         while True:

@@ -177,7 +177,8 @@ def test_the_token_is_required_and_bad_bodies_are_refused(rx: Rx) -> None:
 
 
 def test_what_does_not_act(rx: Rx) -> None:
-    """A resolved alert, an alert without remediate="true", a host not in the inventory: no action at all."""
+    """A resolved alert the receiver never acted on, an alert without remediate="true", a host not in the inventory:
+    no action at all."""
     body = _body(_alert("resolved", "n1", remediate="true"), _alert("firing", "n2"),
                  _alert("firing", "lb9", remediate="true"), _alert("firing", "n1;rm", remediate="true"))
     assert _http(rx.url + "/alerts", body, token=TOKEN) == (200, '{"queued": 0}')
@@ -229,18 +230,22 @@ def test_alertmanager_webhook_acts_once_per_alert(rx: Rx, tmp_path: Path) -> Non
         # Alertmanager resends the still-firing group (repeat_interval 2s): the same key, no second action
         _wait(lambda: _metrics(rx.url)['provisioner_receiver_alerts_total{outcome="duplicate"}'] >= 1, 30,
               "a resend from Alertmanager")
-        # resolved: Alertmanager sends it (send_resolved), the receiver does nothing with it
+        # resolved: Alertmanager sends it (send_resolved); the receiver acted on this alert, so it queues the
+        # node's return once (health + remediate again: the policy returns a node whose health passes)
         assert _http(am_url, [{**fault, "endsAt": datetime.now(UTC).isoformat()}])[0] == 200
         _wait(lambda: _metrics(rx.url)['provisioner_receiver_alerts_total{outcome="resolved"}'] >= 1, 30,
               "the resolved notification")
+        _wait(lambda: _metrics(rx.url)['provisioner_receiver_action_seconds_count'] == 2, 180, "the return")
         m = _metrics(rx.url)
         assert m['provisioner_receiver_alerts_total{outcome="act"}'] == 1
-        assert m['provisioner_receiver_action_seconds_count'] == 1 and m["provisioner_receiver_queue"] == 0
+        assert m["provisioner_receiver_queue"] == 0
         log = rx.log.read_text()
         assert "ProvisionNodeXidFatal host=n1 status=firing: queued: health + remediate" in log
+        assert "ProvisionNodeXidFatal host=n1 status=resolved: queued: health + remediate (the return)" in log
         assert "host=n2" not in log  # VllmHeadDown has no remediate label: Alertmanager never routed it here
         acted = [ln for ln in log.splitlines() if ln.split(" ", 2)[1:2] == ["action"]]
-        assert len(acted) == 1 and "health rc=1" in acted[0] and "remediate rc=" in acted[0], acted
+        assert len(acted) == 2 and all("health rc=1" in a and "remediate rc=" in a for a in acted), acted
+        assert "/resolved ProvisionNodeXidFatal" in acted[1], acted
         # the same alert again after a receiver restart (its state file): still one action
         key = next(ln.split()[2] for ln in log.splitlines() if "queued: health + remediate" in ln)
         rx.stop()
@@ -248,8 +253,10 @@ def test_alertmanager_webhook_acts_once_per_alert(rx: Rx, tmp_path: Path) -> Non
         fp, _, starts = key.partition("@")
         replay = _body({**_alert("firing", "n1", remediate="true"), "fingerprint": fp, "startsAt": starts})
         assert _http(rx.url + "/alerts", replay, token=TOKEN) == (200, '{"queued": 0}')
+        resolved = _body({**_alert("resolved", "n1", remediate="true"), "fingerprint": fp, "startsAt": starts})
+        assert _http(rx.url + "/alerts", resolved, token=TOKEN) == (200, '{"queued": 0}')  # its return: queued once
         time.sleep(1)
-        assert _health_runs(rx.tmp) == [["n1"]]
+        assert _health_runs(rx.tmp) == [["n1"], ["n1"]]
     finally:
         am.terminate()
         am.wait(10)

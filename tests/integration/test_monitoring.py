@@ -27,6 +27,7 @@ ALERTS = {
     "VllmHeadDown", "VllmClusterMemberDown", "VllmModelLoadSlow", "VllmRequestsWaitingHigh", "VllmE2ELatencyP99High", "VllmTTFTP99High",
     "VllmInterTokenLatencyP99High", "GpuMemoryHigh", "ProvisionDriftFound", "ProvisionDriftCheckIncomplete",
     "ProvisionDriftCheckStale", "ProvisionHealthCheckFailed", "ProvisionHealthHostUnreachable",
+    "ProvisionRemediationBreakerOpen",
 }
 #: The node-faults group (issue 44 section 2), tested by its own fixture (5 s evaluations).
 NODE_FAULTS = PROJECT_ROOT / "tests" / "fixtures" / "monitoring" / "node_faults_test.yml"
@@ -79,7 +80,7 @@ def test_promtool_check_config_and_rules(rack_a):
     assert r.returncode == 0, r.stdout + r.stderr
     r = promtool("check", "rules", str(rack_a / "prometheus-rules.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 19 rules found" in r.stdout
+    assert "SUCCESS: 20 rules found" in r.stdout
     rules = yaml.safe_load((rack_a / "prometheus-rules.yml").read_text())
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     assert names == ALERTS | NODE_ALERTS

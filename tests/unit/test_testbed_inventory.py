@@ -248,3 +248,34 @@ def test_the_racks_secrets_are_vaulted_and_a_rewrite_keeps_their_vault_text(tmp_
     invw.write(dataclasses.replace(rack, extra_vars={**secrets, "vllm_api_key": "another"}), tmp_path / "inv",
                vault_password_file=pw)
     assert (tmp_path / "inv" / "group_vars" / "all.yml").read_text() != text
+
+
+def test_a_vllm_rack_with_a_balancer_has_the_alert_loop_from_the_start(tmp_path: Path) -> None:
+    """A vLLM rack's first balancer host is also its `monitoring` host (Prometheus + Alertmanager, routed to the
+    controller's receiver on the rack bridge); the receiver's token is vaulted in group all; the inventory validates.
+    A rack without balancers has no monitoring group."""
+    from provisioner import vault
+    from provisioner.rules import run_rules
+    from provisioner_testbed import rack as testbed
+
+    pw = tmp_path / "vault-password"
+    pw.write_text("rack-vault-pw\n")
+    lb = invw.InvHost(name="lb01", address="198.18.0.14", gpu_count=1, group=invw.LB_GROUP)
+    base = _rack(3, extra_vars={"alert_receiver_token": testbed.ALERT_RECEIVER_TOKEN},
+                 monitoring_vars=testbed.alert_loop_vars("198.18.0.1"))
+    rack = dataclasses.replace(base, hosts=(*base.hosts, lb))
+    files = invw.render(rack)
+    assert files["hosts.ini"].endswith("\n[lb]\nlb01 ansible_host=198.18.0.14\n\n[monitoring]\nlb01\n")
+    assert "[monitoring]" not in invw.render(base)["hosts.ini"]  # no balancer: no monitoring host
+    path = invw.write(rack, tmp_path / "inv", vault_password_file=pw)
+    assert testbed.ALERT_RECEIVER_TOKEN not in (tmp_path / "inv" / "group_vars" / "all.yml").read_text()
+    vault._reset_for_tests()
+    try:
+        fleet = load_fleet(path, vault_password_file=pw)
+        lbv = fleet.hosts["lb01"].vars
+        assert fleet.groups["monitoring"] == ("lb01",)
+        assert lbv["alertmanager_receiver_url"] == f"http://198.18.0.1:{testbed.ALERT_RECEIVER_PORT}/alerts"
+        assert vault.is_vaulted(lbv["alert_receiver_token"]) and lbv["monitoring_dcgm_exporter"] is False
+        assert [f.line() for f in run_rules(fleet) if f.severity == "error"] == []
+    finally:
+        vault._reset_for_tests()

@@ -7,9 +7,10 @@ Session fixture `vllm_rack`: runs the commands of the Makefile's `demo-vllm` tar
 reuses the base root and the golden layer; its inventory writer makes the inventory CPU-vLLM ready, nothing is
 patched afterwards), then `provision onboard inventories/testbed-NAME/hosts.ini node01 node02 node03 --serial 3`
 (preflight, site.yml without the vLLM launch, health gate, in-service mark, then the vLLM launch that requires the
-mark), while polling each cluster head's /health from the controller, then `provision run ... --limit lb` (nginx on
-lb01, the balancer host). It records the time from the onboard's start to the first 200 of each cluster (printed,
-and written to .runs/vllm-testbed-timings.json).
+mark), while polling each cluster head's /health from the controller, and alongside it `provision run ... --limit
+lb` (nginx on lb01, the balancer host, which is also the rack's monitoring host: Prometheus and Alertmanager of the
+alert loop, whose fault watch on the nodes the onboarding's site.yml installs). It records the time from the
+onboard's start to the first 200 of each cluster (printed, and written to .runs/vllm-testbed-timings.json).
 A broken demo therefore fails the suite (test_demo_vllm.py names it).
 PROVISIONER_TESTBED_TEARDOWN=1 removes the rack at the end when this session created it.
 
@@ -79,7 +80,15 @@ def vllm_rack() -> Iterator[VllmRack]:
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
-    if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") == "1":  # developer loop on an already provisioned rack
+    skip_run = os.environ.get("PROVISIONER_VLLM_SKIP_RUN") == "1"  # developer loop on an already provisioned rack
+    edge: subprocess.Popen[str] | None = None
+    if not skip_run:
+        # the balancer host (nginx in front of both heads; Prometheus + Alertmanager: lb01 is the rack's monitoring
+        # host) alongside the onboarding: it needs nothing of the nodes but their addresses
+        t_edge = time.monotonic()
+        edge = subprocess.Popen(edge_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=PROJECT_ROOT)
+    if skip_run:
         vr.run_rc, vr.run_output = 0, "skipped (PROVISIONER_VLLM_SKIP_RUN=1)"
     else:
         # the real onboarding path: preflight, site.yml without the vLLM launch (all hosts in one batch), the
@@ -88,10 +97,9 @@ def vllm_rack() -> Iterator[VllmRack]:
         vr.run_rc, vr.run_output = p.returncode, p.stdout + p.stderr
         vr.commands.append(onboard_cmd)
     vr.run_s = round(time.monotonic() - t0, 1)
-    if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") != "1":  # the balancer host: nginx in front of both heads
-        t_edge = time.monotonic()
-        p = subprocess.run(edge_cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=PROJECT_ROOT)
-        vr.edge_rc, vr.edge_output, vr.edge_s = p.returncode, p.stdout + p.stderr, round(time.monotonic() - t_edge, 1)
+    if edge is not None:
+        out, _ = edge.communicate(timeout=RUN_TIMEOUT)
+        vr.edge_rc, vr.edge_output, vr.edge_s = edge.returncode, out, round(time.monotonic() - t_edge, 1)
         vr.commands.append(edge_cmd)
     # the run waits for /health itself; give the poller a last look
     deadline = time.monotonic() + 30

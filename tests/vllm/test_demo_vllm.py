@@ -58,7 +58,7 @@ def test_the_demo_says_where_each_cluster_answers_and_its_curl_works(vllm_rack: 
 
 def test_the_demo_balancer_host_fronts_both_clusters(vllm_rack: VllmRack) -> None:
     """The demo's third command put nginx on lb01 (group lb, no GPU stack): the model answers through it on port
-    8000 with the API key, and lb01 is not a GPU node of the inventory."""
+    8000 with the API key, and lb01 is not a GPU node of the inventory. It is the rack's monitoring host too."""
     from provisioner.inventory import load_fleet
 
     if os.environ.get("PROVISIONER_VLLM_SKIP_RUN") == "1":
@@ -72,3 +72,7 @@ def test_the_demo_balancer_host_fronts_both_clusters(vllm_rack: VllmRack) -> Non
     assert code == 200, text
     assert json.loads(text)["usage"]["completion_tokens"] == 4
     assert vllm_rack.handle.ssh("lb01", "systemctl is-active nginx").stdout.strip() == "active"  # type: ignore[attr-defined]
+    # lb01 is also the rack's monitoring host: the alert loop's Prometheus and Alertmanager run from the start
+    assert "monitoring" in lb.groups
+    assert vllm_rack.handle.ssh(  # type: ignore[attr-defined]
+        "lb01", "systemctl is-active prometheus prometheus-alertmanager").stdout.split() == ["active", "active"]
