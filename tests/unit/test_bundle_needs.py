@@ -109,6 +109,20 @@ def test_missing_names_package_version_role_and_hosts():
         "hosts n1, n2; the bundle has 580.95.05-1)"]
 
 
+def test_a_pip_pin_is_met_by_a_local_build_of_that_version_as_pip_decides():
+    """`vllm==0.32.0` (the vllm role's pin) installs `vllm-0.32.0+cpu` from an index: the bundle holding only that
+    wheel is complete; another public version or another local label under a labelled pin is not."""
+    cpu = mf.Artifact("python/wheels/vllm-0.32.0+cpu-py3-none-any.whl", "wheel", "vllm", "0.32.0+cpu", "0" * 64, 1,
+                      "pip", ("vllm",), ("debian12",))
+    need = {Need("pip", "vllm", "0.32.0", "vllm", "debian12"): ("n1",)}
+    assert mf.missing([cpu], need) == []
+    assert mf.missing([cpu], {Need("pip", "vllm", "0.33.0", "vllm", "debian12"): ("n1",)}) == [
+        "Python package vllm==0.33.0 is not in the bundle (role vllm, release debian12, hosts n1; the bundle has "
+        "0.32.0+cpu)"]
+    assert mf.missing([cpu], {Need("pip", "vllm", "0.32.0+cu129", "vllm", "debian12"): ("n1",)}) != []
+    assert mf.pip_pin_matches("0.32.0", "0.32.0") and not mf.pip_pin_matches("0.32.0", "0.32.01")
+
+
 def test_the_manifest_is_the_same_bytes_for_the_same_artifacts_and_diff_names_changes():
     a, b = _art("x", "1"), _art("y", "2")
     assert mf.dump([a, b], {}, "F" * 40, ["debian12"]) == mf.dump([b, a], {}, "F" * 40, ["debian12"])
