@@ -123,6 +123,19 @@ def test_a_pip_pin_is_met_by_a_local_build_of_that_version_as_pip_decides():
     assert mf.pip_pin_matches("0.32.0", "0.32.0") and not mf.pip_pin_matches("0.32.0", "0.32.01")
 
 
+def test_the_site_vars_point_every_host_at_the_bundle_repository():
+    """GPU nodes through nvidia_repo_* (the closure rides on the NVIDIA source), every other host (lb, monitoring)
+    through site_trust's site_apt_repo_*: the same repository, key and pin."""
+    from provisioner.bundle.build import site_vars
+
+    got = yaml.safe_load(site_vars("http://mirror.site.internal:8091", ["debian12"], "F" * 40, []))
+    apt = "http://mirror.site.internal:8091/apt/debian12/"
+    assert got["nvidia_repo_url"] == got["site_apt_repo_url"] == apt
+    assert got["nvidia_repo_key_url"] == got["site_apt_repo_key_url"] == apt + "bundle-archive-keyring.gpg"
+    assert got["nvidia_repo_key_fingerprints"] == got["site_apt_repo_key_fingerprints"] == ["F" * 40]
+    assert got["vllm_pip_index_url"] == "http://mirror.site.internal:8091/python/simple/"
+
+
 def test_the_manifest_is_the_same_bytes_for_the_same_artifacts_and_diff_names_changes():
     a, b = _art("x", "1"), _art("y", "2")
     assert mf.dump([a, b], {}, "F" * 40, ["debian12"]) == mf.dump([b, a], {}, "F" * 40, ["debian12"])
