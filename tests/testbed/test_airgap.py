@@ -50,6 +50,8 @@ PORT = 8091
 #: opt-in: the host also serves vLLM from the bundle (module docstring)
 VLLM = os.environ.get("PROVISIONER_AIRGAP_VLLM") == "1"
 CLUSTER = "vllm_air"
+VLLM_RACK = os.environ.get("PROVISIONER_AIRGAP_VLLM_RACK", "airgap-vllm")
+SPEC = PROJECT_ROOT / "tests" / "vllm" / "rack-spec.yaml"
 
 
 def _nft(script: str) -> None:
@@ -79,19 +81,28 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("the simulated rack needs root")
     from provisioner_testbed import rack
 
-    rack.ensure(RACK, 1, log=lambda m: print(f"testbed: {m}"))
-    rack.reset(RACK, log=lambda m: print(f"testbed: {m}"))  # a fresh disk: bare
-    h = rack.ensure(RACK, 1)
+    # the vLLM variant: its own rack (one 1-GPU node as the vLLM racks have, TP 1; a second host, lb01, the mirror:
+    # a one-host cluster group cannot share its host set with group bundle_mirror, CL019)
+    name = VLLM_RACK if VLLM else RACK
+    shape = {"spec_file": SPEC, "clusters": False, "balancers": 1} if VLLM else {}
+    rack.ensure(name, 1, log=lambda m: print(f"testbed: {m}"), **shape)  # type: ignore[arg-type]
+    rack.reset(name, log=lambda m: print(f"testbed: {m}"))  # fresh disks: bare
+    h = rack.ensure(name, 1, **shape)  # type: ignore[arg-type]
     host, addr = next(iter(h.hosts.items()))
+    mirror = "lb01" if VLLM else host
     work = tmp_path_factory.mktemp("airgap")
     inv_dir = work / "inventory"
     shutil.copytree(Path(h.inventory).parent, inv_dir)
     inv = inv_dir / Path(h.inventory).name
     # the plain rack `make demo` provisions (its vLLM cluster group dropped: no vLLM image on this rack), the host
     # also the site's mirror
-    gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", inv.read_text(), re.M)
-    assert gpu, inv.read_text()
-    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{host}\n" + (f"\n[{CLUSTER}]\n{host}\n" if VLLM else ""))
+    text = inv.read_text()
+    gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", text, re.M)
+    assert gpu, text
+    mline = re.search(rf"^{mirror}\b.*$", text, re.M) if VLLM else None
+    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{mline.group(0) if mline else host}\n"
+                   + (f"\n[{CLUSTER}]\n{host}\n" if VLLM else ""))
+    maddr = h.hosts[mirror]
     for gv in (inv_dir / "group_vars").iterdir():
         if gv.stem not in ("all", "gpu_nodes"):
             gv.unlink()
@@ -101,6 +112,8 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     layer = None
     if VLLM:
         layer, build_args = _vllm_site(inv_dir, addr)
+        with open(inv_dir / "group_vars" / "all.yml", "a") as fh:  # 1-GPU nodes: no NVSwitch, no Fabric Manager
+            fh.write("gpu_needs_fabric_manager: false\n")
     env = dict(os.environ, PROVISION_RUNS_DIR=str(work / "runs"), NO_COLOR="1", COLUMNS="200")
 
     def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -113,7 +126,7 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     bundle = cache_dir() / f"airgap-bundle-{RACK}{'-vllm' if VLLM else ''}"
     t0 = time.monotonic()
     b = provision("bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
-                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:{PORT}/", *build_args)
+                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{maddr}:{PORT}/", *build_args)
     assert b.returncode == 0, b.stderr[-3000:]
     print(f"airgap: bundle build {time.monotonic() - t0:.1f} s: {b.stderr.strip().splitlines()[-1]}")
     # the isolated site's inventory: the bundle's site variables, no proxy, the mirror role's source
@@ -125,9 +138,10 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     site_vars = yaml.safe_load((bundle / "site-vars.yml").read_text())
     all_yml.write_text(doc + yaml.safe_dump(site_vars) + yaml.safe_dump({"bundle_mirror_source": str(bundle)}))
     # the host as an isolated site's image: no apt source, no proxy, no lists from before
-    r = h.ssh(host, "rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
-                    " && rm -rf /var/lib/apt/lists/* && apt-get clean")
-    assert r.returncode == 0, r.stderr
+    for x in {host, mirror}:
+        r = h.ssh(x, "rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
+                     " && rm -rf /var/lib/apt/lists/* && apt-get clean")
+        assert r.returncode == 0, r.stderr
     if layer is not None:  # the site's route for model files (docs/airgap.md): copied in, here over SSH
         model = Path(vllm_image.MODEL_DIR)
         pack = subprocess.Popen(["tar", "-C", str(layer / model.parent.relative_to("/")), "-cf", "-", model.name],
@@ -148,12 +162,13 @@ def air(tmp_path_factory: pytest.TempPathFactory):
 }}
 """)
     try:
-        yield {"h": h, "host": host, "addr": addr, "inv": inv, "bundle": bundle, "provision": provision,
+        yield {"h": h, "host": host, "addr": addr, "mirror": mirror, "maddr": maddr, "inv": inv, "bundle": bundle,
+               "provision": provision,
                "build": b}
     finally:
         subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
         if os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
-            rack.down(RACK)
+            rack.down(name)
 
 
 def _vllm_site(inv_dir: Path, addr: str) -> tuple[Path, list[str]]:
@@ -195,8 +210,8 @@ def test_a_version_the_bundle_lacks_is_refused_before_any_host(air) -> None:
 def test_the_mirror_host_serves_the_bundle_with_nginx_from_the_bundle(air) -> None:
     r = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    got = air["h"].ssh(air["host"], f"python3 -c \"import urllib.request as u; print(u.urlopen("
-                                    f"'http://{air['addr']}:{PORT}/manifest.json').read() == "
+    got = air["h"].ssh(air["mirror"], f"python3 -c \"import urllib.request as u; print(u.urlopen("
+                                    f"'http://{air['maddr']}:{PORT}/manifest.json').read() == "
                                     f"open('/srv/provisioner-bundle/manifest.json','rb').read())\"")
     assert got.stdout.strip() == "True", got.stdout + got.stderr
     again = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
