@@ -430,7 +430,10 @@ def site_vars(mirror_url: str, releases: Sequence[str], fingerprint: str, files:
              f"vllm_pip_index_url: \"{base}python/simple/\"",
              "# every other host (lb, monitoring: no NVIDIA repository) gets the same repository as its apt source",
              f"site_apt_repo_url: \"{apt}\"", f"site_apt_repo_key_url: \"{apt}{KEYRING}\"",
-             f"site_apt_repo_key_fingerprints: [{fingerprint}]"]
+             f"site_apt_repo_key_fingerprints: [{fingerprint}]",
+             "# hosts with infiniband_stack: doca (build with --apt-source naming the DOCA repository, docs/airgap.md)",
+             f"infiniband_doca_repo_url: \"{apt}\"", f"infiniband_doca_repo_key_url: \"{base}bundle-archive-keyring.asc\"",  # its keyring is .asc
+             f"infiniband_doca_repo_key_fingerprints: [{fingerprint}]"]
     for a in files:
         if a.name.startswith("aws-efa-installer-"):
             lines += [f"efa_installer_url: \"{base}{a.path}\"", f"efa_installer_sha256: \"{a.sha256}\""]

