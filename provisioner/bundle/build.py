@@ -431,7 +431,7 @@ def site_vars(mirror_url: str, releases: Sequence[str], fingerprint: str, files:
              "# every other host (lb, monitoring: no NVIDIA repository) gets the same repository as its apt source",
              f"site_apt_repo_url: \"{apt}\"", f"site_apt_repo_key_url: \"{apt}{KEYRING}\"",
              f"site_apt_repo_key_fingerprints: [{fingerprint}]",
-             "# hosts with infiniband_stack: doca (build with --apt-source naming the DOCA repository, docs/airgap.md);",
+             "# hosts with infiniband_stack: doca (build with --apt-source naming the DOCA repo, docs/airgap.md);",
              "# the DOCA keyring on the node is .asc: the bundle's armoured key",
              f"infiniband_doca_repo_url: \"{apt}\"",
              f"infiniband_doca_repo_key_url: \"{base}bundle-archive-keyring.asc\"",
