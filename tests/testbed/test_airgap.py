@@ -100,7 +100,8 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", text, re.M)
     assert gpu, text
     mline = re.search(rf"^{mirror}\b.*$", text, re.M) if VLLM else None
-    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{mline.group(0) if mline else host}\n"
+    nodes = re.sub(rf"^({host} .*)$", r"\1 node_rank=0", gpu.group(0), flags=re.M) if VLLM else gpu.group(0)
+    inv.write_text(nodes + f"\n[bundle_mirror]\n{mline.group(0) if mline else host}\n"
                    + (f"\n[{CLUSTER}]\n{host}\n" if VLLM else ""))
     maddr = h.hosts[mirror]
     for gv in (inv_dir / "group_vars").iterdir():
