@@ -115,6 +115,9 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         layer, build_args = _vllm_site(inv_dir, addr)
         with open(inv_dir / "group_vars" / "all.yml", "a") as fh:  # 1-GPU nodes: no NVSwitch, no Fabric Manager
             fh.write("gpu_needs_fabric_manager: false\n")
+            # pip ignores a plain-HTTP index unless its host is trusted (SUP002 warns: the mirror over the site CA's
+            # TLS is the secure route, docs/airgap.md; the bundle_mirror role serves plain HTTP today)
+            fh.write(f"vllm_pip_extra_args: --trusted-host {maddr}\n")
     env = dict(os.environ, PROVISION_RUNS_DIR=str(work / "runs"), NO_COLOR="1", COLUMNS="200")
 
     def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
