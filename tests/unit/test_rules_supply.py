@@ -78,6 +78,14 @@ def test_fingerprint_pins(tmp_path: Path) -> None:
         nvidia_repo_key_fingerprints="eb693b3035cd5710e231e123a4b469963bf863cc")) == []
 
 
+def test_the_site_apt_repository_is_checked_like_the_nvidia_one(tmp_path: Path) -> None:
+    """site_apt_repo_* (the lb/monitoring hosts' source at an air-gapped site): plain HTTP warned, a key id refused."""
+    (f,) = findings(tmp_path, "SUP004", group_vars=gpu_nodes(site_apt_repo_url="http://mirror:8091/apt/debian12/"))
+    assert f.var == "site_apt_repo_url" and "set site_apt_repo_url to the mirror's https:// URL" in f.message
+    (f,) = findings(tmp_path / "b", "SUP005", group_vars=gpu_nodes(site_apt_repo_key_fingerprints=["A4B469963BF863CC"]))
+    assert f.var == "site_apt_repo_key_fingerprints" and "a key id, not a fingerprint" in f.message
+
+
 def test_the_role_default_pins_nvidias_cuda_key() -> None:
     """NVIDIA's published fingerprint of key 3bf863cc (github.com/NVIDIA/cuda-repo-management SIGNATURES.md)."""
     assert role_default("nvidia_driver", "nvidia_repo_key_fingerprints") == [

