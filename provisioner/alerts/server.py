@@ -121,9 +121,11 @@ class Metrics:
 class Receiver:
     """The state the handler and the worker share."""
 
-    def __init__(self, *, token: str, gpu_nodes: Collection[str], store: Store, action: Action) -> None:
+    def __init__(self, *, token: str, gpu_nodes: Collection[str], store: Store, action: Action,
+                 day2_metrics: Callable[[], str] | None = None) -> None:
         self.token, self.gpu_nodes, self.store, self.action = token, frozenset(gpu_nodes), store, action
         self.metrics = Metrics()
+        self.day2_metrics = day2_metrics  # the site's incidents and breaker (the ledger's), appended to /metrics
         self.intake = threading.Lock()  # decide + claim + enqueue, one alert at a time
         # host -> [(key, name, accepted)] waiting for the host's next action (the first one is the queue's entry)
         self.pending: dict[str, list[tuple[str, str, float]]] = {}
@@ -215,6 +217,21 @@ class Receiver:
                 + (f" (+{len(alerts) - 1} coalesced)" if len(alerts) > 1 else "")
                 + f": {'done' if ok else 'FAILED'} in {seconds:.1f} s ({safe(detail, 400)})")
 
+    def render_day2(self) -> str:
+        """The site's incidents, open incidents, breaker and waiting recommendations (read from the ledger, so the
+        breaker alert fires from here); a ledger that cannot be read is a gauge at 0, never a failed scrape."""
+        if self.day2_metrics is None:
+            return ""
+        ok = 1
+        try:
+            text = self.day2_metrics()
+        except Exception as exc:  # the scrape must answer: say it in the gauge and the journal
+            log(f"metrics: the ledger cannot be read ({safe(str(exc), 200)})")
+            text, ok = "", 0
+        return (text + "# HELP provisioner_receiver_ledger_readable 1 when the ledger's day-2 state could be read.\n"
+                "# TYPE provisioner_receiver_ledger_readable gauge\n"
+                f"provisioner_receiver_ledger_readable {ok}\n")
+
     def idle(self) -> bool:
         with self.metrics.lock:
             return self.metrics.queued == 0
@@ -248,7 +265,7 @@ def handler_for(rx: Receiver) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path == "/metrics":
-                self._answer(200, rx.metrics.render(), "text/plain; version=0.0.4")
+                self._answer(200, rx.metrics.render() + rx.render_day2(), "text/plain; version=0.0.4")
             elif self.path == "/healthz":
                 self._answer(200, '{"ok": true}')
             else:

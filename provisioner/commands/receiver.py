@@ -6,6 +6,8 @@ import os
 import re
 import shutil
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +24,9 @@ POST /alerts with `Authorization: Bearer <alert_receiver_token>` (a vaulted vari
 alertmanager role writes the same value into Alertmanager's credentials file). A firing alert labelled
 remediate="true" whose `host` is a GPU node of INVENTORY runs `provision health INVENTORY --limit HOST`, then
 `provision remediate INVENTORY --limit HOST`, once per alert (fingerprint + startsAt, kept in --state across
-restarts); resolved alerts, duplicates and other alerts do nothing. One log line per alert on stderr; GET /metrics.
+restarts); the resolve of an alert it acted on runs the pair once more (the return); duplicates and other alerts do
+nothing. One log line per alert on stderr; GET /metrics: the receiver's counters plus the site's incidents, open
+incidents and remediation breaker from the ledger (the breaker alert reads it).
 docs/monitoring.md, "The alert loop".
 
 Exit codes: 0 stopped, 2 usage (no token in the inventory, address in use).""")
@@ -47,10 +51,12 @@ def _provision_bin() -> str:
     return str(here) if here.is_file() else (shutil.which("provision") or "provision")
 
 
-def _token(inventory: Path) -> tuple[str, list[str]]:
-    """(the bearer token, the GPU nodes) from the inventory; one UsageError line when it is missing or short."""
+def _token(inventory: Path) -> tuple[str, list[str], str]:
+    """(the bearer token, the GPU nodes, the site) from the inventory; one UsageError line when the token is missing
+    or short."""
     from provisioner import vault
     from provisioner.inventory import load_fleet
+    from provisioner.ledger.site import site_of
 
     fleet = load_fleet(inventory)
     nodes = sorted(h.name for h in fleet.gpu_nodes)
@@ -62,19 +68,34 @@ def _token(inventory: Path) -> tuple[str, list[str]]:
     token = str(fleet.hosts[holders[0]].vars[TOKEN_VAR]).strip()
     if len(token) < 16:
         raise UsageError(f"{TOKEN_VAR} on host {holders[0]}: shorter than 16 characters", path=str(inventory))
-    return token, nodes
+    return token, nodes, site_of(fleet)
+
+
+def _cached(fn: Callable[[], str], seconds: float) -> Callable[[], str]:
+    """fn's answer kept for `seconds` (a scrape every few seconds reads the ledger at most that often)."""
+    memo: dict[str, tuple[float, str]] = {}
+
+    def get() -> str:
+        now = time.monotonic()
+        if "v" not in memo or now - memo["v"][0] > seconds:
+            memo["v"] = (now, fn())
+        return memo["v"][1]
+
+    return get
 
 
 def serve_cmd(inventory: Path, listen: str, state: Path | None, timeout: float) -> int:
     from provisioner.alerts.server import Receiver, health_then_remediate, log, serve
     from provisioner.alerts.store import Store
+    from provisioner.day2.service import site_metrics
     from provisioner.paths import runs_dir
 
     addr, port = _listen(listen)
-    token, nodes = _token(inventory)
+    token, nodes, site = _token(inventory)
     store = Store(state or runs_dir() / "alert-receiver.sqlite3")
     rx = Receiver(token=token, gpu_nodes=nodes, store=store,
-                  action=health_then_remediate(_provision_bin(), inventory.absolute(), timeout))
+                  action=health_then_remediate(_provision_bin(), inventory.absolute(), timeout),
+                  day2_metrics=_cached(lambda: site_metrics(site), 5.0))
     try:
         srv = serve(rx, addr, port)
     except OSError as exc:

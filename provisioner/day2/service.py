@@ -292,3 +292,15 @@ def close_breaker(inventory: Path, *, reason: str, actor: str, fleet: Any = None
             return False, "breaker: closed already: nothing to do"
         ledger.breaker_event("closed", reason.strip(), actor=actor, source="operator")
         return True, f"breaker closed by {actor} ({reason.strip()}); it had opened: {ev.why}"
+
+
+def site_metrics(site: str) -> str:
+    """The site's incidents (histograms), open incidents, breaker and waiting recommendations from the ledger, in
+    the Prometheus text format: what `provision incidents --prometheus` writes and the alert receiver serves."""
+    from provisioner.ledger.view import day2_view, read_ledger
+    from provisioner.reports.incidents_prometheus import render
+
+    with read_ledger(site=site) as ledger:
+        view = day2_view(ledger)
+    return render(view["incidents"], site=site, open_incidents=len(view["open_incidents"]),
+                  breaker_open=view["breaker"]["open"], recommended=len(view["recommended"]))

@@ -176,6 +176,24 @@ def test_the_token_is_required_and_bad_bodies_are_refused(rx: Rx) -> None:
         'provisioner_receiver_actions_total{result="failed"}'] == 0 and _health_runs(rx.tmp) == []
 
 
+def test_metrics_carry_the_sites_breaker_and_incidents_from_the_ledger(rx: Rx) -> None:
+    """/metrics also serves the site's day-2 state read from the ledger (what Prometheus's provision_receiver job
+    scrapes and the breaker alert reads): closed, then open once the ledger records the breaker opening."""
+    from provisioner.ledger import Ledger
+    from provisioner.ledger.site import path_site
+
+    site = path_site(rx.tmp / "inv" / "hosts.ini")
+    label = f'{{site="{site}"}}'
+    m = _metrics(rx.url)
+    assert m["provisioner_receiver_ledger_readable"] == 1, m
+    assert m["provisioner_remediation_breaker_open" + label] == 0 and m["provisioner_incidents_open" + label] == 0
+    assert m["provisioner_incident_detect_seconds_count" + label] == 0  # the incidents' histograms
+    with Ledger.open(rx.tmp / "ledger.sqlite3", site=site) as lg:
+        lg.breaker_event("open", "3 of 4 nodes would be taken out within 300 s", actor="test")
+    _wait(lambda: _metrics(rx.url)["provisioner_remediation_breaker_open" + label] == 1, 30,
+          "the open breaker on /metrics (kept 5 s)")
+
+
 def test_what_does_not_act(rx: Rx) -> None:
     """A resolved alert the receiver never acted on, an alert without remediate="true", a host not in the inventory:
     no action at all."""

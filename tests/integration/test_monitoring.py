@@ -206,6 +206,7 @@ g1
 
 [all:vars]
 monitoring_textfile_targets=["10.0.0.254:9100"]
+monitoring_receiver_targets=["10.0.0.254:9095"]
 monitoring_alertmanagers=["10.0.0.253:9093"]
 monitoring_dcgm_exporter=false
 monitoring_e2e_p99_seconds=3
@@ -215,12 +216,14 @@ monitoring_e2e_p99_seconds=3
     assert r.returncode == 0, r.stdout + r.stderr
     cfg = yaml.safe_load((out / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    assert set(jobs) == {"vllm", "node", "node_signals", "provision"}
+    assert set(jobs) == {"vllm", "node", "node_signals", "provision", "provision_receiver"}
     # a single-node cluster without node_rank: its only host is the head; the model defaults to vllm_cluster.model
     assert jobs["vllm"]["static_configs"] == [
         {"targets": ["10.0.0.1:8100"], "labels": {"host": "g1", "cluster": "c_single", "model": "/m/x"}}]
     assert [sc["labels"]["role"] for sc in jobs["node"]["static_configs"]] == ["gpu", "gpu", "lb"]
     assert jobs["provision"]["static_configs"] == [{"targets": ["10.0.0.254:9100"]}]
+    assert jobs["provision_receiver"]["static_configs"] == [{"targets": ["10.0.0.254:9095"]}]
+    assert jobs["provision_receiver"]["honor_labels"] is True
     assert cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["10.0.0.253:9093"]
     assert "> 3'" in (out / "prometheus-rules.yml").read_text()
     if PROMTOOL:

@@ -318,6 +318,12 @@ def test_a_bad_push_opens_the_breaker_before_the_last_cluster_goes(loop: Loop) -
         assert st.returncode == 0 and "remediation breaker: OPEN since" in st.stdout, st.stdout + st.stderr
         html = page.read_text()
         assert 'id="breaker"' in html and "OPEN" in html, html[:2000]
+
+        def paged() -> bool:  # Prometheus scrapes the receiver's /metrics (the ledger's breaker): the alert fires
+            return any(s["metric"].get("alertname") == "ProvisionRemediationBreakerOpen"
+                       for s in _prom(lp.lb_addr, 'ALERTS{alertstate="firing"}'))
+
+        assert _wait(paged, 180, 3) is not None, _prom(lp.lb_addr, 'up{job="provision_receiver"}')
         sent = len(lp.client.codes)
         assert _wait(lambda: len(lp.client.codes) > sent, 60), "the client loop stalled"
         counts = lp.client.counts()
