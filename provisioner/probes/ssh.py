@@ -310,35 +310,59 @@ def _connect(client: Any, t: SshTarget, known: KnownHosts, timeout: float, sock:
 
 class Jumps:
     """One connection per jump host (execution node), opened on first use and shared by the targets behind it
-    (each target gets its own direct-tcpip channel); a jump host that cannot be reached fails its targets with why."""
+    (each target gets its own direct-tcpip channel); a jump host that cannot be reached fails its targets with why.
+    A shared connection that dies mid-run (the node dropped it under load) is reopened, at most REOPENS times per
+    jump host, instead of failing every target still behind it."""
+
+    REOPENS = 3
 
     def __init__(self, known: KnownHosts, timeout: float) -> None:
         self._known, self._timeout = known, timeout
         self._lock = threading.Lock()
         self._clients: dict[str, Any] = {}
         self._errors: dict[str, str] = {}
+        self._reopened: dict[str, int] = {}
+
+    def _transport(self, via: SshTarget) -> Any:
+        """The jump host's live transport (opened, or reopened when it died); raises _JumpError. Under the lock."""
+        client = self._clients.get(via.name)
+        if client is not None and not _alive(client):
+            client.close()
+            del self._clients[via.name]
+            n = self._reopened.get(via.name, 0)
+            if n >= self.REOPENS:
+                self._errors[via.name] = f"its connection was lost {n + 1} times in this run"
+            self._reopened[via.name] = n + 1
+        if via.name not in self._clients and via.name not in self._errors:
+            r = ExecResult(host=via.name, ok=False)
+            client = None
+            try:
+                client = _client(via, self._known, r)
+                _connect(client, via, self._known, self._timeout)
+                self._clients[via.name] = client
+            except Exception as exc:  # noqa: BLE001 (reported for every target behind it)
+                r.error = _why(exc, via)
+                self._errors[via.name] = r.error or str(exc)
+                if client is not None:
+                    client.close()
+        if via.name in self._errors:
+            raise _JumpError(f"execution node {via.name} not reachable: {self._errors[via.name]}")
+        return self._clients[via.name].get_transport()
 
     def channel(self, t: SshTarget) -> Any:
         via = t.via
         assert via is not None
-        with self._lock:
-            if via.name not in self._clients and via.name not in self._errors:
-                r = ExecResult(host=via.name, ok=False)
-                client = None
-                try:
-                    client = _client(via, self._known, r)
-                    _connect(client, via, self._known, self._timeout)
-                    self._clients[via.name] = client
-                except Exception as exc:  # noqa: BLE001 (reported for every target behind it)
-                    r.error = _why(exc, via)
-                    self._errors[via.name] = r.error or str(exc)
-                    if client is not None:
-                        client.close()
-            if via.name in self._errors:
-                raise _JumpError(f"execution node {via.name} not reachable: {self._errors[via.name]}")
-            transport = self._clients[via.name].get_transport()
-        return transport.open_channel("direct-tcpip", (t.address, t.port), ("127.0.0.1", 0),
-                                      timeout=min(t.connect_timeout or self._timeout, self._timeout))
+        timeout = min(t.connect_timeout or self._timeout, self._timeout)
+        for attempt in range(2):
+            with self._lock:
+                transport = self._transport(via)
+            try:
+                return transport.open_channel("direct-tcpip", (t.address, t.port), ("127.0.0.1", 0),
+                                              timeout=timeout)
+            except Exception:
+                if attempt or transport.is_active():  # the target's own failure, or already retried once
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         for c in self._clients.values():
@@ -346,6 +370,11 @@ class Jumps:
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _alive(client: Any) -> bool:
+    transport = client.get_transport()
+    return transport is not None and transport.is_active()
 
 
 class _JumpError(Exception):
