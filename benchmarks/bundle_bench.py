@@ -83,8 +83,10 @@ def rack_compare(name: str, hosts: int, label: str, json_out: Path | None, summa
     inv = airgap.plain_inventory(Path(h.inventory), work / "bundle", mirror)
     bundle = cache_dir() / f"airgap-bundle-bench-{name}"
     res["build"] = _timed(["bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
-                           str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{addr}:8091/"],
+                           str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"https://{addr}:8091/"],
                           env, "bundle build")
+    # the mirror's certificate from the rack's CA (the nodes trust it: site_ca_certificates), the key vaulted
+    airgap.mirror_tls(inv.parent, *rack.issue_certificate(name, addr), vault.password_file())
     airgap.point_at_bundle(inv.parent, bundle)
     airgap.isolate(h.ssh, names)
     table = airgap.table_name(name)

@@ -75,6 +75,18 @@ def point_at_bundle(inv_dir: Path, bundle: Path) -> None:
     all_yml.write_text(doc + yaml.safe_dump(site_vars) + yaml.safe_dump({"bundle_mirror_source": str(bundle)}))
 
 
+def mirror_tls(inv_dir: Path, cert_pem: str, key_pem: str, password_file: Path) -> Path:
+    """group_vars/bundle_mirror.yml: the mirror's certificate (issued by the rack's CA, which the rack's inventory
+    already gives every node in site_ca_certificates) and its key, vaulted as a site vaults it. Returns the file."""
+    from provisioner_testbed.inventory_writer import vault_encrypter
+
+    vaulted = vault_encrypter(password_file)("bundle_mirror_tls_key", key_pem)
+    f = inv_dir / "group_vars" / "bundle_mirror.yml"
+    f.write_text("---\nbundle_mirror_tls_certificate: |\n" + "".join(f"  {line}\n" for line in cert_pem.splitlines())
+                 + "bundle_mirror_tls_key: !vault |\n" + "".join(f"  {line}\n" for line in vaulted.splitlines()))
+    return f
+
+
 def isolate(ssh: object, hosts: Iterable[str]) -> None:
     """Each host as an isolated site's image (`ssh`: the rack handle's ssh(host, command))."""
     for host in hosts:

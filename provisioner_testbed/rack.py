@@ -519,6 +519,19 @@ def _repo_tls(st: RackState) -> tuple[str, Path] | None:
     return f"{st.gateway}:{serve.TLS_PORT}", d
 
 
+def issue_certificate(name: str, address: str) -> tuple[str, str]:
+    """A server certificate for `address` (a rack host serving as a site's mirror) issued by the rack's repo CA, the
+    one the rack's inventory gives the nodes in site_ca_certificates: (certificate PEM, key PEM). Kept in the rack
+    directory (gone with the rack), made once."""
+    st = load(name)
+    d = _repo_tls(st)
+    if d is None:
+        raise UsageError(f"rack '{name}' was made before its repo had TLS: take it down and bring it up again")
+    from provisioner_testbed import tls
+
+    return tls.issue(d[1], address, st.dir / "issued-tls" / address)
+
+
 def _repair(st: RackState, log: Log) -> list[str]:
     """Restart what died (proxy, repo server, stopped hosts); return the names of what was restarted."""
     fixed: list[str] = []

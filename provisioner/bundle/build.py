@@ -416,6 +416,22 @@ def _roles_by(needs: Mapping[Need, Iterable[str]], kind: str, rel: str) -> dict[
     return {r: sorted(v) for r, v in out.items()}
 
 
+_MIRROR_URL = re.compile(r"https://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~\-/]*)?")
+
+
+def check_mirror_url(url: str) -> None:
+    """--mirror-url: an https:// URL of plain characters (it is written into site-vars.yml). A plain-HTTP mirror is
+    refused: pip will not use a plain-HTTP index, and `--trusted-host` (SUP002) is never the way round it."""
+    if not url or _MIRROR_URL.fullmatch(url):
+        return
+    if url.lower().startswith("http://"):
+        raise UsageError(f"--mirror-url {url}: the mirror must be https:// (pip refuses a plain-HTTP index, and "
+                         "--trusted-host is an error, SUP002): serve it with role bundle_mirror's certificate "
+                         "(bundle_mirror_tls_certificate, bundle_mirror_tls_key; its CA in site_ca_certificates) "
+                         "and give https://HOST:PORT/")
+    raise UsageError(f"--mirror-url {url!r}: expected https://HOST[:PORT]/[PATH/] (letters, digits, . - _ ~ / only)")
+
+
 def site_vars(mirror_url: str, releases: Sequence[str], fingerprint: str, files: Iterable[mf.Artifact]) -> str:
     """The inventory variables that point every role at a mirror serving this bundle (existing variables only)."""
     base = mirror_url.rstrip("/") + "/"

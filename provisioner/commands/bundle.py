@@ -31,10 +31,12 @@ own; the vLLM wheels for the pinned vLLM and the nodes' Python; the EFA installe
 checked); this suite's wheel, its dependencies and its collection. DIR/apt/<release>/ is a flat apt repository
 signed with the bundle key (kept in --key-home, never in DIR), DIR/python/simple/ a PEP 503 index, DIR/manifest.json
 lists every artifact (version, sha256, origin, roles). A second build into the same DIR fetches only what changed and
-prints the difference. With --mirror-url, DIR/site-vars.yml holds the inventory variables that point the roles at a
-mirror serving DIR (role bundle_mirror).
+prints the difference. With --mirror-url https://HOST:PORT/, DIR/site-vars.yml holds the inventory variables that point
+the roles at a mirror serving DIR over TLS (role bundle_mirror; its CA in site_ca_certificates). A plain-HTTP mirror
+URL is refused: pip will not use a plain-HTTP index.
 
-Exit codes: 0 built, 1 a fetch or the resolution failed, 2 usage (unreadable inventory, unknown release).""")
+Exit codes: 0 built, 1 a fetch or the resolution failed, 2 usage (unreadable inventory, unknown release, an
+http:// --mirror-url).""")
 
 VERIFY_HELP = unwrap("""Check a bundle's checksums and signatures, and that it holds what INVENTORY needs.
 
@@ -86,8 +88,9 @@ def register(app: typer.Typer) -> None:
                                                                                "from the checkout).")] = None,
         no_suite: Annotated[bool, typer.Option("--no-suite", help="Leave out the suite's wheel and collection.")]
         = False,
-        mirror_url: Annotated[str, typer.Option("--mirror-url", help="Where the mirror will serve DIR (writes "
-                                                                     "DIR/site-vars.yml).")] = "",
+        mirror_url: Annotated[str, typer.Option("--mirror-url", help="Where the mirror will serve DIR, "
+                                                                     "https://HOST:PORT/ (writes DIR/site-vars.yml)."
+                                                                     )] = "",
         key_home: Annotated[Path | None, typer.Option("--key-home", help="GnuPG home of the bundle signing key "
                                                                          "(default ~/.local/share/provisioner/"
                                                                          "bundle-key).")] = None,
@@ -99,6 +102,7 @@ def register(app: typer.Typer) -> None:
         from provisioner.bundle.needs import fleet_needs, repo_settings
         from provisioner.inventory import load_fleet
 
+        b.check_mirror_url(mirror_url)
         rels = [r.value for r in (release or [Release.debian12])]
         fleet = load_fleet(inventory, extra_vars(extra))
         needs = fleet_needs(fleet, rels, kernel)

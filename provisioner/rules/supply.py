@@ -20,6 +20,8 @@ from provisioner.rules.context import RuleContext
 
 PIP_INDEX_VARS = ("vllm_pip_index_url",)
 PIP_ARGS_VARS = ("vllm_pip_extra_args",)
+#: any other variable named like these (a site's own role, a future one) is read as pip arguments too
+PIP_ARGS_SUFFIX = "_pip_extra_args"
 PIP_REQUIREMENT_VARS = ("vllm_pip_extra_packages", "execution_node_packages")
 APT_REPO_VARS = ("nvidia_repo_url", "infiniband_doca_repo_url", "site_apt_repo_url")
 FINGERPRINT_VARS = ("nvidia_repo_key_fingerprints", "infiniband_doca_repo_key_fingerprints",
@@ -61,6 +63,13 @@ def _pip_options(args: str) -> Iterator[tuple[str, str | None]]:
         i += 1
 
 
+def _pip_args_vars(fleet: Fleet) -> list[str]:
+    """vllm_pip_extra_args and every other `*_pip_extra_args` the inventory sets (sorted, each once)."""
+    names = {n for gv in fleet.group_vars.values() for n in gv if n.endswith(PIP_ARGS_SUFFIX)}
+    names |= {n for h in fleet.hosts.values() for n in h.vars if n.endswith(PIP_ARGS_SUFFIX)}
+    return sorted(names | set(PIP_ARGS_VARS))
+
+
 def _where(g: str | None, h: str | None) -> dict[str, str | None]:
     return {"group": g, "host": h}
 
@@ -77,7 +86,7 @@ def pip_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                 yield Finding("SUP001", "warning", f"{var} = {v!r} is plain HTTP: pip would install vLLM and its "
                               "dependencies from it unencrypted and unauthenticated; serve the mirror over https "
                               "(a site CA goes in site_ca_certificates)", var=var, **_where(g, h))
-    for var in PIP_ARGS_VARS:
+    for var in _pip_args_vars(fleet):
         for g, h, v in places(fleet, var):
             if not _literal(v):
                 continue
@@ -98,12 +107,14 @@ def pip_http(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 
 @rule("SUP002", "pip told to trust a host without TLS verification")
 def pip_trusted_host(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
-    """--trusted-host in vllm_pip_extra_args turns certificate checks off for that host (and allows plain HTTP to
-    it): a proxy or a spoofed address can serve any package."""
+    """--trusted-host in any *_pip_extra_args turns certificate checks off for that host (and allows plain HTTP
+    to it): a proxy or a spoofed address can serve any package. An error: never weaken a download to make it work
+    (serve the mirror over https, its CA in site_ca_certificates: role bundle_mirror does)."""
     for var, g, h, val in _pip_option_places(fleet, "--trusted-host"):
-        yield Finding("SUP002", "warning", f"{var}: --trusted-host {val or ''} turns pip's certificate "
-                      "check off for that host: remove it and give the mirror's CA in "
-                      "site_ca_certificates (pip then verifies against it)", var=var, **_where(g, h))
+        yield Finding("SUP002", "error", f"{var}: --trusted-host {val or ''} turns pip's certificate "
+                      "check off for that host (and lets it serve plain HTTP): remove it, serve the index over "
+                      "https and give the mirror's CA in site_ca_certificates (pip then verifies against it)",
+                      var=var, **_where(g, h))
 
 
 @rule("SUP003", "a second pip index")
@@ -119,7 +130,7 @@ def pip_extra_index(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
 
 def _pip_option_places(fleet: Fleet, option: str) -> Iterator[tuple[str, str | None, str | None, str | None]]:
     """(variable, group, host, value) for each literal `option` in a pip-arguments variable, once per place."""
-    for var in PIP_ARGS_VARS:
+    for var in _pip_args_vars(fleet):
         for g, h, v in places(fleet, var):
             if _literal(v):
                 for opt, val in _pip_options(v):

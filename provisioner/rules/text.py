@@ -25,7 +25,7 @@ from provisioner.rules.context import RuleContext
 CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 #: Variables whose values are multi-line texts by design: newline (and CR) allowed, other controls still refused.
-MULTILINE_VARS = frozenset({"site_ca_certificates"})
+MULTILINE_VARS = frozenset({"site_ca_certificates", "bundle_mirror_tls_certificate", "bundle_mirror_tls_key"})
 
 _NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\x00": "a NUL", "\x1b": "an escape",
           "\x7f": "a DEL", "\x85": "a NEL", "\u2028": "a line separator", "\u2029": "a paragraph separator"}

@@ -51,7 +51,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (inv / "group_vars" / "qwen.yml").write_text(
         "vllm_cluster: {model: Qwen/Qwen2-7B-Instruct, model_arch: Qwen2-7B, tensor_parallel_size: 1}\n")
     args = ["--no-suite", "--apt-source", f"deb [signed-by={deb_key}] file:{deb}/ /", "--find-links", str(wheels),
-            "--no-index", "--key-home", str(d / "bundle-key"), "--mirror-url", "http://198.18.0.1:8091/"]
+            "--no-index", "--key-home", str(d / "bundle-key"), "--mirror-url", "https://198.18.0.1:8091/"]
     return {"dir": d, "inv": inv / "hosts.ini", "args": args, "nvidia": nvidia}
 
 
@@ -85,7 +85,7 @@ def test_the_manifest_lists_the_pinned_packages_their_closure_and_the_wheels(bui
     assert arts[("wheel", "vllm")]["version"] == "0.32.0" and ("wheel", "tinydep") in arts
     site_vars = (built / "site-vars.yml").read_text()
     assert f"nvidia_repo_key_fingerprints: [{_manifest(built)['key_fingerprint']}]" in site_vars
-    assert 'vllm_pip_index_url: "http://198.18.0.1:8091/python/simple/"' in site_vars
+    assert 'vllm_pip_index_url: "https://198.18.0.1:8091/python/simple/"' in site_vars
 
 
 def test_apt_resolves_every_needed_package_from_the_bundle_alone(built: Path, tmp_path: Path) -> None:

@@ -10,8 +10,11 @@ The host is made an isolated site's image: no apt sources, no proxy. An nftables
 counts every packet from the rack's subnet that would leave it (forward) and every new connection from the rack to
 the controller (input: the rack's proxy and stand-in repo are the only ways out it has). Then:
 1. `provision run --bundle` with a driver version the bundle lacks: refused before any host, naming it;
-2. playbooks/bundle_mirror.yml: the host unpacks the bundle, installs nginx from it, serves it on :8091;
-3. `provision run` (site.yml) with the bundle's site-vars.yml: the host goes from bare to provisioned;
+2. playbooks/bundle_mirror.yml: the host unpacks the bundle, installs nginx from it, serves it over HTTPS on :8091
+   with a certificate the rack's CA issued (the CA the rack's inventory gives every node in site_ca_certificates,
+   as a site's internal CA signs its mirror; the key vaulted in the inventory, 0600 on the host, in no log);
+3. `provision run` (site.yml) with the bundle's site-vars.yml (every URL https://): the host goes from bare to
+   provisioned, verifying the mirror's certificate (no --trusted-host, no weakened check anywhere);
 4. the drop counters read 0; drift is clean.
 
 PROVISIONER_AIRGAP_VLLM=1 (opt-in: a 2-host rack of its own; 251 s for the module with warm caches at load 3) makes
@@ -28,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -107,7 +111,12 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     for gv in (inv_dir / "group_vars").iterdir():
         if gv.stem not in ("all", "gpu_nodes"):
             gv.unlink()
+    from provisioner_testbed import airgap, vault
     from provisioner_testbed.rootfs import cache_dir
+
+    # the mirror's certificate from the rack's CA (already in the inventory's site_ca_certificates), key vaulted
+    cert, key = rack.issue_certificate(name, h.hosts[mirror])
+    airgap.mirror_tls(inv_dir, cert, key, vault.password_file())
 
     build_args: list[str] = []
     layer = None
@@ -115,9 +124,6 @@ def air(tmp_path_factory: pytest.TempPathFactory):
         layer, build_args = _vllm_site(inv_dir, addr)
         with open(inv_dir / "group_vars" / "all.yml", "a") as fh:  # 1-GPU nodes: no NVSwitch, no Fabric Manager
             fh.write("gpu_needs_fabric_manager: false\n")
-            # pip ignores a plain-HTTP index unless its host is trusted (SUP002 warns: the mirror over the site CA's
-            # TLS is the secure route, docs/airgap.md; the bundle_mirror role serves plain HTTP today)
-            fh.write(f"vllm_pip_extra_args: --trusted-host {maddr}\n")
     env = dict(os.environ, PROVISION_RUNS_DIR=str(work / "runs"), NO_COLOR="1", COLUMNS="200")
 
     def provision(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -130,7 +136,7 @@ def air(tmp_path_factory: pytest.TempPathFactory):
     bundle = cache_dir() / f"airgap-bundle-{RACK}{'-vllm' if VLLM else ''}"
     t0 = time.monotonic()
     b = provision("bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
-                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"http://{maddr}:{PORT}/", *build_args)
+                  str(cache_dir() / "airgap-bundle-key"), "--mirror-url", f"https://{maddr}:{PORT}/", *build_args)
     assert b.returncode == 0, b.stderr[-3000:]
     print(f"airgap: bundle build {time.monotonic() - t0:.1f} s: {b.stderr.strip().splitlines()[-1]}")
     # the isolated site's inventory: the bundle's site variables, no proxy, the mirror role's source
@@ -167,8 +173,8 @@ def air(tmp_path_factory: pytest.TempPathFactory):
 """)
     try:
         yield {"h": h, "host": host, "addr": addr, "mirror": mirror, "maddr": maddr, "inv": inv, "bundle": bundle,
-               "provision": provision,
-               "build": b}
+               "provision": provision, "build": b, "key": key, "work": work,
+               "ca": h.state_dir / "repo-tls" / "ca.pem"}
     finally:
         subprocess.run(["nft", "delete", "table", "inet", TABLE], capture_output=True)
         if os.environ.get("PROVISIONER_TESTBED_TEARDOWN") == "1":
@@ -211,15 +217,35 @@ def test_a_version_the_bundle_lacks_is_refused_before_any_host(air) -> None:
     assert "preflight" not in r.stderr and "PLAY" not in r.stdout
 
 
-def test_the_mirror_host_serves_the_bundle_with_nginx_from_the_bundle(air) -> None:
+def test_the_mirror_host_serves_the_bundle_over_tls_with_nginx_from_the_bundle(air) -> None:
     r = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    got = air["h"].ssh(air["mirror"], f"python3 -c \"import urllib.request as u; print(u.urlopen("
-                                    f"'http://{air['maddr']}:{PORT}/manifest.json').read() == "
-                                    f"open('/srv/provisioner-bundle/manifest.json','rb').read())\"")
-    assert got.stdout.strip() == "True", got.stdout + got.stderr
+    # from the controller, trusting the rack's CA alone: the certificate verifies for the mirror's address
+    ctx = ssl.create_default_context(cafile=str(air["ca"]))
+    with urllib.request.urlopen(f"https://{air['maddr']}:{PORT}/manifest.json", context=ctx, timeout=30) as resp:  # noqa: S310
+        served = resp.read()
+    assert served == (air["bundle"] / "manifest.json").read_bytes()
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # a client without the site CA
+        urllib.request.urlopen(f"https://{air['maddr']}:{PORT}/manifest.json",  # noqa: S310
+                               context=ssl.create_default_context(cafile=certifi_where()), timeout=30)
+    with pytest.raises(OSError):  # no plain HTTP unless the site asks (bundle_mirror_http_port)
+        urllib.request.urlopen(f"http://{air['maddr']}:{PORT}/manifest.json", timeout=30)  # noqa: S310
+    # the key: 0600 root on the host, in no output and no run artifact
+    mode = air["h"].ssh(air["mirror"], "stat -c '%a %U' /etc/nginx/provisioner-bundle-tls/server.key")
+    assert mode.stdout.split() == ["600", "root"], mode.stdout + mode.stderr
+    secret = air["key"].splitlines()[1]
+    assert secret not in r.stdout + r.stderr
+    leaked = subprocess.run(["grep", "-rlF", secret, str(air["work"] / "runs")], capture_output=True, text=True)
+    assert leaked.stdout == "", leaked.stdout
     again = air["provision"]("run", str(air["inv"]), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight")
     assert again.returncode == 0 and re.search(r"\b0 changes\b", again.stdout), again.stdout[-3000:]
+
+
+def certifi_where() -> str:
+    """The public CAs (not the rack's)."""
+    import certifi
+
+    return certifi.where()
 
 
 def test_a_bare_host_is_provisioned_from_the_bundle_alone_with_no_way_out(air) -> None:

@@ -128,13 +128,32 @@ def test_the_site_vars_point_every_host_at_the_bundle_repository():
     through site_trust's site_apt_repo_*: the same repository, key and pin."""
     from provisioner.bundle.build import site_vars
 
-    got = yaml.safe_load(site_vars("http://mirror.site.internal:8091", ["debian12"], "F" * 40, []))
-    apt = "http://mirror.site.internal:8091/apt/debian12/"
+    got = yaml.safe_load(site_vars("https://mirror.site.internal:8091", ["debian12"], "F" * 40, []))
+    apt = "https://mirror.site.internal:8091/apt/debian12/"
     assert got["nvidia_repo_url"] == got["site_apt_repo_url"] == apt
     assert got["nvidia_repo_key_url"] == got["site_apt_repo_key_url"] == apt + "bundle-archive-keyring.gpg"
     assert got["nvidia_repo_key_fingerprints"] == got["site_apt_repo_key_fingerprints"] == ["F" * 40]
-    assert got["vllm_pip_index_url"] == "http://mirror.site.internal:8091/python/simple/"
+    assert got["vllm_pip_index_url"] == "https://mirror.site.internal:8091/python/simple/"
     assert got["infiniband_doca_repo_url"] == apt and got["infiniband_doca_repo_key_fingerprints"] == ["F" * 40]
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://mirror.site.internal:8091/", "the mirror must be https://"),
+    ("HTTP://198.18.9.11:8091/", "the mirror must be https://"),
+    ('https://mirror"\nnvidia_repo_url: x/', "expected https://HOST[:PORT]/"),  # would change site-vars' shape
+    ("https://mirror/a b/", "expected https://HOST[:PORT]/"),
+])
+def test_the_mirror_url_is_https_and_plain(url: str, why: str) -> None:
+    """pip refuses a plain-HTTP index and --trusted-host is an error (SUP002): the generated site variables point at
+    the mirror's TLS, and the URL is written into YAML, so it cannot carry a quote or a line break."""
+    from provisioner.bundle.build import check_mirror_url
+    from provisioner.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(why)) as e:
+        check_mirror_url(url)
+    assert "--mirror-url" in str(e.value) and "\n" not in str(e.value)  # one line
+    for ok in ("", "https://mirror.site.internal:8091/", "https://198.18.9.11:8091", "https://[fd00::5]:8091/b/"):
+        check_mirror_url(ok)
 
 
 def test_the_wheelhouse_markers_are_the_nodes_python_for_each_release():

@@ -32,6 +32,19 @@ def test_pip_options_in_extra_args_each_get_their_code(tmp_path: Path) -> None:
     assert "--extra-index-url https://two/simple" in by["SUP003"] and "vllm_pip_index_url" in by["SUP003"]
 
 
+def test_trusted_host_in_any_pip_extra_args_is_an_error_naming_file_group_host_and_variable(tmp_path: Path) -> None:
+    fs = findings(tmp_path, "SUP002", group_vars=gpu_nodes(vllm_pip_extra_args="--trusted-host=198.18.9.11"),
+                  host_vars={"n2": {"site_tool_pip_extra_args": "--no-cache-dir --trusted-host mirror.site"}})
+    got = {(f.severity, f.group, f.host, f.var) for f in fs}
+    assert got == {("error", "gpu_nodes", None, "vllm_pip_extra_args"),
+                   ("error", None, "n2", "site_tool_pip_extra_args")}
+    by = {f.var: f.message for f in fs}
+    assert "--trusted-host 198.18.9.11" in by["vllm_pip_extra_args"] and "https" in by["vllm_pip_extra_args"]
+    assert "group_vars/gpu_nodes.yml" in by["vllm_pip_extra_args"]  # the file it is set in
+    assert "site_tool_pip_extra_args: --trusted-host mirror.site" in by["site_tool_pip_extra_args"]
+    assert "host_vars/n2.yml" in by["site_tool_pip_extra_args"]
+
+
 @pytest.mark.parametrize(("args", "want"), [
     ("-ihttp://a/simple", [("-i", "http://a/simple")]),
     ("--find-links=http://w/ --pre", [("--find-links", "http://w/"), ("--pre", None)]),

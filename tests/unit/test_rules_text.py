@@ -191,3 +191,14 @@ def test_empty_strings_are_unset_not_refused(tmp_path: Path) -> None:
     fs = findings(tmp_path, "TXT002", group_vars=gpu_nodes(vllm_host_ip="", serving_lb_default_model="",
                                                            vllm_client_networks=[]))
     assert fs == []
+
+
+def test_the_mirror_certificate_and_key_are_multi_line_by_design(tmp_path: Path) -> None:
+    """PEM texts (role bundle_mirror): newlines allowed, as in site_ca_certificates; other controls still refused."""
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    gv = {"bundle_mirror": {"bundle_mirror_tls_certificate": pem, "bundle_mirror_tls_key": pem.replace("CERT", "K")}}
+    ini = "[gpu_nodes]\nn1 ansible_host=10.0.0.1\n\n[bundle_mirror]\nn1\n"
+    assert findings(tmp_path, "TXT001", ini=ini, group_vars=gv) == []
+    gv["bundle_mirror"]["bundle_mirror_tls_certificate"] = pem + "\x1b[2J"
+    (f,) = findings(tmp_path / "b", "TXT001", ini=ini, group_vars=gv)
+    assert f.var == "bundle_mirror_tls_certificate" and f.severity == "error"

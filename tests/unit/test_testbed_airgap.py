@@ -44,3 +44,47 @@ def test_pointing_at_the_bundle_drops_the_proxy_and_the_racks_repo(tmp_path: Pat
     assert got["nvidia_repo_key_fingerprints"] == ["B" * 40]
     assert got["bundle_mirror_source"] == str(bundle) and got["provision_site"] == "testbed-x"
     assert airgap.table_name("bundle2-bench") == "provisioner_airgap_bundle2_bench"
+
+
+def test_the_mirror_gets_a_certificate_from_the_rack_ca_and_its_key_vaulted(tmp_path: Path) -> None:
+    """The rack's CA (the one its inventory gives the nodes) issues the mirror's certificate; the key reaches the
+    inventory only vaulted."""
+    import ssl
+
+    from ansible.parsing.vault import VaultLib, VaultSecret
+    from cryptography import x509
+
+    from provisioner_testbed import tls
+
+    ca = tmp_path / "repo-tls"
+    tls.ensure(ca, "198.18.9.1", "test CA")
+    assert oct((ca / "ca.key").stat().st_mode & 0o777) == "0o600"
+    cert, key = tls.issue(ca, "198.18.9.11", tmp_path / "issued")
+    assert tls.issue(ca, "198.18.9.11", tmp_path / "issued") == (cert, key)  # made once
+    assert oct((tmp_path / "issued" / "server.key").stat().st_mode & 0o777) == "0o600"
+    c = x509.load_pem_x509_certificate(cert.encode())
+    root = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
+    c.verify_directly_issued_by(root)
+    assert [str(a) for a in c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            .get_values_for_type(x509.IPAddress)] == ["198.18.9.11"]
+    ctx = ssl.create_default_context(cafile=str(ca / "ca.pem"))  # the pair loads as nginx would load it
+    ctx.load_cert_chain(tmp_path / "issued" / "server.pem", tmp_path / "issued" / "server.key")
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    f = airgap.mirror_tls(inv, cert, key, pw)
+    text = f.read_text()
+    body = key.splitlines()[1]
+    assert body not in text and "$ANSIBLE_VAULT" in text
+    doc = yaml.load(text, Loader=_VaultLoader)
+    assert doc["bundle_mirror_tls_certificate"] == cert
+    lib = VaultLib([("default", VaultSecret(b"s3cret"))])
+    assert lib.decrypt(doc["bundle_mirror_tls_key"].encode()).decode() == key
+
+
+class _VaultLoader(yaml.SafeLoader):
+    pass
+
+
+_VaultLoader.add_constructor("!vault", lambda loader, node: loader.construct_scalar(node))
