@@ -49,12 +49,14 @@ pytestmark = pytest.mark.testbed
 
 BIN = Path(sys.executable).parent
 RACK = os.environ.get("PROVISIONER_TRUST_RACK", "trust")
-TABLE = "provisioner_airgap_test"
 PORT = 8091
 #: opt-in: the host also serves vLLM from the bundle (module docstring)
 VLLM = os.environ.get("PROVISIONER_AIRGAP_VLLM") == "1"
 CLUSTER = "vllm_air"
 VLLM_RACK = os.environ.get("PROVISIONER_AIRGAP_VLLM_RACK", "airgap-vllm")
+# one nft table per rack: the host's nftables are shared, and two racks' air-gap tests (a developer's beside CI's)
+# must not delete each other's counters
+TABLE = "provisioner_airgap_" + "".join(c if c.isalnum() else "_" for c in (VLLM_RACK if VLLM else RACK))
 SPEC = PROJECT_ROOT / "tests" / "vllm" / "rack-spec.yaml"
 
 
