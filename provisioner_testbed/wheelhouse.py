@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from provisioner.bundle.build import PIP_FOR_TARGET
+from provisioner.bundle.build import target_markers as bundle_markers
 from provisioner_testbed.progress import Phases, count_wheels, run_logged
 
 #: The golden layer's interpreter: the base root's Debian 12 python3.11.
@@ -93,22 +95,12 @@ def target_markers(dpkg_status: str, python_version: str = TARGET_PYTHON) -> dic
     m = re.match(r"(?:\d+:)?(\d+\.\d+\.\d+)", deb or "")
     if not m or not m.group(1).startswith(python_version + "."):
         raise ValueError(f"no installed python{python_version} in the dpkg status")
-    full = m.group(1)
-    return {"python_version": python_version, "python_full_version": full, "implementation_name": "cpython",
-            "implementation_version": full, "platform_python_implementation": "CPython", "os_name": "posix",
-            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": TARGET_ARCH}
+    return bundle_markers(python_version, m.group(1), TARGET_ARCH)
 
 
 #: `python -c PIP_AS_TARGET MARKERS_JSON download ...`: the running pip, evaluating dependency markers for the
-#: target interpreter (pip has no option for that; `--python-version` covers tags and Requires-Python only).
-PIP_AS_TARGET = (
-    "import json, sys\n"
-    "from pip._vendor.packaging import markers\n"
-    "_target, _own = json.loads(sys.argv[1]), markers.default_environment\n"
-    "markers.default_environment = lambda: {**_own(), **_target}\n"
-    "from pip._internal.cli.main import main\n"
-    "sys.exit(main(sys.argv[2:]))\n"
-)
+#: target interpreter (the bundle build's shim: one copy).
+PIP_AS_TARGET = PIP_FOR_TARGET
 
 
 def download_argv(python: str, wheelhouse: Path, packages: Sequence[str], platforms: Sequence[str], *,

@@ -306,12 +306,12 @@ PIP_FOR_TARGET = (
 )
 
 
-def target_markers(python: str, full: str = "") -> dict[str, str]:
+def target_markers(python: str, full: str = "", machine: str = "x86_64") -> dict[str, str]:
     """The PEP 508 marker environment of the nodes' CPython X.Y (`full`: X.Y.Z when the release catalog knows it)."""
     full = full or f"{python}.0"
     return {"python_version": python, "python_full_version": full, "implementation_name": "cpython",
             "implementation_version": full, "platform_python_implementation": "CPython", "os_name": "posix",
-            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": machine}
 
 
 def pip_download(reqs: Sequence[str], wheels: Path, opts: Options, python: str | None,
