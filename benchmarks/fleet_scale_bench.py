@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/fleet_scale_bench.py fit FILE...     # fixed + per-host fit of saved runs
 
 Per size: the harness comes up with N endpoints; every endpoint's state is recorded as `provision run` records it
-after a converged run (the inputs digest of provisioner.tiers.host_inputs + one probe, Ledger.put_states); then
+after a converged run (the inputs digest of provisioner.drift.tiers.host_inputs + one probe, Ledger.put_states); then
 `provision drift INV -q -r json` runs `--reps` times, each a fresh process, measured: wall, controller CPU (user+sys
 of the process and its reaped children, os.wait4), peak RSS (ru_maxrss), peak open files (/proc/PID/fd, sampled
 every 0.2 s), the endpoints' CPU (the listener's reaped sshd trees) and the 1-minute load average before and after.
@@ -37,7 +37,7 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python")
 SEED = r"""
 import sys
 from pathlib import Path
-from provisioner import tiers
+from provisioner.drift import tiers
 from provisioner.inventory import load_fleet
 from provisioner.ledger.site import site_of
 from provisioner.ledger.store import Ledger

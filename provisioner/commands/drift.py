@@ -126,7 +126,7 @@ def run(inventory: Path, *, report: Report = Report.text, output: Path | None = 
 
     import time
 
-    from provisioner import tiers as tiering
+    from provisioner.drift import tiers as tiering
     from provisioner.ledger.site import site_of
     from provisioner.paths import ledger_path
 

@@ -138,7 +138,7 @@ def register(app: typer.Typer) -> None:
             on_event=seen, idle_roles=idle_roles(fleet, targeted, xv), ledger_site=site_of(fleet),
         )
         if not check:
-            from provisioner.tiers import record_run
+            from provisioner.drift.tiers import record_run
 
             # the hosts this run completed: their state, for the next drift's probe tier
             warning = record_run(fleet, result, playbook=playbook, tags=tags, skip_tags=skip_tags, extra=xv,

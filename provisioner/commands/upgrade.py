@@ -46,10 +46,10 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     from provisioner.commands.common import extra_vars, validate
     from provisioner.day2.executor import Ops, actor_user, dumps, upgrade
     from provisioner.day2.rollout import spec_digest
+    from provisioner.drift.tiers import host_inputs
     from provisioner.inventory import load_fleet
     from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
-    from provisioner.tiers import host_inputs
 
     if max_unavailable < 1:
         raise UsageError("--max-unavailable must be >= 1")

@@ -737,7 +737,7 @@ def upgrade_batch(ops: Any, ledger: Any, rid: int, fleet: Any, batch: list[str],
                     seconds=round(time.monotonic() - t1, 1))
             if not ok:
                 return failed(last_failure(ops, "the roles failed"), full)
-            from provisioner.tiers import record_run
+            from provisioner.drift.tiers import record_run
 
             warning = record_run(fleet, r, skip_tags="vllm", extra={"provision_allow_reboot": True, **xv})
             if warning:

@@ -13,8 +13,8 @@ STEPS = ("pending", "draining", "upgrading", "returning", "done")
 
 def spec_digest(inputs: Mapping[str, str], extravars: Mapping[str, Any], key: bytes) -> str:
     """One digest of what the rollout applies: every member's input digest (inventory, roles, suite version) and the
-    extra vars (a vaulted -e value included), keyed like the input digests (provisioner.hoststate.keyed_digest)."""
-    from provisioner.hoststate import keyed_digest
+    extra vars (a vaulted -e value included), keyed like the input digests (provisioner.drift.state.keyed_digest)."""
+    from provisioner.drift.state import keyed_digest
 
     return keyed_digest(key, {"inputs": dict(sorted(inputs.items())), "extra": extravars})
 
@@ -71,7 +71,7 @@ def progress(statuses: Mapping[str, str], models: Mapping[str, str], serving: It
 def refusal(ro: Any, inventory: object, *, digest: str, abort: bool, force: bool,
             models: Mapping[str, str]) -> str | None:
     """Why this upgrade may not start or resume (one line), given the site's open rollout `ro`; None: it may."""
-    from provisioner.hoststate import KEYED
+    from provisioner.drift.state import KEYED
 
     if ro is not None and ro.status == "running":
         return f"refused: rollout {ro.id} of {inventory} is running (pid {ro.pid} on {ro.node})"

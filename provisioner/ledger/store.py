@@ -370,7 +370,7 @@ class Ledger(Day2Records):
 
     def sealer(self) -> Any:
         """The function that turns a probed state map into what this ledger records (hoststate.seal with its key)."""
-        from provisioner.hoststate import seal
+        from provisioner.drift.state import seal
 
         key = self.digest_key()
         return lambda state: seal(state, key)
@@ -593,7 +593,7 @@ class Ledger(Day2Records):
         (replacing its last record) and forget the records of `drop` (hosts whose run failed: their state is no
         longer converged). The inputs digest comes keyed with `digest_key()` (tiers.host_inputs) and every file's
         content digest is keyed here (sealer): the ledger holds no plain digest of a file that may hold a secret."""
-        from provisioner.hoststate import state_digest
+        from provisioner.drift.state import state_digest
 
         now = time.time()
         seal = self.sealer()
@@ -612,7 +612,7 @@ class Ledger(Day2Records):
     def records(self, hosts: Iterable[str]) -> dict[str, Any]:
         """{host: hoststate.Record} for the hosts that have one; a row that cannot be decoded comes back with an empty
         state (its digest then fails: `corrupted`)."""
-        from provisioner.hoststate import Record
+        from provisioner.drift.state import Record
 
         out: dict[str, Any] = {}
         for h in hosts:

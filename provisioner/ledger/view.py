@@ -241,7 +241,7 @@ def health_driver(rows: list[dict[str, Any]]) -> tuple[str, str] | None:
 def record_driver(state: Any) -> tuple[str, str] | None:
     """(driver version, what it is) from a recorded host state: the loaded module's version (a node fact), else
     the installed driver package's version."""
-    from provisioner.hoststate import FACTS
+    from provisioner.drift.state import FACTS
     from provisioner.probes.nodeparse import parse_nvrm_version, upstream_version
 
     for f in FACTS:
@@ -272,7 +272,7 @@ def recorded_seen(ledger: Ledger, host: str, record: Any, now: float) -> dict[st
 
 def _seen(found: tuple[str, str, Any] | None, record: Any, now: float) -> dict[str, dict[str, Any]]:
     """recorded_seen's fields from the driver a health pass reported ((version, check, run) or None) and the record."""
-    from provisioner.hoststate import Record
+    from provisioner.drift.state import Record
     from provisioner.probes.seen import IN_SERVICE, UNKNOWN, field
 
     driver, mark = dict(UNKNOWN), dict(UNKNOWN)

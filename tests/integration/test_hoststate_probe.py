@@ -1,4 +1,4 @@
-"""The tier-1 probe (provisioner/hoststate.py PROBE) run for real on this machine as the drift runs it on a node (the
+"""The tier-1 probe (provisioner/drift/state.py PROBE) run for real on this machine as the drift runs it on a node (the
 same shell command, the system's python3): files, directories, links and facts of its roots, the packages dpkg
 knows, a venv's distributions; one JSON line (the state `parse_probe` reads); an environment's PYTHONPATH does not
 reach it (`-I -S`)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import hoststate
+from provisioner.drift import state as hoststate
 
 PY = shutil.which("python3", path="/usr/bin:/bin")
 pytestmark = pytest.mark.skipif(PY is None or shutil.which("dpkg-query") is None, reason="needs python3 and dpkg")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner import hoststate
-from provisioner.hoststate import Change, Record, compare, parse_probe, state_digest, tier2_reason
+from provisioner.drift import state as hoststate
+from provisioner.drift.state import Change, Record, compare, parse_probe, state_digest, tier2_reason
 from provisioner.ledger.store import Ledger
 from provisioner.results import DriftItem, RunResult
-from provisioner.tiers import Tiers, merge, reason_kind
+from provisioner.drift.tiers import Tiers, merge, reason_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def test_a_record_of_the_two_key_scheme_is_checked_by_ansible_once_saying_why() 
     """A ledger written before the one key (inputs HMAC'd with digest.key, then sealed "hmac-sha256:..." with the
     ledger's key): its records match no new digest, and the reason says why, not "inputs changed"; the next record
     is the new kind, and then the host is tier 1 again."""
-    from provisioner.hoststate import KEYED, keyed_digest
+    from provisioner.drift.state import KEYED, keyed_digest
 
     lg = Ledger.open(":memory:")
     new = keyed_digest(lg.digest_key(), {"vars": {"a": 1}})
@@ -186,7 +186,7 @@ def test_no_plain_digest_of_a_file_is_recorded(tmp_path: Path) -> None:
 def test_full_every_is_due_without_a_full_drift_and_after_the_days(tmp_path: Path) -> None:
     import time
 
-    from provisioner.tiers import full_done, full_due
+    from provisioner.drift.tiers import full_done, full_due
 
     db, inv = tmp_path / "ledger.sqlite3", str(tmp_path / "hosts.ini")
     assert full_due(inv, 7, db)

@@ -167,7 +167,7 @@ class _Ro:
 
 def test_refusal_of_a_start_or_resume() -> None:
     from provisioner.day2.rollout import refusal
-    from provisioner.hoststate import KEYED
+    from provisioner.drift.state import KEYED
 
     d = KEYED + "abc"
     assert refusal(None, "inv", digest=d, abort=False, force=False, models=MODELS) is None

@@ -114,7 +114,7 @@ def test_command_runs_as_root_directly_else_through_sudo() -> None:
 
 
 def test_the_paths_are_the_suites() -> None:
-    from provisioner.hoststate import FACTS, VENVS
+    from provisioner.drift.state import FACTS, VENVS
     from provisioner.probes.health import IN_SERVICE
 
     defaults = yaml.safe_load((ROOT / "roles" / "vllm" / "defaults" / "main.yml").read_text())

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import hoststate, vault
+from provisioner import vault
+from provisioner.drift import state as hoststate
 from provisioner.errors import UsageError
 from provisioner.inventory import load_fleet
 from tests.support.inventory_factory import write_inventory
@@ -154,9 +155,9 @@ def test_a_vaulted_extra_vars_file_without_a_password_is_one_line(tmp_path: Path
 
 
 def test_the_keyed_input_digest_moves_with_a_secret_and_hides_it(tmp_path: Path) -> None:
-    from provisioner.hoststate import KEYED
+    from provisioner.drift.state import KEYED
     from provisioner.ledger.store import Ledger
-    from provisioner.tiers import host_inputs
+    from provisioner.drift.tiers import host_inputs
 
     pw = _pw(tmp_path)
     ledger = tmp_path / "runs" / "ledger.sqlite3"

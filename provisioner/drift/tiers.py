@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner import hoststate
+from provisioner.drift import state as hoststate
 
 #: Threads for the probe's fan-out (each host's work is waited on: bounded by SSH handshakes, not by the controller).
 PROBE_FORKS = 64
