@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from remediate_site import health, ledger, make, provision
+from remediate_site import burnin, health, ledger, make, provision
 
 from provisioner.ledger import Ledger
 
@@ -84,8 +84,16 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     # a second night: nothing new to try, n4 waits for its replacement
     again = provision(site, "remediate", str(site["inv"]), "--limit", "n1,n4", "--dry-run")
     assert "n4: no action (marked for hardware replacement: stays quarantined)" in again.stdout
-    # the fault is cleared (a part swapped by hand): the next health pass passes, the node returns
+    # the fault is cleared (a part swapped by hand): the next health pass passes; with the burn-in gate (on by
+    # default) the node still needs a passed tier since its last step: the policy asks for the gate (health + tier)
     health(site)
+    wait = provision(site, "remediate", str(site["inv"]), "--limit", "n1", "--dry-run")
+    assert "n1: health gate (no burn-in since reboot)" in wait.stdout, wait.stdout
+    burnin(site, "n1", "n2", failed="n1")  # a failed tier: the node stays quarantined, no return
+    held = provision(site, "remediate", str(site["inv"]), "--limit", "n1", "--dry-run")
+    assert "n1: no action (remediation exhausted (gpu_reset, reboot): stays quarantined (burn-in failed " \
+        "(gemm_bf16[gpu3] BRN001)))" in held.stdout, held.stdout
+    burnin(site, "n1", "n2")  # the tier passes (the nodes cannot run one here: recorded as provision burn-in does)
     back = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
     # named: the pass that returns it, and that the gate after the reboot (unreachable) did not pass
     assert re.search(r"n1: return to service \(health run #\d+ passed; the gate after reboot did not \(health run "
