@@ -163,7 +163,7 @@ def adopt(current: str, *, seen: bool, reason: str, host: str = "", context: Con
         raise Refused(f"{who}: adopting it needs a passed health gate first: run provision health {ctx.inventory} "
                       f"--limit {host or 'HOST'}")
     waived = ctx.burnin_required and not ctx.burnin_passed
-    why = f"adopted: {reason.strip()}" + (" (serving before the ledger; no burn-in on record)" if waived else "")
+    why = ("adopted, no burn-in on record: " if waived else "adopted: ") + reason.strip()
     notes = (f"burn-in gate waived: {who} serves already; its first return runs burnin_return_tier",) if waived \
         else ()
     return (Result(host, "new", "provisioning", why), Result(host, "provisioning", "burn-in", why),

@@ -104,6 +104,27 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     assert [t[1] for t in transitions(site["db"], "n1")] == ["draining", "quarantined", "burn-in", "in-service"]
 
 
+def test_a_cluster_member_without_a_burnin_since_it_left_service_runs_the_return_tier(site: dict[str, Path]) -> None:
+    """The loop's return of a whole cluster: n1 (quarantined) passed its gate and a tier; n2 (its cluster's other
+    member, in maintenance) passed the health pass but ran no tier since it left service: the burn-in gate (on by
+    default) makes the return run n2's return tier first (here it cannot reach n2: the return stops, nothing goes
+    into service)."""
+    with _open(site["db"]) as lg:
+        for a, b in (("in-service", "draining"), ("draining", "quarantined")):
+            lg.record_transition("n1", a, b, reason="ecc", actor="test")
+        for a, b in (("in-service", "draining"), ("draining", "maintenance")):
+            lg.record_transition("n2", a, b, reason="cluster out", actor="test")
+    health(site)
+    burnin(site, "n1")
+    p = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
+    assert "n1: return to service (health gate passed since the quarantine" in p.stdout, p.stdout + p.stderr
+    assert "n2: burn-in quick: fail (" in p.stdout and "n1: burn-in quick" not in p.stdout, p.stdout
+    assert "return stopped: the burn-in failed; n2 stay in burn-in, out of the balancer" in p.stdout, p.stdout
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    with _open(site["db"]) as lg:
+        assert [lg.state(h)[0] for h in ("n1", "n2")] == ["burn-in", "burn-in"]
+
+
 @pytest.mark.parametrize(("args", "needle", "rc"), [
     (["--app-fault", "n9=crash"], "n9 is not a host of the inventory", 2),
     (["--app-fault", "n1"], "expected HOST=WHY", 2),

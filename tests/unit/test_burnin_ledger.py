@@ -174,8 +174,8 @@ def test_adopting_a_serving_node_waives_the_burnin_gate_once_and_says_so(tmp_pat
     r = provision("node", str(path), "n1", *adopt, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-2:] == [
-        "n1: burn-in -> in-service (adopted: serving before the ledger (serving before the ledger; no burn-in on "
-        "record))", "  note: burn-in gate waived: n1 serves already; its first return runs burnin_return_tier"]
+        "n1: burn-in -> in-service (adopted, no burn-in on record: serving before the ledger)",
+        "  note: burn-in gate waived: n1 serves already; its first return runs burnin_return_tier"]
     with Ledger.open(db, site=path_site(path)) as lg:
         ts = lg.transitions("n1")
         assert [(t.from_state, t.to_state, t.forced) for t in ts] == [
