@@ -649,6 +649,13 @@ class Runner:
             self.gate(a.host)
         elif a.kind == "gate":
             self.gate(a.host)
+        elif a.kind == "burnin":  # the health gate passed already: the return tier alone
+            from provisioner.day2.burnin_return import return_burnin
+            from provisioner.paths import ledger_path
+
+            self.say(a.host, a.kind, a.line())
+            for _, (ok, line) in return_burnin(self.fleet, self.inventory, [a.host], path=ledger_path()).items():
+                self.say(a.host, "gate", f"{a.host}: {line}", ok=ok)
         elif a.kind == "return" and self.cluster_out(a.host):
             self.say(a.host, a.kind, a.line())
             self.return_cluster(a)

@@ -114,8 +114,9 @@ class Facts:
 
 @dataclass(frozen=True)
 class Action:
-    """What to do with a node. kind: quarantine, remediate (step), gate (run the health gate), return, replace,
-    restart_cluster, hold (nothing to do but say why). reason: the check or the cause, for the ledger and output."""
+    """What to do with a node. kind: quarantine, remediate (step), gate (run the health gate), burnin (its return
+    tier: the health gate passed, the burn-in gate waits), return, replace, restart_cluster, hold (nothing to do but
+    say why). reason: the check or the cause, for the ledger and output."""
 
     kind: str
     host: str
@@ -126,7 +127,7 @@ class Action:
 
     def line(self) -> str:
         what = {"quarantine": "quarantine", "remediate": f"remediate: {self.step}", "gate": "health gate",
-                "return": "return to service", "replace": "mark for hardware replacement",
+                "burnin": "return burn-in", "return": "return to service", "replace": "mark for hardware replacement",
                 "restart_cluster": f"restart cluster {self.cluster}", "hold": "no action"}[self.kind]
         return f"{self.host}: {what} ({self.reason})"
 
@@ -170,7 +171,7 @@ def decide(f: Facts, p: Policy) -> Action:
                     return Action("hold", f.host, "health passed, no burn-in since "
                                   f"{tried[-1].step if tried else 'quarantine'} and burnin_return_tier is off: run "
                                   f"provision burn-in INVENTORY {f.host} --tier quick")
-                return Action("gate", f.host, "no burn-in since " + (f"{tried[-1].step}" if tried else "quarantine"))
+                return Action("burnin", f.host, "no burn-in since " + (f"{tried[-1].step}" if tried else "quarantine"))
             if not b[0]:
                 passed, still = False, f"burn-in failed ({b[2] or 'see provision history'})"
         if passed:

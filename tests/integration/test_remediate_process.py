@@ -88,7 +88,7 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     # default) the node still needs a passed tier since its last step: the policy asks for the gate (health + tier)
     health(site)
     wait = provision(site, "remediate", str(site["inv"]), "--limit", "n1", "--dry-run")
-    assert "n1: health gate (no burn-in since reboot)" in wait.stdout, wait.stdout
+    assert "n1: return burn-in (no burn-in since reboot)" in wait.stdout, wait.stdout
     burnin(site, "n1", "n2", failed="n1")  # a failed tier: the node stays quarantined, no return
     held = provision(site, "remediate", str(site["inv"]), "--limit", "n1", "--dry-run")
     assert "n1: no action (remediation exhausted (gpu_reset, reboot): stays quarantined (burn-in failed " \

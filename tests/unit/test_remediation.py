@@ -91,10 +91,11 @@ def test_with_the_burnin_gate_a_quarantined_node_returns_only_after_a_burnin_sin
     tried = (Step("gpu_reset", q + 100, "done"),)
     ok = health(at=q + 200, outcome="ok")
     gated = {"state": "quarantined", "since": q, "steps": tried, "health": ok, "burnin_gate": True}
-    a = decide(facts(**gated), P)  # none ran: the gate (health + the return tier) runs
-    assert (a.kind, a.reason) == ("gate", "no burn-in since gpu_reset")
+    a = decide(facts(**gated), P)  # none ran: the return tier runs (the health gate passed already)
+    assert (a.kind, a.reason) == ("burnin", "no burn-in since gpu_reset")
+    assert a.line() == "n1: return burn-in (no burn-in since gpu_reset)"
     a = decide(facts(**gated, burnin=(True, q + 50, "")), P)  # a pass from before the step proves nothing
-    assert a.kind == "gate"
+    assert a.kind == "burnin"
     a = decide(facts(**gated, burnin=(True, q + 250, "")), P)
     assert a.kind == "return"
     a = decide(facts(**gated, burnin=(False, q + 250, "gemm_bf16[gpu3] BRN001")), P)  # failed: the next step
