@@ -27,10 +27,12 @@ Exit codes: 0 drained, 1 refused or a step failed (the line says which; the memb
 RETURN_HELP = unwrap("""Bring drained vLLM clusters back: health gate, mark, launch, then the balancer.
 
 TARGET is a host or a vLLM cluster (a member brings its whole cluster). The members go to burn-in (from
-maintenance, quarantined or a drain left half way), `provision health` runs on them (recorded in the ledger), and
-only when every member passes: burn-in -> in-service, the in-service mark written, vLLM launched (the playbook's
-vllm tag), the heads' /health waited for (at most --wait-healthy seconds), and the heads put back into every
-balancer (group lb). A member failing the gate stays in burn-in and its cluster stays out of the balancer.
+maintenance, quarantined or a drain left half way), `provision health` runs on them (recorded in the ledger), then
+each member's burnin_return_tier (default quick; the burn-in gate, on unless burnin_gate: false, needs a passed tier
+since the node left service), and only when every member passes: burn-in -> in-service, the in-service mark
+written, vLLM launched (the playbook's vllm tag), the heads' /health waited for (at most --wait-healthy seconds),
+and the heads put back into every balancer (group lb). A member failing the gate or its tier stays in burn-in and
+its cluster stays out of the balancer.
 
 Exit codes: 0 returned, 1 refused or a step failed, 2 usage.""")
 

@@ -61,7 +61,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         use_vault(vault_password_file)
         from provisioner.day2 import onboard_steps as steps
-        from provisioner.day2.onboard import Outcome, judge_launch, judge_run, launch_targets, launched_clusters, stages
+        from provisioner.day2.onboard import (
+            Outcome,
+            judge_launch,
+            judge_run,
+            launch_targets,
+            launched_clusters,
+            stages,
+            unburnt,
+        )
         from provisioner.inventory import load_fleet
         from provisioner.probes.health import run_health
         from provisioner.probes.preflight import probe
@@ -123,6 +131,7 @@ def register(app: typer.Typer) -> None:
                     out[name].problems = [f"{c['check']}: {c.get('message', '')}" for c in hh.failed] or [hh.message]
         # 3b. burn-in (docs/burn-in.md): the tier the site names (`burnin_onboard_tier`, default standard; off)
         burned = steps.burnin(fleet, inventory, [h for h in alive if out[h].stage is None], out, say)
+        unburnt(fleet, out)  # the burn-in gate: no tier ran (burnin_onboard_tier off) -> not in service
         for h in hosts:
             out[h].in_service = out[h].stage is None
 

@@ -21,7 +21,9 @@ HELP = unwrap("""Apply the quarantine/remediation policy (lifecycle_policy) to t
 For every GPU node with lifecycle_policy: a failed hard check (ecc, xid, fabricmanager, nvlink, ib: quarantine_on)
 quarantines it with the check as reason (the ledger's transitions, the in-service mark removed); a quarantined node
 gets the next remediation step (gpu_reset when no process holds a GPU, reboot, power_cycle through its BMC), each
-followed by the health gate; a pass returns it (burn-in, in-service, the mark written); N quarantines in
+followed by the health gate and, once that passes, the return burn-in tier (burnin_return_tier; the burn-in gate
+needs a passed tier since the last step, a failed tier counts as a failed gate); a pass returns it (burn-in,
+in-service, the mark written); N quarantines in
 replace_after's window mark it for replacement. --app-fault HOST=WHY reports an application fault (a vLLM crash):
 with no hardware signal its cluster is restarted (the vLLM roles), the node is not quarantined. Run `provision
 health` first: its results are the ledger's.

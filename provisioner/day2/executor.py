@@ -297,13 +297,25 @@ class Ops:
         for h in hosts:
             self.say("gate", f"{h}: health gate: {'pass' if res[h].ok else 'fail (' + res[h].message[:200] + ')'}",
                      ok=res[h].ok, host=h)
-        from provisioner.day2.burnin_return import return_burnin  # the burn-in on the way back (burnin_return_tier)
+        return self.burnin([h for h in hosts if res[h].ok]) and not bad
 
-        for h, (ok, line) in return_burnin(self.fleet, self.inventory, [h for h in hosts if res[h].ok],
-                                           path=ledger_path()).items():
-            self.say("gate", f"{h}: {line}", ok=ok, host=h)
-            bad += [] if ok else [h]
-        return not bad
+    def burnin(self, hosts: Iterable[str]) -> bool:
+        """The burn-in on the way back (each host's burnin_return_tier; off: nothing runs), one line per host."""
+        from provisioner.day2.burnin_return import return_burnin
+        from provisioner.paths import ledger_path
+
+        ok = True
+        for h, (passed, line) in return_burnin(self.fleet, self.inventory, list(hosts), path=ledger_path()).items():
+            self.say("gate", f"{h}: {line}", ok=passed, host=h)
+            ok &= passed
+        return ok
+
+    def unburnt(self, hosts: Iterable[str]) -> list[str]:
+        """The hosts the burn-in gate holds: gate on and no passed burn-in since they left service."""
+        from provisioner.ledger.view import burnin_gate, burnin_passed, burnin_since
+
+        return [h for h in hosts if burnin_gate(self.fleet, h)
+                and not burnin_passed(self.ledger, h, burnin_since(self.ledger, h))]
 
     def holders(self, hosts: Iterable[str]) -> bool:
         """No process holds /dev/nvidia* on any of `hosts` (else each one is named: pid and command)."""
@@ -422,7 +434,12 @@ def return_clusters(ops: Any, p: Any, *, reason: str, wait_healthy: float, gate_
     back = [h for h in p.hosts if ops.state(h) != "in-service"]
     gated = [h for h in back if h not in passed]
     if gated and not ops.gate(gated, timeout=gate_timeout):
-        ops.say("stopped", f"return stopped: the health gate failed; {', '.join(gated)} stay in burn-in, out of the "
+        ops.say("stopped", f"return stopped: the health gate or the burn-in failed; {', '.join(gated)} stay in "
+                "burn-in, out of the balancer", ok=False)
+        return False
+    unburnt = ops.unburnt([h for h in back if h not in gated])  # gated elsewhere (remediation's) but no tier since
+    if unburnt and not ops.burnin(unburnt):
+        ops.say("stopped", f"return stopped: the burn-in failed; {', '.join(unburnt)} stay in burn-in, out of the "
                 "balancer", ok=False)
         return False
     ops.move([(h, "in-service") for h in back], reason, health_passed=True)
@@ -465,7 +482,18 @@ def facts(fleet: Any, ledger: Any, host: str, app_fault: str | None) -> Any:
     runs = [r for r in ledger.runs(host=host, limit=50) if r.command == "health" and r.started >= (since or 0.0)]
     health_runs = tuple((r.id, r.started, str(ledger.host_outcomes(r.id).get(host, {}).get("status") or r.status))
                         for r in reversed(runs))
+    from provisioner.day2.burnin_return import return_tier
+    from provisioner.ledger.view import burnin_gate, burnin_label
+
+    b = ledger.burnin_last(host)
+    burnin = None
+    if b is not None and float(b["ended"] or 0) >= (since or 0.0):
+        failed = [] if b["status"] == "ok" else \
+            [burnin_label(r) for r in ledger.burnin(host, b["run"]) if r["result"] == "fail"]
+        burnin = (b["status"] == "ok", float(b["ended"] or 0), ", ".join(failed[:4]))
     return Facts(host=host, state=state, since=since, now=time.time(), health=health, health_runs=health_runs,
+                 burnin_gate=burnin_gate(fleet, host), burnin_return=return_tier(fleet, host) is not None,
+                 burnin=burnin,
                  quarantines=tuple(t.at for t in ledger.transitions(host) if t.to_state == "quarantined"),
                  steps=tuple(Step(r.step, r.at, r.outcome) for r in ledger.remediations(host)),
                  cluster=cluster_name(fleet, host), has_bmc=bool(fleet.hosts[host].vars.get("bmc_address")),
@@ -621,11 +649,26 @@ class Runner:
             self.gate(a.host)
         elif a.kind == "gate":
             self.gate(a.host)
+        elif a.kind == "burnin":  # the health gate passed already: the return tier alone
+            from provisioner.day2.burnin_return import return_burnin
+            from provisioner.paths import ledger_path
+
+            self.say(a.host, a.kind, a.line())
+            for _, (ok, line) in return_burnin(self.fleet, self.inventory, [a.host], path=ledger_path()).items():
+                self.say(a.host, "gate", f"{a.host}: {line}", ok=ok)
         elif a.kind == "return" and self.cluster_out(a.host):
             self.say(a.host, a.kind, a.line())
             self.return_cluster(a)
         elif a.kind == "return":
+            from provisioner.day2.lifecycle import Refused
+
             self.say(a.host, a.kind, a.line())
+            try:  # both moves checked before either is written (the burn-in gate refuses: it stays where it is)
+                self.ops().check([(a.host, "burn-in"), (a.host, "in-service")], a.reason, force=True,
+                                 health_passed=True)
+            except Refused as exc:
+                self.say(a.host, "refused", f"{a.host}: return refused: {exc}", ok=False)
+                return
             self.move(a.host, "burn-in", a.reason)
             self.move(a.host, "in-service", a.reason, health_passed=True)
             self.mark(a.host, True, a.reason)
@@ -667,8 +710,10 @@ def record_onboarding(fleet: Fleet, out: Mapping[str, Any], warn: Any) -> None:
                        else f"onboard: left out at {o.stage}: {'; '.join(o.problems)[:300] or 'failed'}")
                 try:
                     for to in path_to(state, target) if target != state else ():
+                        # this onboarding's own gates: its health pass, and the tier it passed (recorded before
+                        # these transitions, so the ledger's "newer than the state" cannot tell it)
                         ctx = replace(lifecycle_context(fleet, ledger, h), health_passed=o.in_service,
-                                      burnin_passed=o.in_service)
+                                      burnin_passed=o.in_service and o.burnin is not None)
                         res = transition(state, to, reason=why, host=h, force=True, context=ctx)
                         ledger.record_transition(h, state, to, reason=res.reason, actor="onboard", forced=res.forced)
                         state = to

@@ -8,10 +8,11 @@
 
 Refusals (`Refused`, one line):
 - a transition not in the table (e.g. in-service -> maintenance: drain first; anything out of retired);
-- into in-service without a passed health gate (`Context.health_passed`), or, where the site turns the burn-in gate on,
-  without a passed burn-in newer than the state (`Context.burnin_passed`); `force` lifts neither;
+- into in-service without a passed health gate (`Context.health_passed`), or, unless the site turns the burn-in gate
+  off, without a passed burn-in since the node left service (`Context.burnin_passed`); `force` lifts neither;
 - draining a node whose vLLM cluster is the last one serving its model, unless `force` (the fleet's clusters and
   models and every host's state come in the `Context` as plain data: this module reads nothing).
+`adopt` records a node that served before the ledger saw it (health gate held, burn-in gate waived and said so).
 
 No I/O here: the ledger records what `transition` allows (provisioner/ledger/), the commands gather the context.
 """
@@ -61,10 +62,13 @@ class Context:
     lifecycle state (hosts missing are `new`)."""
 
     health_passed: bool = False
-    #: the burn-in gate (docs/burn-in.md): when the site turns it on (`burnin_gate`), into in-service also needs a
-    #: passed burn-in tier newer than the node's present state.
+    #: the burn-in gate (docs/burn-in.md; on unless the site sets `burnin_gate: false`): into in-service also needs
+    #: a passed burn-in tier newer than the state the node comes from. inventory and burnin_tier only word the
+    #: refusal (what to run).
     burnin_required: bool = False
     burnin_passed: bool = False
+    inventory: str = "INVENTORY"
+    burnin_tier: str = "quick"
     cluster: str | None = None
     clusters: Mapping[str, ClusterInfo] = field(default_factory=dict)
     states: Mapping[str, str] = field(default_factory=dict)
@@ -86,6 +90,11 @@ class Result:
     reason: str
     forced: bool = False
     notes: tuple[str, ...] = ()
+
+
+def burnin_gate_on(value: object = True) -> bool:
+    """The inventory's `burnin_gate` (default on): only false/no/0/off turn it off; a misspelt value keeps it on."""
+    return str(value).strip().lower() not in ("false", "no", "0", "off")
 
 
 def check_state(state: str) -> str:
@@ -115,8 +124,8 @@ def transition(current: str, target: str, *, reason: str, host: str = "", force:
     if target == SERVING and not ctx.health_passed:
         raise Refused(f"{who}: {current} -> {SERVING} needs a passed health gate first (provision health)")
     if target == SERVING and ctx.burnin_required and not ctx.burnin_passed:
-        raise Refused(f"{who}: {current} -> {SERVING} needs a passed burn-in newer than its {current} state first "
-                      "(provision burn-in INVENTORY HOST --tier quick|standard)")
+        raise Refused(f"{who}: {current} -> {SERVING} needs a passed burn-in since it left service (burnin_gate): "
+                      f"run provision burn-in {ctx.inventory} {host or 'HOST'} --tier {ctx.burnin_tier}")
     if target == "draining" and ctx.cluster is not None:
         c = ctx.clusters.get(ctx.cluster)
         if c is not None:
@@ -133,6 +142,32 @@ def transition(current: str, target: str, *, reason: str, host: str = "", force:
                 notes.append(f"forced: cluster {ctx.cluster} was the last one serving {c.model}")
     return Result(host=host, from_state=current, to_state=target, reason=reason.strip(), forced=forced,
                   notes=tuple(notes))
+
+
+def adopt(current: str, *, seen: bool, reason: str, host: str = "", context: Context | None = None
+          ) -> tuple[Result, ...]:
+    """Record a node that served before the ledger knew it (`provision node ... --state in-service --adopt`): new ->
+    provisioning -> burn-in -> in-service at once. The health gate holds; the burn-in gate is waived (the transition
+    is `forced` and its reason says so), because a burn-in would take the GPUs from the vLLM serving on them; the
+    node's first return runs its return tier as any other's. Only for a host the ledger never moved (`seen`: it has
+    a transition): a node with a history comes back through `provision return`."""
+    ctx = context or Context()
+    check_state(current)
+    who = host or "the node"
+    if not reason.strip():
+        raise Refused(f"{who}: a transition needs a reason")
+    if seen or current != "new":
+        raise Refused(f"{who}: --adopt is for a node the ledger has never seen; it is {current} with a history "
+                      "(bring it back with provision return)")
+    if not ctx.health_passed:
+        raise Refused(f"{who}: adopting it needs a passed health gate first: run provision health {ctx.inventory} "
+                      f"--limit {host or 'HOST'}")
+    waived = ctx.burnin_required and not ctx.burnin_passed
+    why = ("adopted, no burn-in on record: " if waived else "adopted: ") + reason.strip()
+    notes = (f"burn-in gate waived: {who} serves already; its first return runs burnin_return_tier",) if waived \
+        else ()
+    return (Result(host, "new", "provisioning", why), Result(host, "provisioning", "burn-in", why),
+            Result(host, "burn-in", SERVING, why, forced=waived, notes=notes))
 
 
 def path_to(current: str, target: str) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ class Outcome:
     launch: str | None = None  # vLLM launch after the mark: ok, failed, or None (not run: no cluster / skipped)
     launch_problems: list[str] = field(default_factory=list)
     lifecycle: str | None = None  # its state in the ledger after onboarding (None: the ledger could not be written)
+    burnin: str | None = None  # the burn-in tier it passed in this onboarding (None: none ran or it failed)
 
     def fail(self, stage: str, problems: list[str]) -> None:
         self.stage, self.problems = stage, problems
@@ -55,6 +56,17 @@ def burnin_tiers(fleet: Fleet, hosts: Iterable[str]) -> dict[str, list[str]]:
         if tier != "off":
             tiers.setdefault(tier if tier in BURNIN_TIERS else "standard", []).append(h)
     return tiers
+
+
+def unburnt(fleet: Fleet, out: Mapping[str, Outcome]) -> None:
+    """With the burn-in gate on (the default), a host that came through every other stage but ran no burn-in
+    (`burnin_onboard_tier: off`) is left out at `burn-in`: in-service needs a passed tier (docs/burn-in.md)."""
+    from provisioner.day2.lifecycle import burnin_gate_on
+
+    for h, o in out.items():
+        if o.stage is None and o.burnin is None and burnin_gate_on(fleet.hosts[h].vars.get("burnin_gate", True)):
+            o.fail("burn-in", ["burnin_onboard_tier is off and burnin_gate is on: in-service needs a passed burn-in "
+                               "(set burnin_onboard_tier: quick, or burnin_gate: false to weaken acceptance)"])
 
 
 def check_line(r: Mapping[str, Any], *, message: bool = True) -> str:

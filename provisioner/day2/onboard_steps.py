@@ -60,6 +60,8 @@ def burnin(fleet: Fleet, inventory: Path, hosts: list[str], out: dict[str, Outco
         for name, hb in res.items():
             if not hb.ok:
                 out[name].fail("burn-in", [check_line(r) for r in hb.failed] or [hb.error or "failed"])
+            else:
+                out[name].burnin = tier
     return bool(tiers)
 
 

@@ -105,12 +105,18 @@ class Facts:
     health_runs: tuple[tuple[int, float, str], ...] = ()
     #: why it is a slow node (provisioner.burnin.slow_nodes on the newest burn-ins), None when it is not
     slow: str | None = None
+    #: the burn-in gate (on unless the site sets burnin_gate: false) and whether the node runs a tier on its way back
+    #: (burnin_return_tier); its newest burn-in since it entered its state: (passed, ended, the failed checks)
+    burnin_gate: bool = False
+    burnin_return: bool = True
+    burnin: tuple[bool, float, str] | None = None
 
 
 @dataclass(frozen=True)
 class Action:
-    """What to do with a node. kind: quarantine, remediate (step), gate (run the health gate), return, replace,
-    restart_cluster, hold (nothing to do but say why). reason: the check or the cause, for the ledger and output."""
+    """What to do with a node. kind: quarantine, remediate (step), gate (run the health gate), burnin (its return
+    tier: the health gate passed, the burn-in gate waits), return, replace, restart_cluster, hold (nothing to do but
+    say why). reason: the check or the cause, for the ledger and output."""
 
     kind: str
     host: str
@@ -121,7 +127,7 @@ class Action:
 
     def line(self) -> str:
         what = {"quarantine": "quarantine", "remediate": f"remediate: {self.step}", "gate": "health gate",
-                "return": "return to service", "replace": "mark for hardware replacement",
+                "burnin": "return burn-in", "return": "return to service", "replace": "mark for hardware replacement",
                 "restart_cluster": f"restart cluster {self.cluster}", "hold": "no action"}[self.kind]
         return f"{self.host}: {what} ({self.reason})"
 
@@ -156,6 +162,18 @@ def decide(f: Facts, p: Policy) -> Action:
         # after a step only a newer pass counts; before any, the failing pass that quarantined it is the baseline
         if h is None or (tried and h.started < tried[-1].at) or (passed and h.started < entered):
             return Action("gate", f.host, "no health pass since " + (f"{tried[-1].step}" if tried else "quarantine"))
+        still = None
+        if passed and f.burnin_gate:  # into in-service needs a passed burn-in since the quarantine (and the step)
+            after = tried[-1].at if tried else entered
+            b = f.burnin
+            if b is None or b[1] < after:
+                if not f.burnin_return:
+                    return Action("hold", f.host, "health passed, no burn-in since "
+                                  f"{tried[-1].step if tried else 'quarantine'} and burnin_return_tier is off: run "
+                                  f"provision burn-in INVENTORY {f.host} --tier quick")
+                return Action("burnin", f.host, "no burn-in since " + (f"{tried[-1].step}" if tried else "quarantine"))
+            if not b[0]:
+                passed, still = False, f"burn-in failed ({b[2] or 'see provision history'})"
         if passed:
             return Action("return", f.host, _passed(f, h, tried[-1] if tried else None))
         done = {s.step for s in tried}
@@ -164,9 +182,9 @@ def decide(f: Facts, p: Policy) -> Action:
                 continue
             if step == "power_cycle" and not f.has_bmc:
                 continue
-            return Action("remediate", f.host, _still(h), step=step)
+            return Action("remediate", f.host, still or _still(h), step=step)
         return Action("hold", f.host, f"remediation exhausted ({', '.join(s.step for s in tried) or 'none'}): "
-                                      f"stays quarantined ({_still(h)})")
+                                      f"stays quarantined ({still or _still(h)})")
     if h is None:
         return Action("hold", f.host, "no health result")
     if h.outcome == "unreachable":

@@ -106,8 +106,8 @@ class _Loop:
         v = judge(a.kind, host, check=a.check, cluster=cluster, rails=self.rails,
                   recent=_recent(self.fleet, self.ledger, host, a.check, self.rails, now, self.policy_nodes))
         disp = disposition(self.rails.mode, v, approved=approved is not None)
-        if a.kind == "gate" and disp == "recommended":
-            disp = "act"  # a health pass changes nothing on the node
+        if a.kind in ("gate", "burnin") and disp == "recommended":
+            disp = "act"  # a health pass or a burn-in on a quarantined node takes nothing out
         common = dict(reason=a.reason, source=self.source, mode=self.rails.mode, step=a.step, check=a.check,
                       cluster=cluster, model=model, alert_key=self.alert_key)
         if disp == "blocked":

@@ -310,8 +310,8 @@ def serving_clusters(fleet: Fleet, ledger: Ledger) -> set[str]:
 
 
 def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
-    """The lifecycle rules' context for `host`: its health gate, its cluster, every cluster's model and members,
-    every host's state."""
+    """The lifecycle rules' context for `host`: its health gate, its burn-in gate, its cluster, every cluster's model
+    and members, every host's state."""
     from provisioner.day2.lifecycle import ClusterInfo, Context
 
     states = ledger.states()
@@ -320,21 +320,45 @@ def lifecycle_context(fleet: Fleet, ledger: Ledger, host: str) -> Context:
                 for name, c in fleet.clusters.items()}
     return Context(health_passed=health_passed(ledger, host, since), cluster=cluster_name(fleet, host),
                    clusters=clusters, states={h: s for h, (s, _) in states.items()},
-                   burnin_required=burnin_gate(fleet, host), burnin_passed=burnin_passed(ledger, host, since))
+                   burnin_required=burnin_gate(fleet, host),
+                   burnin_passed=burnin_passed(ledger, host, burnin_since(ledger, host)),
+                   inventory=str(fleet.source), burnin_tier=burnin_hint_tier(fleet, host))
 
 
 def burnin_gate(fleet: Fleet, host: str) -> bool:
-    """The site's burn-in gate (`burnin_gate`, default off): into in-service needs a passed burn-in newer than the
-    state."""
+    """The site's burn-in gate (`burnin_gate`, default ON): into in-service needs a passed burn-in newer than the
+    state the node comes from. Only false/no/0/off turn it off: a misspelt value keeps it on (it fails closed)."""
+    from provisioner.day2.lifecycle import burnin_gate_on
+
     h = fleet.hosts.get(host)
-    v = h.vars.get("burnin_gate", False) if h is not None else False
-    return str(v).strip().lower() in ("true", "yes", "1", "on")
+    return burnin_gate_on(h.vars.get("burnin_gate", True) if h is not None else True)
+
+
+def burnin_hint_tier(fleet: Fleet, host: str) -> str:
+    """The tier a refusal tells the operator to run: the host's `burnin_return_tier`, quick when that is off."""
+    h = fleet.hosts.get(host)
+    v = str((h.vars if h is not None else {}).get("burnin_return_tier", "quick")).strip().lower()
+    return v if v in ("quick", "standard", "soak") else "quick"
+
+
+def burnin_since(ledger: Ledger, host: str) -> float | None:
+    """From when a burn-in counts for `host`'s way into service: when it entered the state it comes from. For a
+    node in `burn-in` that is the state before it (maintenance, quarantined, provisioning: a return tier runs there,
+    after the node left service, or while the node sits in burn-in); a tier that ran before the node left service,
+    or before a rebuild, never counts. None: the ledger never moved the host (any burn-in counts)."""
+    ts = ledger.transitions(host)
+    if not ts:
+        return None
+    if ts[-1].to_state == "burn-in" and len(ts) > 1:
+        return float(ts[-2].at)
+    return float(ts[-1].at)
 
 
 def burnin_passed(ledger: Ledger, host: str, since: float | None) -> bool:
-    """The newest passed `provision burn-in` of `host` (any tier) ended after `since`."""
-    last = ledger.burnin_last(host, passed=True)
-    return last is not None and (since is None or float(last["ended"] or 0) >= since)
+    """`host`'s newest `provision burn-in` (any tier) passed and ended after `since`: a pass followed by a failed
+    tier does not count."""
+    last = ledger.burnin_last(host)
+    return last is not None and last["status"] == "ok" and (since is None or float(last["ended"] or 0) >= since)
 
 
 def history(ledger: Ledger, host: str) -> dict[str, Any]:

@@ -117,3 +117,29 @@ def site_name(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
     if len(seen) > 1:
         yield Finding("LC006", "error", f"{SITE} differs between hosts ({', '.join(seen)}): one inventory is one "
                       "site; set it once, in group all", group="all", var=SITE)
+
+
+GATE = "burnin_gate"
+GATE_WORDS = ("true", "yes", "1", "on", "false", "no", "0", "off")
+
+
+@rule("LC007", "burnin_gate is not a boolean, or a burn-in tier is off while the gate is on")
+def burnin_gate(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """The burn-in gate (docs/burn-in.md, on by default) holds every node out of service without a passed tier: a
+    misspelt value keeps it on (said here), and a tier turned off with the gate on leaves nodes out (onboarding) or
+    stops their returns until a person runs `provision burn-in`."""
+    from provisioner.day2.lifecycle import burnin_gate_on
+
+    for g, h, v in places(fleet, GATE):
+        if str(v).strip().lower() not in GATE_WORDS:
+            yield Finding("LC007", "warning", f"{GATE} = {show(v)}: not a boolean; the burn-in gate stays on "
+                          "(false turns it off)", host=h, group=g, var=GATE)
+    for node in fleet.gpu_nodes:
+        if not burnin_gate_on(node.vars.get(GATE, True)):
+            continue
+        for var, default, what in (("burnin_onboard_tier", "standard", "onboarding leaves the host out at burn-in"),
+                                   ("burnin_return_tier", "quick", "its returns stop at the gate until a person "
+                                    "runs provision burn-in")):
+            if str(node.vars.get(var, default)).strip().lower() == "off":
+                yield Finding("LC007", "warning", f"{var} is off and {GATE} is on (the default): {what} (set a "
+                              f"tier, or {GATE}: false to weaken acceptance)", host=node.name, var=var)

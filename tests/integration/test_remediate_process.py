@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from remediate_site import health, ledger, make, provision
+from remediate_site import burnin, health, ledger, make, provision
 
 from provisioner.ledger import Ledger
 
@@ -84,8 +84,16 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     # a second night: nothing new to try, n4 waits for its replacement
     again = provision(site, "remediate", str(site["inv"]), "--limit", "n1,n4", "--dry-run")
     assert "n4: no action (marked for hardware replacement: stays quarantined)" in again.stdout
-    # the fault is cleared (a part swapped by hand): the next health pass passes, the node returns
+    # the fault is cleared (a part swapped by hand): the next health pass passes; with the burn-in gate (on by
+    # default) the node still needs a passed tier since its last step: the policy asks for the gate (health + tier)
     health(site)
+    wait = provision(site, "remediate", str(site["inv"]), "--limit", "n1", "--dry-run")
+    assert "n1: return burn-in (no burn-in since reboot)" in wait.stdout, wait.stdout
+    burnin(site, "n1", "n2", failed="n1")  # a failed tier: the node stays quarantined, no return
+    held = provision(site, "remediate", str(site["inv"]), "--limit", "n1", "--dry-run")
+    assert "n1: no action (remediation exhausted (gpu_reset, reboot): stays quarantined (burn-in failed " \
+        "(gemm_bf16[gpu3] BRN001)))" in held.stdout, held.stdout
+    burnin(site, "n1", "n2")  # the tier passes (the nodes cannot run one here: recorded as provision burn-in does)
     back = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
     # named: the pass that returns it, and that the gate after the reboot (unreachable) did not pass
     assert re.search(r"n1: return to service \(health run #\d+ passed; the gate after reboot did not \(health run "
@@ -94,6 +102,27 @@ def test_quarantine_remediation_then_return(site: dict[str, Path]) -> None:
     assert "n2: maintenance -> burn-in" in back.stdout and "n2: burn-in -> in-service" in back.stdout
     assert "/etc/provisioner/in-service not written: n1: unreachable" in back.stdout and back.returncode == 1
     assert [t[1] for t in transitions(site["db"], "n1")] == ["draining", "quarantined", "burn-in", "in-service"]
+
+
+def test_a_cluster_member_without_a_burnin_since_it_left_service_runs_the_return_tier(site: dict[str, Path]) -> None:
+    """The loop's return of a whole cluster: n1 (quarantined) passed its gate and a tier; n2 (its cluster's other
+    member, in maintenance) passed the health pass but ran no tier since it left service: the burn-in gate (on by
+    default) makes the return run n2's return tier first (here it cannot reach n2: the return stops, nothing goes
+    into service)."""
+    with _open(site["db"]) as lg:
+        for a, b in (("in-service", "draining"), ("draining", "quarantined")):
+            lg.record_transition("n1", a, b, reason="ecc", actor="test")
+        for a, b in (("in-service", "draining"), ("draining", "maintenance")):
+            lg.record_transition("n2", a, b, reason="cluster out", actor="test")
+    health(site)
+    burnin(site, "n1")
+    p = provision(site, "remediate", str(site["inv"]), "--limit", "n1")
+    assert "n1: return to service (health gate passed since the quarantine" in p.stdout, p.stdout + p.stderr
+    assert "n2: burn-in quick: fail (" in p.stdout and "n1: burn-in quick" not in p.stdout, p.stdout
+    assert "return stopped: the burn-in failed; n2 stay in burn-in, out of the balancer" in p.stdout, p.stdout
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    with _open(site["db"]) as lg:
+        assert [lg.state(h)[0] for h in ("n1", "n2")] == ["burn-in", "burn-in"]
 
 
 @pytest.mark.parametrize(("args", "needle", "rc"), [

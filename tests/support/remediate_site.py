@@ -1,6 +1,6 @@
 """A site for `provision remediate` as a real process without a rack: four nodes in two 2-node clusters at a closed
 port of 127.0.0.1 (every SSH step fails at once, as an unreachable node would), all in service in a real SQLite
-ledger, and health passes recorded the way `provision health` records them. Used by
+ledger, and health passes (and burn-ins) recorded the way `provision health` (`provision burn-in`) records them. Used by
 tests/integration/test_remediate_process.py and test_day2_rails_process.py."""
 
 from __future__ import annotations
@@ -84,3 +84,19 @@ def provision(site: Site, *args: str) -> subprocess.CompletedProcess[str]:
                COLUMNS="300")
     return subprocess.run([sys.executable, "-m", "provisioner.cli", *args], capture_output=True, text=True,
                           env=env, timeout=300)
+
+
+def burnin(site: Site, *hosts: str, failed: str | None = None) -> None:
+    """A `provision burn-in --tier quick` pass as record_burnin writes it, for `hosts` (the nodes here cannot run one:
+    they are unreachable); `failed`: the host whose GEMM check failed on GPU 3."""
+    from provisioner.ledger.record import record_burnin
+    from provisioner.probes.burnin import HostBurnin
+
+    res = {}
+    for h in hosts:
+        bad = h == failed
+        row = {"check": "gemm_bf16", "gpu": 3, "status": "fail" if bad else "pass", "metric": "gemm_bf16_tflops",
+               "value": 600.0 if bad else 689.0, "message": "GPU 3", **({"code": "BRN001"} if bad else {})}
+        res[h] = HostBurnin(h, reachable=True, tier="quick", rc=1 if bad else 0, results=[row],
+                            summary={"check": "summary"})
+    record_burnin(res, "quick", site["inv"], time.time(), 0.0, site["db"])

@@ -235,6 +235,8 @@ def test_onboard_marks_passing_hosts_and_leaves_out_failing(rig: Any) -> None:
         assert rc == 1, out
         hosts = doc["hosts"]
         assert hosts[n1]["in_service"] is True and hosts[n1]["marked"] is True
+        # the burn-in gate (on by default): the tier onboarding ran is what lets the ledger move it into service
+        assert (hosts[n1]["burnin"], hosts[n1]["lifecycle"]) == ("standard", "in-service"), hosts[n1]
         assert hosts[n3]["stage"] == "preflight" and hosts[n3]["problems"] == ["gpu_count: expected 8, found 7"]
         # n2 passes preflight, then the run's own health play fails it (XID 79) before the health gate
         assert hosts[n2]["in_service"] is False and hosts[n2]["stage"] in ("run", "health")

@@ -11,10 +11,10 @@ import pytest
 from cli_inproc import provision
 from inventory_factory import write_inventory
 
+from provisioner.day2.lifecycle import Context, Refused, transition
 from provisioner.ledger import Ledger
 from provisioner.ledger.record import record_burnin
 from provisioner.ledger.site import path_site
-from provisioner.day2.lifecycle import Context, Refused, transition
 from provisioner.probes.burnin import HostBurnin
 
 INI = """\
@@ -85,32 +85,67 @@ def test_recorded_per_check_per_gpu_and_status_shows_failures_and_the_slow_node(
 
 
 def test_burnin_gate_refuses_in_service_without_a_passed_burnin() -> None:
-    gated = Context(health_passed=True, burnin_required=True, burnin_passed=False)
-    with pytest.raises(Refused, match="needs a passed burn-in newer than its burn-in state"):
+    gated = Context(health_passed=True, burnin_required=True, burnin_passed=False, inventory="inv/hosts.ini")
+    with pytest.raises(Refused, match=r"^n1: burn-in -> in-service needs a passed burn-in .*: run provision burn-in "
+                                      r"inv/hosts.ini n1 --tier quick$"):
         transition("burn-in", "in-service", reason="r", host="n1", context=gated)
     with pytest.raises(Refused, match="burn-in"):
         transition("burn-in", "in-service", reason="r", host="n1", force=True, context=gated)
     ok = transition("burn-in", "in-service", reason="r", host="n1",
                     context=Context(health_passed=True, burnin_required=True, burnin_passed=True))
     assert ok.to_state == "in-service"
-    # without the site's gate the health gate alone decides, as before
+    # a site that turned the gate off: the health gate alone decides
     assert transition("burn-in", "in-service", reason="r", context=Context(health_passed=True)).to_state == "in-service"
 
 
-def test_node_command_applies_the_gate_from_the_inventory(tmp_path: Path) -> None:
-    path = write_inventory(tmp_path / "inv", ini=INI, group_vars={"all": {**GV["all"], "burnin_gate": True}})
+def _health_ok(db: Path, path: Path, host: str) -> None:
+    with Ledger.open(db, site=path_site(path)) as lg:
+        run = lg.run_started("health", "inv")
+        lg.run_finished(run, "ok", hosts=[{"host": host, "status": "ok"}])
+
+
+def test_node_command_applies_the_gate_by_default(tmp_path: Path) -> None:
+    path = write_inventory(tmp_path / "inv", ini=INI, group_vars=GV)  # no burnin_gate: on
     db = tmp_path / "ledger.sqlite3"
     env = {"PROVISION_LEDGER": str(db)}
     for s in ("provisioning", "burn-in"):
         assert provision("node", str(path), "n1", "--state", s, "--reason", s, env=env).returncode == 0
-    with Ledger.open(db, site=path_site(path)) as lg:
-        run = lg.run_started("health", "inv")
-        lg.run_finished(run, "ok", hosts=[{"host": "n1", "status": "ok"}])
+    _health_ok(db, path, "n1")
     r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "go", env=env)
-    assert r.returncode != 0 and "needs a passed burn-in" in r.stderr
-    record_burnin({"n1": result("n1", 689.0)}, "quick", path, time.time(), 5.0, db)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"refused: n1: burn-in -> in-service needs a passed burn-in since it left service (burnin_gate): run "
+        f"provision burn-in {path} n1 --tier quick"]
+    record_burnin({"n1": result("n1", 689.0)}, "quick", path, time.time(), 0.0, db)
     r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "go", env=env)
     assert r.returncode == 0, r.stderr
+    # out and back: the burn-in from before it left service does not count, one passed since it did does
+    for s in ("draining", "maintenance", "burn-in"):
+        assert provision("node", str(path), "n1", "--state", s, "--reason", s, env=env).returncode == 0
+    _health_ok(db, path, "n1")
+    r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "back", env=env)
+    assert r.returncode == 1 and "needs a passed burn-in" in r.stderr
+    record_burnin({"n1": result("n1", 689.0)}, "quick", path, time.time(), 0.0, db)  # in burn-in: counts
+    # ... unless a later tier failed
+    record_burnin({"n1": result("n1", 689.0, fail_gpu=2)}, "quick", path, time.time(), 0.0, db)
+    r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "back", env=env)
+    assert r.returncode == 1 and "needs a passed burn-in" in r.stderr
+    record_burnin({"n1": result("n1", 689.0)}, "quick", path, time.time(), 0.0, db)
+    r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "back", env=env)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(("value", "gated"), [("false", False), ("off", False), ("no", False), ("true", True),
+                                               ("flase", True)])
+def test_burnin_gate_off_only_when_the_site_says_so(tmp_path: Path, value: str, gated: bool) -> None:
+    path = write_inventory(tmp_path / "inv", ini=INI, group_vars={"all": {**GV["all"], "burnin_gate": value}})
+    db = tmp_path / "ledger.sqlite3"
+    env = {"PROVISION_LEDGER": str(db)}
+    for s in ("provisioning", "burn-in"):
+        assert provision("node", str(path), "n1", "--state", s, "--reason", s, env=env).returncode == 0
+    _health_ok(db, path, "n1")
+    r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "go", env=env)
+    assert (r.returncode == 1 and "needs a passed burn-in" in r.stderr) if gated else r.returncode == 0
 
 
 def test_a_bad_burnin_variable_is_one_line_naming_host_and_variable(tmp_path: Path) -> None:
@@ -123,3 +158,32 @@ def test_a_bad_burnin_variable_is_one_line_naming_host_and_variable(tmp_path: Pa
     bad = write_inventory(tmp_path / "inv2", ini=INI, group_vars={"all": {**GV["all"], "burnin_load_seconds": "x"}})
     r = provision("burn-in", str(bad), "n1", "--timeout", "1")
     assert r.returncode == 2 and "host n1: burnin_load_seconds = 'x': expected a whole number >= 1" in r.stderr
+
+
+def test_adopting_a_serving_node_waives_the_burnin_gate_once_and_says_so(tmp_path: Path) -> None:
+    """A fleet that served before the ledger knew it: `--adopt` records each node in service (health gate held, the
+    burn-in gate waived, forced, in the reason); a node the ledger knows cannot be adopted past the gate."""
+    path = write_inventory(tmp_path / "inv", ini=INI, group_vars=GV)
+    db = tmp_path / "ledger.sqlite3"
+    env = {"PROVISION_LEDGER": str(db)}
+    adopt = ("--state", "in-service", "--adopt", "--reason", "serving before the ledger")
+    r = provision("node", str(path), "n1", *adopt, env=env)
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"refused: n1: adopting it needs a passed health gate first: run provision health {path} --limit n1")
+    _health_ok(db, path, "n1")
+    r = provision("node", str(path), "n1", *adopt, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2:] == [
+        "n1: burn-in -> in-service (adopted, no burn-in on record: serving before the ledger)",
+        "  note: burn-in gate waived: n1 serves already; its first return runs burnin_return_tier"]
+    with Ledger.open(db, site=path_site(path)) as lg:
+        ts = lg.transitions("n1")
+        assert [(t.from_state, t.to_state, t.forced) for t in ts] == [
+            ("new", "provisioning", False), ("provisioning", "burn-in", False), ("burn-in", "in-service", True)]
+    # once: a node with a history comes back through the gate
+    for s in ("draining", "maintenance"):
+        assert provision("node", str(path), "n1", "--state", s, "--reason", s, env=env).returncode == 0
+    r = provision("node", str(path), "n1", *adopt, env=env)
+    assert r.returncode == 1 and "--adopt is for a node the ledger has never seen; it is maintenance" in r.stderr
+    r = provision("node", str(path), "n2", "--state", "burn-in", "--adopt", "--reason", "x", env=env)
+    assert r.returncode == 2 and "--adopt records a serving node: it goes with --state in-service" in r.stderr

@@ -81,8 +81,8 @@ def test_two_racks_with_node01_keep_apart(checkout: dict[str, object], monkeypat
     monkeypatch.setenv("PROVISION_LEDGER", str(db))
     warnings: list[str] = []
     fleet_b = load_fleet(b)  # type: ignore[arg-type]
-    record_onboarding(fleet_b, {"node01": Outcome(host="node01", in_service=True, passed=["health"])},
-                     warnings.append)
+    record_onboarding(fleet_b, {"node01": Outcome(host="node01", in_service=True, passed=["health", "burn-in"],
+                                                  burnin="standard")}, warnings.append)
     assert warnings == []
     r = provision("node", str(b), "node02", "--state", "provisioning", "--reason", "racked", env=checkout["env"])
     assert r.returncode == 0, r.stderr

@@ -55,10 +55,24 @@ def healthy(db: Path, *hosts: str, inv: Path | None = None) -> None:
         lg.run_finished(run, "ok", hosts=[{"host": h, "status": "ok"} for h in hosts])
 
 
+def burnt(db: Path, host: str, inv: Path) -> None:
+    """A passed `provision burn-in --tier quick` of `host`, recorded as the command records it (the burn-in gate)."""
+    import time
+
+    from provisioner.ledger.record import record_burnin
+    from provisioner.probes.burnin import HostBurnin
+
+    row = {"check": "gemm_bf16", "gpu": 0, "status": "pass", "metric": "gemm_bf16_tflops", "value": 689.0,
+           "message": "ok"}
+    record_burnin({host: HostBurnin(host, reachable=True, tier="quick", rc=0, results=[row], summary={"check": "summary"})}, "quick",
+                  inv, time.time(), 0.0, db)
+
+
 def to_service(site: tuple[Path, dict[str, str], Path], host: str) -> None:
     for s in ("provisioning", "burn-in"):
         assert node(site, host, s)[0] == 0
     healthy(site[2], host, inv=site[0])
+    burnt(site[2], host, site[0])
     rc, out, err = node(site, host, "in-service")
     assert rc == 0, err
 
@@ -103,7 +117,9 @@ def test_a_health_pass_before_the_present_state_does_not_count(site: tuple[Path,
     healthy(site[2], "n1", inv=site[0])
     node(site, "n1", "provisioning")
     node(site, "n1", "burn-in")
-    assert node(site, "n1", "in-service")[0] == 1
+    burnt(site[2], "n1", site[0])  # the burn-in gate passed: the health gate is what refuses
+    rc, _, err = node(site, "n1", "in-service")
+    assert rc == 1 and "needs a passed health gate first" in err
     healthy(site[2], "n1", inv=site[0])
     assert node(site, "n1", "in-service")[0] == 0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from inventory_factory import write_inventory
 
 from provisioner.day2.onboard import (Outcome, before_the_run, burnin_tiers, check_line, judge_launch, judge_run,
-                                      stages)
+                                      stages, unburnt)
 from provisioner.inventory import load_fleet
 from provisioner.results import HostResult, RunResult, TaskFailure
 
@@ -23,6 +23,20 @@ def test_burnin_tier_per_host(tmp_path: Path) -> None:
     assert burnin_tiers(fleet, ["n2"]) == {}
     inv2 = write_inventory(tmp_path / "b", host_vars={"n1": {"burnin_onboard_tier": "bogus"}})
     assert burnin_tiers(load_fleet(inv2), ["n1", "n2"]) == {"standard": ["n1", "n2"]}  # unknown and unset: standard
+
+
+def test_with_the_burnin_gate_a_host_that_ran_no_tier_is_left_out(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, host_vars={"n1": {"burnin_onboard_tier": "off"},
+                                               "n2": {"burnin_onboard_tier": "off", "burnin_gate": False}})
+    fleet = load_fleet(inv)
+    out = {"n1": Outcome("n1"), "n2": Outcome("n2"), "n3": Outcome("n3", burnin="quick")}
+    out["n4"] = Outcome("n4", stage="health", problems=["ecc: x"])
+    unburnt(fleet, out)
+    assert (out["n1"].stage, out["n1"].problems) == ("burn-in", [
+        "burnin_onboard_tier is off and burnin_gate is on: in-service needs a passed burn-in (set "
+        "burnin_onboard_tier: quick, or burnin_gate: false to weaken acceptance)"])
+    assert out["n2"].stage is None and out["n3"].stage is None  # the site turned the gate off / a tier passed
+    assert out["n4"].stage == "health"  # left out already: its first reason stays
 
 
 @dataclass

@@ -86,6 +86,25 @@ def test_a_passed_gate_after_a_step_returns_the_node() -> None:
     assert decide(facts(state="quarantined", since=q, steps=tried, health=failed_pass), P).kind == "remediate"
 
 
+def test_with_the_burnin_gate_a_quarantined_node_returns_only_after_a_burnin_since_its_last_step() -> None:
+    q = 50 * DAY
+    tried = (Step("gpu_reset", q + 100, "done"),)
+    ok = health(at=q + 200, outcome="ok")
+    gated = {"state": "quarantined", "since": q, "steps": tried, "health": ok, "burnin_gate": True}
+    a = decide(facts(**gated), P)  # none ran: the return tier runs (the health gate passed already)
+    assert (a.kind, a.reason) == ("burnin", "no burn-in since gpu_reset")
+    assert a.line() == "n1: return burn-in (no burn-in since gpu_reset)"
+    a = decide(facts(**gated, burnin=(True, q + 50, "")), P)  # a pass from before the step proves nothing
+    assert a.kind == "burnin"
+    a = decide(facts(**gated, burnin=(True, q + 250, "")), P)
+    assert a.kind == "return"
+    a = decide(facts(**gated, burnin=(False, q + 250, "gemm_bf16[gpu3] BRN001")), P)  # failed: the next step
+    assert (a.kind, a.step, a.reason) == ("remediate", "reboot", "burn-in failed (gemm_bf16[gpu3] BRN001)")
+    a = decide(facts(**gated, burnin_return=False), P)  # no return tier: a person runs one
+    assert a.kind == "hold" and "run provision burn-in INVENTORY n1 --tier quick" in a.reason
+    assert decide(facts(state="quarantined", since=q, steps=tried, health=ok), P).kind == "return"  # gate off
+
+
 def test_n_quarantines_in_the_window_mark_for_replacement() -> None:
     two = (80 * DAY, 90 * DAY)
     a = decide(facts(health=REMAP, quarantines=two), P)

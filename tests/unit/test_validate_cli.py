@@ -279,6 +279,11 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                {"group_vars": {"all": {"provision_site": ""}}},
                {"host_vars": {"n1": {"provision_site": "rack-a"}}}],
               [{"group_vars": {"all": {"provision_site": "dc1 rack-a"}}}]),
+    "LC007": ([{"group_vars": {"all": {"burnin_gate": "flase"}}},
+               {"group_vars": gpu_nodes(burnin_onboard_tier="off")},
+               {"host_vars": {"n1": {"burnin_return_tier": "off"}}}],
+              [{"group_vars": {"all": {"burnin_gate": False}, **gpu_nodes(burnin_onboard_tier="off")}},
+               {"group_vars": gpu_nodes(burnin_onboard_tier="quick", burnin_gate="yes")}]),
     "RL001": ([{"group_vars": {"all": {"remediation_rails": ["act"]}}},
                {"group_vars": {"all": {"remediation_rails": {"mdoe": "act"}}}},
                {"group_vars": gpu_nodes(remediation_rails={"mode": "act"})}],
@@ -327,7 +332,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                                          infiniband_doca_repo_key_fingerprints=["AB" * 20, "cd" * 32])}]),
 }
 
-WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005",
+WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005", "LC007",
             "SUP001", "SUP003", "SUP004"}
 
 
