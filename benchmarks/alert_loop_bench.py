@@ -14,7 +14,10 @@ The rack's monitoring host (lb01 in group `monitoring`, Prometheus + Alertmanage
 rack bridge: `testbed up --with-vllm --balancers 1` writes it, `make demo-vllm` installs it) is used as it is;
 `provision receiver serve` runs on the controller for the benchmark. Polled every 0.25 s: Prometheus'
 ALERTS{alertname="ProvisionNodeXidFatal", alertstate="firing"} for the host (`firing_s`), the receiver's "queued"
-line (`received_s`) and its "action ... done" line (`acted_s`). Needs root and a vLLM rack; run it under the rack
+line (`received_s`) and its "action ... done" line (`acted_s`). With `--client-period S` (default 4, 0: none) one
+paced client sends a tiny completion through the balancer (lb01:8000, the API key) throughout and counts requests
+sent / failed per phase (the phase the request started in): `fault` (injection -> drained), `out` (drained -> the
+clear), `return` (the clear -> returned), `between` (the rest). Needs root and a vLLM rack; run it under the rack
 lock: `flock /tmp/provisioner-rack.lock .venv/bin/python benchmarks/alert_loop_bench.py --rack NAME --faults 10
 [--cycle]`.
 """
@@ -27,7 +30,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -78,6 +83,55 @@ def _up(url: str) -> bool:
         return False
 
 
+class Client:
+    """One paced client through the balancer: a request every `period` s, every status kept with its phase."""
+
+    BODY = {"model": "tiny-llama", "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0}
+
+    def __init__(self, url: str, key: str, period: float) -> None:
+        self.url, self.key, self.period, self.phase = url, key, period, "between"
+        self.codes: list[tuple[str, int]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def _one(self) -> int:
+        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(self.BODY).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:  # noqa: S310 - the rack's own balancer
+                r.read()
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except OSError:
+            return 0
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            phase = self.phase
+            self.codes.append((phase, self._one()))
+            self._stop.wait(max(0.0, self.period - (time.monotonic() - t0)))
+
+    def counts(self, since: int = 0) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for phase, code in list(self.codes)[since:]:
+            c = out.setdefault(phase, {"sent": 0, "failed": 0})
+            c["sent"] += 1
+            c["failed"] += code != 200
+        return out
+
+    def start(self) -> None:
+        if self.period > 0:
+            self._t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._t.is_alive():
+            self._t.join(timeout=320)
+
+
 def pct(xs: list[float], p: float) -> float | None:
     """Nearest-rank percentile."""
     if not xs:
@@ -105,6 +159,8 @@ def main() -> int:
     ap.add_argument("--cycle", action="store_true", help="the full loop per fault: drained, then returned")
     ap.add_argument("--node", default="node03", help="--cycle: the node that faults (default: vllm_single's)")
     ap.add_argument("--return-timeout", type=float, default=900.0, help="--cycle: seconds for the return")
+    ap.add_argument("--client-period", type=float, default=4.0,
+                    help="seconds between the client's requests through the balancer (0: no client)")
     a = ap.parse_args()
     a.out = a.out or ROOT / "benchmarks" / ("alert_loop_bench_cycle.json" if a.cycle else "alert_loop_bench.json")
     from _summary import loadavg, record
@@ -112,7 +168,7 @@ def main() -> int:
     from provisioner.inventory import load_fleet
     from provisioner.ledger.site import site_of
     from provisioner_testbed import rack as testbed
-    from provisioner_testbed import vault
+    from provisioner_testbed import vault, vllm_image
 
     vault.export_for_tests()
     st = testbed.RackState.load(a.rack)
@@ -146,12 +202,16 @@ def main() -> int:
                               stdout=out, stderr=subprocess.STDOUT)
     rounds: list[dict] = []
     load0 = loadavg()
+    client = Client(f"http://{lb}:8000", vllm_image.TESTBED_API_KEY, a.client_period)
     try:
+        client.start()
         time.sleep(20)  # the first scrapes of every node
         for i in range(a.faults):
             node = nodes[i % len(nodes)]
             start = len(log.read_text().splitlines())
+            sent0 = len(client.codes)
             t0 = time.monotonic()
+            client.phase = "fault"
             testbed.fault(a.rack, node, ["xid=79"])
             marks: dict[str, float] = {}
             while time.monotonic() - t0 < a.timeout and "acted_s" not in marks:
@@ -172,6 +232,8 @@ def main() -> int:
                     if _state(site, node) == "quarantined" and not _up(url):
                         marks["drained_s"] = round(time.monotonic() - t0, 2)
                     time.sleep(0.5)
+                client.phase = "out"
+            client.phase = "return" if a.cycle else "between"
             testbed.clear(a.rack, node)
             t1 = time.monotonic()
             while time.monotonic() - t1 < a.timeout:  # the resolve reaches the receiver before the next fault
@@ -185,14 +247,16 @@ def main() -> int:
                         marks["returned_after_clear_s"] = round(time.monotonic() - t1, 2)
                         break
                     time.sleep(1)
+                client.phase = "between"
                 t2 = time.monotonic()  # the return's remediate ends (the incident marked) after the balancer add
                 while time.monotonic() - t2 < 120 and not any("/resolved " in ln and f"host={node}: done" in ln
                                                               for ln in log.read_text().splitlines()[start:]):
                     time.sleep(1)
                 marks.update(_incident(site, node))
-            rounds.append({"round": i, "node": node, **marks, "load1": loadavg()})
+            rounds.append({"round": i, "node": node, **marks, "client": client.counts(sent0), "load1": loadavg()})
             print(json.dumps(rounds[-1]), flush=True)
     finally:
+        client.stop()
         rx.terminate()
         rx.wait(10)
         for n in nodes:
@@ -203,6 +267,7 @@ def main() -> int:
                                                          "return_s")}
     total = {"faults": len(rounds), "missed": sum("received_s" not in r for r in rounds), "setup_s": setup_s,
              **{f"{k}_p50": pct(v, 50) for k, v in figs.items()}, **{f"{k}_p99": pct(v, 99) for k, v in figs.items()},
+             "client": client.counts(), "client_period_s": a.client_period,
              "load": {"start": load0, "end": load1, "max_round": max((r["load1"] for r in rounds), default=None)}}
     print("TOTAL " + json.dumps(total), flush=True)
     a.out.write_text(json.dumps({"total": total, "rounds": rounds}, indent=2) + "\n")
