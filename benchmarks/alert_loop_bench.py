@@ -132,6 +132,15 @@ class Client:
             self._t.join(timeout=320)
 
 
+def _utc_today(hhmm: str) -> float:
+    """Epoch seconds of today's HH:MM UTC."""
+    import datetime as dt
+
+    h, m = (int(x) for x in hhmm.split(":"))
+    now = dt.datetime.now(dt.UTC)
+    return now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
+
+
 def pct(xs: list[float], p: float) -> float | None:
     """Nearest-rank percentile."""
     if not xs:
@@ -159,6 +168,9 @@ def main() -> int:
     ap.add_argument("--cycle", action="store_true", help="the full loop per fault: drained, then returned")
     ap.add_argument("--node", default="node03", help="--cycle: the node that faults (default: vllm_single's)")
     ap.add_argument("--return-timeout", type=float, default=900.0, help="--cycle: seconds for the return")
+    ap.add_argument("--end-by", default=None, metavar="HH:MM",
+                    help="UTC: start no round that could not finish by then (--round-budget s per round)")
+    ap.add_argument("--round-budget", type=float, default=330.0, help="--end-by: the seconds one round may take")
     ap.add_argument("--client-period", type=float, default=4.0,
                     help="seconds between the client's requests through the balancer (0: no client)")
     a = ap.parse_args()
@@ -207,6 +219,9 @@ def main() -> int:
         client.start()
         time.sleep(20)  # the first scrapes of every node
         for i in range(a.faults):
+            if a.end_by and time.time() + a.round_budget > _utc_today(a.end_by):
+                print(f"--end-by {a.end_by}: no time left for round {i}; stopping after {i} rounds", flush=True)
+                break
             node = nodes[i % len(nodes)]
             start = len(log.read_text().splitlines())
             sent0 = len(client.codes)
