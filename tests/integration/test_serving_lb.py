@@ -173,7 +173,9 @@ serving_lb_listen_port={lb_port}
 
 
 def role_render(inv: Path, work: Path, **extra: object) -> Path:
-    """Run the role's config tasks with real ansible-playbook into `work/etc` (no service management)."""
+    """Run the role's config tasks with real ansible-playbook into `work/etc` (no service management); returns the
+    file the role rendered: with the active health check (the default) its source `work/state/vllm-lb.conf.in`,
+    which the checker turns into the live file, otherwise the live file itself."""
     play = work / "render.yml"
     play.write_text(
         "- name: Render the balancer\n  hosts: lb\n  gather_facts: false\n  tasks:\n"
@@ -202,7 +204,10 @@ def role_render(inv: Path, work: Path, **extra: object) -> Path:
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    return work / "etc" / "vllm-lb.conf"
+    if str(extra.get("serving_lb_active_health", True)).lower() in ("false", "no", "0"):
+        return work / "etc" / "vllm-lb.conf"
+    assert not (work / "etc" / "vllm-lb.conf").exists()  # the checker writes the live file, not the template
+    return work / "state" / "vllm-lb.conf.in"
 
 
 def main_conf(work: Path, snippet: Path) -> Path:
@@ -551,3 +556,35 @@ def test_drained_head_is_rendered_down_and_in_flight_requests_finish(lb, tmp_pat
         lb.stubs["node03"].healthy = True
         main_conf(lb.work, lb.snippet)
         lb.reload()
+
+
+def test_the_drain_step_with_the_active_check_writes_its_source_and_runs_it(lb, tmp_path):
+    """What `provision drain`'s step over SSH does on a balancer with the active check (the default): the drained
+    `down` goes into the check's rendered source (drain.rewrite_conf, as the template renders a drained head), then
+    the check's own command writes the live file from it (one run at a time: SOURCE.lock) and keeps the head down
+    although it generates; the return takes it out of the source and the next run brings it back."""
+    from provisioner.day2.drain import rewrite_conf
+
+    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
+    port = lb.stubs["node01"].server_address[1]
+    source, live = tmp_path / "vllm-lb.conf.in", tmp_path / "live.conf"
+
+    def run_check() -> dict:
+        r = subprocess.run([sys.executable, str(checker), "--source", str(source), "--dest", str(live),
+                            "--timeout", "15", "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    drained = rewrite_conf(lb.snippet.read_text(), add=[f"127.0.0.2:{port}"])
+    assert drained is not None
+    source.write_text(drained)
+    out = run_check()
+    assert out["down"] == [] and (tmp_path / "vllm-lb.conf.in.lock").exists()
+    downs = [ln for ln in live.read_text().splitlines() if " down" in ln]
+    assert len(downs) == 1 and f"127.0.0.2:{port}" in downs[0] and "(drained: provision drain)" in downs[0], downs
+    back = rewrite_conf(source.read_text(), remove=[f"127.0.0.2:{port}"])
+    assert back == lb.snippet.read_text()
+    source.write_text(back)
+    run_check()
+    assert " down" not in live.read_text()
