@@ -152,3 +152,30 @@ def direct_paths(fleet: Fleet, host: str) -> LbPaths | None:
     if any("{{" in x or not x.startswith("/") for x in (drained, conf)):
         return None
     return LbPaths(drained, conf, checker)
+
+
+def balancer_script(paths: LbPaths, drained_now: Iterable[str], conf: str, *, add: Iterable[str] = (),
+                    remove: Iterable[str] = ()) -> str | None:
+    """The shell script (run as root on the balancer) of the drain's step over SSH, from what the balancer has now
+    (its drained list, the text of `paths.conf`): the new list and the servers' `down` written, then `nginx -t` and a
+    reload (the old config put back and exit 7 if the check fails); with the active check, its own command does the
+    check and the reload. None when a server's line is not found (the playbook must run)."""
+    import base64
+    import shlex
+
+    add, remove = list(add), list(remove)
+    new = rewrite_conf(conf, add=add, remove=remove)
+    if new is None:
+        return None
+    lst = "".join(x + "\n" for x in drained_list(drained_now, add=add, remove=remove))
+    b64 = {k: base64.b64encode(x.encode()).decode() for k, x in (("conf", new), ("list", lst))}
+    d, c = shlex.quote(paths.drained), shlex.quote(paths.conf)
+    parent = shlex.quote(paths.drained.rsplit("/", 1)[0] or "/")
+    # the active check prints one JSON line: not needed here
+    apply = f"{shlex.join(paths.checker)} >/dev/null" if paths.checker else "nginx -t >/dev/null 2>&1"
+    reload = "" if paths.checker else "systemctl reload nginx; "
+    return (f"set -e; install -d -m 0755 -o root -g root {parent}; "
+            f"echo {b64['list']} | base64 -d > {d}.tmp; chmod 0644 {d}.tmp; cp -p {c} {c}.bak; "
+            f"echo {b64['conf']} | base64 -d > {c}.tmp; chmod 0644 {c}.tmp; mv {c}.tmp {c}; "
+            f"if {apply}; then mv {d}.tmp {d}; rm -f {c}.bak; {reload}"
+            f"else mv {c}.bak {c}; rm -f {d}.tmp; exit 7; fi")

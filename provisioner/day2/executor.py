@@ -142,9 +142,7 @@ class Ops:
         into its rendered source and its own command (drain.LbPaths.checker) writes the live file, checks and
         reloads. False (the caller runs the playbook) when a balancer has templated paths or a server line this
         cannot find."""
-        import base64
-
-        from provisioner.day2.drain import direct_paths, drained_list, rewrite_conf
+        from provisioner.day2.drain import balancer_script, direct_paths
         from provisioner.probes.ssh import run_one, target_for
 
         for h in lbs:
@@ -157,20 +155,9 @@ class Ops:
             if not (r.ok and r.rc == 0 and SPLIT in r.stdout):
                 return False
             now, _, text = r.stdout.partition(SPLIT + "\n")
-            new = rewrite_conf(text, add=add, remove=remove)
-            if new is None:
+            script = balancer_script(paths, now.split(), text, add=add, remove=remove)
+            if script is None:
                 return False
-            lst = "".join(x + "\n" for x in drained_list(now.split(), add=add, remove=remove))
-            b64 = {k: base64.b64encode(x.encode()).decode() for k, x in (("conf", new), ("list", lst))}
-            # the active check's run prints one JSON line; its output is not needed here
-            apply = (f"{shlex.join(paths.checker)} >/dev/null" if paths.checker else
-                     "nginx -t >/dev/null 2>&1")
-            reload = "" if paths.checker else "systemctl reload nginx; "
-            script = (f"set -e; install -d -m 0755 -o root -g root {shlex.quote(str(Path(paths.drained).parent))}; "
-                      f"echo {b64['list']} | base64 -d > {d}.tmp; chmod 0644 {d}.tmp; cp -p {c} {c}.bak; "
-                      f"echo {b64['conf']} | base64 -d > {c}.tmp; chmod 0644 {c}.tmp; mv {c}.tmp {c}; "
-                      f"if {apply}; then mv {d}.tmp {d}; rm -f {c}.bak; {reload}"
-                      f"else mv {c}.bak {c}; rm -f {d}.tmp; exit 7; fi")
             w = run_one(t, as_root(script, t.user), timeout=60.0)
             if not (w.ok and w.rc == 0):
                 return False

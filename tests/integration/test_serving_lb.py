@@ -559,32 +559,39 @@ def test_drained_head_is_rendered_down_and_in_flight_requests_finish(lb, tmp_pat
 
 
 def test_the_drain_step_with_the_active_check_writes_its_source_and_runs_it(lb, tmp_path):
-    """What `provision drain`'s step over SSH does on a balancer with the active check (the default): the drained
-    `down` goes into the check's rendered source (drain.rewrite_conf, as the template renders a drained head), then
-    the check's own command writes the live file from it (one run at a time: SOURCE.lock) and keeps the head down
-    although it generates; the return takes it out of the source and the next run brings it back."""
-    from provisioner.day2.drain import rewrite_conf
+    """The script of `provision drain`'s step over SSH (drain.balancer_script, run here with bash as it runs as root
+    on a balancer) with the active check (the default): the drained `down` goes into the check's rendered source
+    (as the template renders a drained head), the drained list is written, and the check's own command writes the
+    live file from it (one run at a time: SOURCE.lock), keeping the head down although it generates; a failing
+    `nginx -t` puts the source back and leaves the list alone (exit 7); the return brings the head back."""
+    from provisioner.day2.drain import LbPaths, balancer_script
 
+    if os.geteuid() != 0:
+        pytest.skip("the script installs its state directory owned by root, as on a balancer")
     checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
-    port = lb.stubs["node01"].server_address[1]
-    source, live = tmp_path / "vllm-lb.conf.in", tmp_path / "live.conf"
+    server = f"127.0.0.2:{lb.stubs['node01'].server_address[1]}"
+    state = tmp_path / "state"
+    state.mkdir()
+    source, live, drained = state / "vllm-lb.conf.in", tmp_path / "live.conf", state / "drained"
+    source.write_text(lb.snippet.read_text())
 
-    def run_check() -> dict:
-        r = subprocess.run([sys.executable, str(checker), "--source", str(source), "--dest", str(live),
-                            "--timeout", "15", "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+    def paths(check: str) -> LbPaths:
+        return LbPaths(str(drained), str(source), (sys.executable, "-B", str(checker), "--source", str(source),
+                                                   "--dest", str(live), "--timeout", "15", "--check-cmd", check,
+                                                   "--reload-cmd", ""))
 
-    drained = rewrite_conf(lb.snippet.read_text(), add=[f"127.0.0.2:{port}"])
-    assert drained is not None
-    source.write_text(drained)
-    out = run_check()
-    assert out["down"] == [] and (tmp_path / "vllm-lb.conf.in.lock").exists()
+    def step(check: str, **change: list[str]) -> int:
+        now = drained.read_text().split() if drained.exists() else []
+        script = balancer_script(paths(check), now, source.read_text(), **change)
+        assert script is not None
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120).returncode
+
+    assert step("/bin/false", add=[server]) == 7  # nginx -t refused the live file: nothing changes
+    assert source.read_text() == lb.snippet.read_text() and not drained.exists() and not live.exists()
+    assert step(str(lb.work / "nginx-check"), add=[server]) == 0
+    assert drained.read_text() == server + "\n" and (state / "vllm-lb.conf.in.lock").exists()
     downs = [ln for ln in live.read_text().splitlines() if " down" in ln]
-    assert len(downs) == 1 and f"127.0.0.2:{port}" in downs[0] and "(drained: provision drain)" in downs[0], downs
-    back = rewrite_conf(source.read_text(), remove=[f"127.0.0.2:{port}"])
-    assert back == lb.snippet.read_text()
-    source.write_text(back)
-    run_check()
+    assert len(downs) == 1 and server in downs[0] and "(drained: provision drain)" in downs[0], downs
+    assert step(str(lb.work / "nginx-check"), remove=[server]) == 0
+    assert source.read_text() == lb.snippet.read_text() and drained.read_text() == ""
     assert " down" not in live.read_text()
