@@ -10,6 +10,13 @@ injected faults on a running vLLM rack. Two modes:
   it (the resolve -> the receiver's health + remediate -> in service, back into the balancer: `returned_s`, from
   the clear), and reads the incident's own timestamps from the ledger (detect/drain/return).
 
+- `--bad-push`: from a FULLY serving rack (every node in service, every cluster generating), the same fatal XID
+  injected on every GPU node within a few seconds, with the rack's rails (mode act, defaults: breaker_share 0.25)
+  and a 900 s breaker window: the time until the breaker opens (`breaker_open_s`, the ledger's breaker event and
+  why), which clusters still serve once every alert was acted on, the client's requests during the push; then the
+  faults cleared, the taken-out cluster returned by the loop (`returned_after_clear_s`) and the breaker closed as an
+  operator does (`provision remediate --close-breaker`). One round (`alert_loop_bench_bad_push.json`).
+
 The rack's monitoring host (lb01 in group `monitoring`, Prometheus + Alertmanager routed to the controller on the
 rack bridge: `testbed up --with-vllm --balancers 1` writes it, `make demo-vllm` installs it) is used as it is;
 `provision receiver serve` runs on the controller for the benchmark. Polled every 0.25 s: Prometheus'
@@ -45,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PROVISION = str(Path(sys.executable).with_name("provision"))
 POLICY = {"quarantine_on": ["xid"], "remediation": ["gpu_reset"],
           "replace_after": {"quarantines": 1000, "window_days": 1}}
+BAD_PUSH_RAILS = {"mode": "act", "breaker_window_s": 900}
 BENCH_RAILS = {"mode": "act", "cooldown_s": 0, "actions_per_hour": 1000, "breaker_share": 1.0,
                "breaker_model_share": 1.0}
 
@@ -158,6 +166,94 @@ def prom_firing(lb: str, host: str) -> bool:
         return False
 
 
+def _serving(fleet, cluster: str) -> bool:  # type: ignore[no-untyped-def]
+    c = fleet.clusters[cluster]
+    return _up(f"http://{fleet.hosts[c.head].address}:{c.settings.get('port', 8000)}")
+
+
+def bad_push(a: argparse.Namespace, fleet, inv: Path, site: str, log: Path, client: Client,  # type: ignore[no-untyped-def]
+             load0: float) -> int:
+    """One bad push from a fully serving rack (see the module's docstring); writes a.out, records --summary."""
+    from _summary import loadavg, record
+
+    from provisioner.ledger import Ledger
+    from provisioner.paths import ledger_path
+    from provisioner_testbed import rack as testbed
+
+    nodes = sorted(h.name for h in fleet.gpu_nodes)
+    clusters = sorted(fleet.clusters)
+    with Ledger.open(ledger_path(), site=site) as lg:
+        if lg.breaker()[0] is not None:
+            print("the breaker is open already: close it first (provision remediate --close-breaker)", file=sys.stderr)
+            return 2
+    states = {n: _state(site, n) for n in nodes}
+    if any(s != "in-service" for s in states.values()) or not all(_serving(fleet, c) for c in clusters):
+        print(f"not fully serving: {states}, serving {[c for c in clusters if _serving(fleet, c)]}", file=sys.stderr)
+        return 2
+    out: dict = {"nodes": nodes, "clusters": clusters, "rails": BAD_PUSH_RAILS}
+    start = len(log.read_text().splitlines())
+    sent0 = len(client.codes)
+    client.phase = "bad_push"
+    t0 = time.monotonic()
+    for n in nodes:  # the same fatal XID everywhere within a few seconds
+        testbed.fault(a.rack, n, ["xid=79"])
+    out["injected_within_s"] = round(time.monotonic() - t0, 2)
+    try:
+        while time.monotonic() - t0 < a.timeout:
+            with Ledger.open(ledger_path(), site=site) as lg:
+                ev = lg.breaker()[0]
+            if ev is not None:
+                out["breaker_open_s"] = round(time.monotonic() - t0, 2)
+                out["breaker_why"] = ev.why
+                break
+            time.sleep(1)
+        # every node's alert acted on (done, or blocked by a rail): the receiver's "action ... host=N:" lines
+        while time.monotonic() - t0 < a.timeout + 120:
+            lines = log.read_text().splitlines()[start:]
+            if all(any(" action " in f" {ln} " and f"host={n}:" in ln for ln in lines) for n in nodes):
+                out["all_acted_s"] = round(time.monotonic() - t0, 2)
+                break
+            time.sleep(1)
+        time.sleep(10)  # the client keeps going a little after the last action
+        out["states"] = {n: _state(site, n) for n in nodes}
+        out["serving"] = [c for c in clusters if _serving(fleet, c)]
+        out["client_bad_push"] = client.counts(sent0).get("bad_push")
+        print(json.dumps(out), flush=True)
+        client.phase = "return"
+        t1 = time.monotonic()
+        for n in nodes:
+            testbed.clear(a.rack, n)
+        while time.monotonic() - t1 < a.return_timeout:
+            if all(_state(site, n) == "in-service" for n in nodes) and all(_serving(fleet, c) for c in clusters):
+                out["returned_after_clear_s"] = round(time.monotonic() - t1, 2)
+                break
+            time.sleep(2)
+        client.phase = "between"
+    finally:
+        for n in nodes:
+            testbed.clear(a.rack, n)
+        r = subprocess.run([PROVISION, "remediate", str(inv), "--close-breaker", "--reason", "bench: bad push rolled "
+                            "back"], capture_output=True, text=True, timeout=600)
+        out["breaker_closed"] = r.returncode == 0 and "breaker closed" in r.stdout
+    out["client"] = client.counts(sent0)
+    load1 = loadavg()
+    out["load"] = {"start": load0, "end": load1}
+    failed = sum(c["failed"] for c in out["client"].values())
+    met = bool(out.get("breaker_open_s") is not None and out["serving"] and failed == 0)
+    print("TOTAL " + json.dumps(out), flush=True)
+    a.out.write_text(json.dumps(out, indent=2) + "\n")
+    if a.summary:
+        record("alert_loop_rack_bad_push", anchor="issue 44 section 3: a bad push (the same fatal XID on every node "
+               "within a few seconds): the breaker opens before the last cluster goes, the client keeps being served "
+               "(ratio: none; met: the breaker opened, a cluster served throughout, 0 failed requests)",
+               ours={k: out.get(k) for k in ("breaker_open_s", "serving", "states", "client",
+                                             "returned_after_clear_s")}, ratio=None, met=met,
+               load={"min": min(load0, load1), "max": max(load0, load1)},
+               source=f"benchmarks/alert_loop_bench.py --rack {a.rack} --bad-push",
+               detail={"file": str(a.out.relative_to(ROOT)) if a.out.is_relative_to(ROOT) else str(a.out)})
+    return 0 if met else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rack", required=True)
@@ -166,6 +262,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/alert_loop_bench[_cycle].json")
     ap.add_argument("--summary", action="store_true", help="record the figure in benchmarks/summary.json")
     ap.add_argument("--cycle", action="store_true", help="the full loop per fault: drained, then returned")
+    ap.add_argument("--bad-push", action="store_true", help="one round: the fatal XID on every node at once")
     ap.add_argument("--node", default="node03", help="--cycle: the node that faults (default: vllm_single's)")
     ap.add_argument("--return-timeout", type=float, default=900.0, help="--cycle: seconds for the return")
     ap.add_argument("--end-by", default=None, metavar="HH:MM",
@@ -174,7 +271,10 @@ def main() -> int:
     ap.add_argument("--client-period", type=float, default=4.0,
                     help="seconds between the client's requests through the balancer (0: no client)")
     a = ap.parse_args()
-    a.out = a.out or ROOT / "benchmarks" / ("alert_loop_bench_cycle.json" if a.cycle else "alert_loop_bench.json")
+    if a.bad_push and a.cycle:
+        ap.error("--bad-push and --cycle are two different runs")
+    a.out = a.out or ROOT / "benchmarks" / ("alert_loop_bench_bad_push.json" if a.bad_push else
+                                            "alert_loop_bench_cycle.json" if a.cycle else "alert_loop_bench.json")
     from _summary import loadavg, record
 
     from provisioner.inventory import load_fleet
@@ -191,10 +291,10 @@ def main() -> int:
     inv_dir = work / "inventory"
     shutil.copytree(Path(st.inventory).parent, inv_dir)
     inv = inv_dir / Path(st.inventory).name
-    if a.cycle:
+    if a.cycle or a.bad_push:
         all_yml = inv_dir / "group_vars" / "all.yml"
         all_yml.write_text(all_yml.read_text().replace("remediation_rails:\n  mode: act\n", yaml.safe_dump(
-            {"remediation_rails": BENCH_RAILS}, default_flow_style=False)))
+            {"remediation_rails": BAD_PUSH_RAILS if a.bad_push else BENCH_RAILS}, default_flow_style=False)))
         with (inv_dir / "group_vars" / "gpu_nodes.yml").open("a") as f:
             f.write(yaml.safe_dump({"lifecycle_policy": POLICY}))
     fleet = load_fleet(inv)
@@ -218,6 +318,8 @@ def main() -> int:
     try:
         client.start()
         time.sleep(20)  # the first scrapes of every node
+        if a.bad_push:
+            return bad_push(a, fleet, inv, site, log, client, load0)
         for i in range(a.faults):
             if a.end_by and time.time() + a.round_budget > _utc_today(a.end_by):
                 print(f"--end-by {a.end_by}: no time left for round {i}; stopping after {i} rounds", flush=True)
