@@ -595,3 +595,36 @@ def test_the_drain_step_with_the_active_check_writes_its_source_and_runs_it(lb, 
     assert step(str(lb.work / "nginx-check"), remove=[server]) == 0
     assert source.read_text() == lb.snippet.read_text() and drained.read_text() == ""
     assert " down" not in live.read_text()
+
+
+def test_active_check_with_no_heads_and_heads_with_no_launch_record(lb, tmp_path):
+    """The check on by default must be sane before anything serves: a source with no server (no head yet) is
+    written as it is; a head with no launch record yet (the balancer set up before its cluster launched) must still
+    generate within the bound, any text; a head that does not answer within it is down unless it is its model's
+    last."""
+    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
+    live = tmp_path / "live.conf"
+
+    def check(source: Path, probe: Path | None = None, timeout: float = 15.0) -> dict:
+        r = subprocess.run([sys.executable, str(checker), "--source", str(source), "--dest", str(live),
+                            "--timeout", str(timeout), "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", "",
+                            *(["--probe", str(probe)] if probe else [])], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    empty = tmp_path / "empty.conf.in"
+    empty.write_text("# no vLLM head yet\n")
+    assert check(empty) == {"changed": True, "down": [], "up": []} and live.read_text() == empty.read_text()
+    assert check(empty)["changed"] is False  # idempotent
+    a1, a3 = (f"127.0.0.{n}:{lb.stubs[h].server_address[1]}" for n, h in ((2, "node01"), (3, "node03")))
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"servers": {a: {"model": "llama", "prompt": "p", "max_tokens": 4, "expected": None,
+                                                 "key": SECRET} for a in (a1, a3)}}))
+    lb.stubs["node01"].answer = "anything at all"
+    try:
+        assert check(lb.snippet, probe)["down"] == []  # no record: any answer within the bound
+        lb.stubs["node01"].stall = 4.0  # no answer within the bound: down, node03 serves the model
+        out = check(lb.snippet, probe, timeout=2.0)
+        assert out["down"] == [a1] and any(a1 in ln and " down;" in ln for ln in live.read_text().splitlines())
+    finally:
+        lb.stubs["node01"].answer, lb.stubs["node01"].stall = " jumps over", 0.0
