@@ -11,8 +11,9 @@ injected faults on a running vLLM rack. Two modes:
   the clear), and reads the incident's own timestamps from the ledger (detect/drain/return).
 
 - `--bad-push`: from a FULLY serving rack (every node in service, every cluster generating), the same fatal XID
-  injected on every GPU node within a few seconds, with the rack's rails (mode act, defaults: breaker_share 0.25)
-  and a 900 s breaker window: the time until the breaker opens (`breaker_open_s`, the ledger's breaker event and
+  injected on every GPU node within a few seconds, with the rack's breaker (defaults: breaker_share 0.25, window 300
+  s; take-outs of earlier runs waited out of the window first; cool-down and rate limit opened): the time until
+  the breaker opens (`breaker_open_s`, the ledger's breaker event and
   why), which clusters still serve once every alert was acted on, the client's requests during the push; then the
   faults cleared, the taken-out cluster returned by the loop (`returned_after_clear_s`) and the breaker closed as an
   operator does (`provision remediate --close-breaker`). One round (`alert_loop_bench_bad_push.json`).
@@ -52,7 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PROVISION = str(Path(sys.executable).with_name("provision"))
 POLICY = {"quarantine_on": ["xid"], "remediation": ["gpu_reset"],
           "replace_after": {"quarantines": 1000, "window_days": 1}}
-BAD_PUSH_RAILS = {"mode": "act", "breaker_window_s": 900}
+#: the breaker as a site has it (share 0.25, window 300 s); the rate limit and the cool-down opened so that earlier
+#: rounds on the same rack (--cycle) do not hold the push's first take-out: the breaker alone is measured
+BAD_PUSH_RAILS = {"mode": "act", "cooldown_s": 0, "actions_per_hour": 1000}
 BENCH_RAILS = {"mode": "act", "cooldown_s": 0, "actions_per_hour": 1000, "breaker_share": 1.0,
                "breaker_model_share": 1.0}
 
@@ -186,6 +189,14 @@ def bad_push(a: argparse.Namespace, fleet, inv: Path, site: str, log: Path, clie
         if lg.breaker()[0] is not None:
             print("the breaker is open already: close it first (provision remediate --close-breaker)", file=sys.stderr)
             return 2
+    with Ledger.open(ledger_path(), site=site) as lg:  # earlier take-outs out of the breaker's window (300 s)
+        last = max((x.at for x in lg.actions(since=time.time() - 300, statuses=("done", "failed", "running"),
+                                             limit=1000) if x.kind in ("quarantine", "replace", "restart_cluster")),
+                   default=0.0)
+    if last and time.time() - last < 305:
+        print(f"waiting {305 - (time.time() - last):.0f} s: a take-out of an earlier run is in the breaker's window",
+              flush=True)
+        time.sleep(max(0.0, 305 - (time.time() - last)))
     states = {n: _state(site, n) for n in nodes}
     if any(s != "in-service" for s in states.values()) or not all(_serving(fleet, c) for c in clusters):
         print(f"not fully serving: {states}, serving {[c for c in clusters if _serving(fleet, c)]}", file=sys.stderr)
