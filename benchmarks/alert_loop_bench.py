@@ -234,7 +234,8 @@ def bad_push(a: argparse.Namespace, fleet, inv: Path, site: str, log: Path, clie
         t1 = time.monotonic()
         for n in nodes:
             testbed.clear(a.rack, n)
-        while time.monotonic() - t1 < a.return_timeout:
+        until = min(a.return_timeout, (_utc_today(a.end_by) - time.time()) if a.end_by else a.return_timeout)
+        while time.monotonic() - t1 < until:
             if all(_state(site, n) == "in-service" for n in nodes) and all(_serving(fleet, c) for c in clusters):
                 out["returned_after_clear_s"] = round(time.monotonic() - t1, 2)
                 break
