@@ -117,15 +117,65 @@ def inflight(metrics: str) -> int | None:
     return int(sum(values)) if values else None
 
 
-def direct_paths(fleet: Fleet, host: str) -> tuple[str, str] | None:
-    """(drained list file, nginx config file) of balancer `host` as serving_lb resolves them (its defaults < the
-    host's variables), for the drain's step over SSH; None when the playbook must run instead: the active health
-    check is on, or a path is not a plain absolute one."""
+@dataclass(frozen=True)
+class LbPaths:
+    """Where the drain's step over SSH writes on a balancer. `conf`: the file that carries the drained `down`s
+    (nginx's live file, or with the active health check its rendered source); `checker`: None, or the active
+    check's own command (as its systemd unit runs it), which writes the live file from `conf`, runs `nginx -t` and
+    reloads nginx."""
+
+    drained: str
+    conf: str
+    checker: tuple[str, ...] | None = None
+
+
+def direct_paths(fleet: Fleet, host: str) -> LbPaths | None:
+    """The paths of balancer `host` as serving_lb resolves them (its defaults < the host's variables), for the
+    drain's step over SSH; None when the playbook must run instead: a path or value is not a plain one."""
     from provisioner.monitoring import ansible_bool, template_context
 
     v = template_context(fleet, roles=("serving_lb",), host=host)
     drained, conf = str(v.get("serving_lb_drained_file")), str(v.get("serving_lb_conf_file"))
-    if ansible_bool(v.get("serving_lb_active_health", False)) or any(
-            "{{" in x or not x.startswith("/") for x in (drained, conf)):
+    checker: tuple[str, ...] | None = None
+    if ansible_bool(v.get("serving_lb_active_health", False)):
+        source = f"{v.get('serving_lb_state_dir')}/vllm-lb.conf.in"
+        script = f"{v.get('serving_lb_libexec_dir')}/vllm-lb-healthcheck.py"
+        probe, check, timeout = (str(v.get(k)) for k in ("serving_lb_probe_file", "serving_lb_check_bin",
+                                                          "serving_lb_active_health_timeout"))
+        plain = all("{{" not in x and x.startswith("/") and not any(c.isspace() for c in x)
+                    for x in (script, probe, check, conf))
+        if not (plain and re.fullmatch(r"\d+(\.\d+)?", timeout)):
+            return None
+        checker = ("/usr/bin/python3", "-B", script, "--probe", probe, "--source", source, "--dest", conf,
+                   "--timeout", timeout, "--check-cmd", check)
+        conf = source
+    if any("{{" in x or not x.startswith("/") for x in (drained, conf)):
         return None
-    return drained, conf
+    return LbPaths(drained, conf, checker)
+
+
+def balancer_script(paths: LbPaths, drained_now: Iterable[str], conf: str, *, add: Iterable[str] = (),
+                    remove: Iterable[str] = ()) -> str | None:
+    """The shell script (run as root on the balancer) of the drain's step over SSH, from what the balancer has now
+    (its drained list, the text of `paths.conf`): the new list and the servers' `down` written, then `nginx -t` and a
+    reload (the old config put back and exit 7 if the check fails); with the active check, its own command does the
+    check and the reload. None when a server's line is not found (the playbook must run)."""
+    import base64
+    import shlex
+
+    add, remove = list(add), list(remove)
+    new = rewrite_conf(conf, add=add, remove=remove)
+    if new is None:
+        return None
+    lst = "".join(x + "\n" for x in drained_list(drained_now, add=add, remove=remove))
+    b64 = {k: base64.b64encode(x.encode()).decode() for k, x in (("conf", new), ("list", lst))}
+    d, c = shlex.quote(paths.drained), shlex.quote(paths.conf)
+    parent = shlex.quote(paths.drained.rsplit("/", 1)[0] or "/")
+    # the active check prints one JSON line: not needed here
+    apply = f"{shlex.join(paths.checker)} >/dev/null" if paths.checker else "nginx -t >/dev/null 2>&1"
+    reload = "" if paths.checker else "systemctl reload nginx; "
+    return (f"set -e; install -d -m 0755 -o root -g root {parent}; "
+            f"echo {b64['list']} | base64 -d > {d}.tmp; chmod 0644 {d}.tmp; cp -p {c} {c}.bak; "
+            f"echo {b64['conf']} | base64 -d > {c}.tmp; chmod 0644 {c}.tmp; mv {c}.tmp {c}; "
+            f"if {apply}; then mv {d}.tmp {d}; rm -f {c}.bak; {reload}"
+            f"else mv {c}.bak {c}; rm -f {d}.tmp; exit 7; fi")

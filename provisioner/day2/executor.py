@@ -138,34 +138,26 @@ class Ops:
     def _direct(self, lbs: list[str], add: list[str], remove: list[str]) -> bool:
         """The drained list changed on every balancer over SSH, without the playbook: the list file and the servers'
         `down` in the nginx config written as serving_lb renders them (drain.rewrite_conf), `nginx -t` (the old
-        config put back if it fails), a graceful `systemctl reload nginx`. False (the caller runs the playbook) when
-        a balancer has the active health check, templated paths, or a server line this cannot find."""
-        import base64
-
-        from provisioner.day2.drain import direct_paths, drained_list, rewrite_conf
+        config put back if it fails), a graceful `systemctl reload nginx`. With the active health check the `down`s go
+        into its rendered source and its own command (drain.LbPaths.checker) writes the live file, checks and
+        reloads. False (the caller runs the playbook) when a balancer has templated paths or a server line this
+        cannot find."""
+        from provisioner.day2.drain import balancer_script, direct_paths
         from provisioner.probes.ssh import run_one, target_for
 
         for h in lbs:
             paths = direct_paths(self.fleet, h)
             if paths is None:
                 return False
-            drained, conf = paths
             t = target_for(self.fleet.hosts[h])
-            d, c = shlex.quote(drained), shlex.quote(conf)
+            d, c = shlex.quote(paths.drained), shlex.quote(paths.conf)
             r = run_one(t, as_root(f"cat {d} 2>/dev/null; echo '{SPLIT}'; cat {c}", t.user), timeout=30.0)
             if not (r.ok and r.rc == 0 and SPLIT in r.stdout):
                 return False
             now, _, text = r.stdout.partition(SPLIT + "\n")
-            new = rewrite_conf(text, add=add, remove=remove)
-            if new is None:
+            script = balancer_script(paths, now.split(), text, add=add, remove=remove)
+            if script is None:
                 return False
-            lst = "".join(x + "\n" for x in drained_list(now.split(), add=add, remove=remove))
-            b64 = {k: base64.b64encode(x.encode()).decode() for k, x in (("conf", new), ("list", lst))}
-            script = (f"set -e; install -d -m 0755 -o root -g root {shlex.quote(str(Path(drained).parent))}; "
-                      f"echo {b64['list']} | base64 -d > {d}.tmp; chmod 0644 {d}.tmp; cp -p {c} {c}.bak; "
-                      f"echo {b64['conf']} | base64 -d > {c}.tmp; chmod 0644 {c}.tmp; mv {c}.tmp {c}; "
-                      f"if nginx -t >/dev/null 2>&1; then mv {d}.tmp {d}; rm -f {c}.bak; systemctl reload nginx; "
-                      f"else mv {c}.bak {c}; rm -f {d}.tmp; exit 7; fi")
             w = run_one(t, as_root(script, t.user), timeout=60.0)
             if not (w.ok and w.rc == 0):
                 return False

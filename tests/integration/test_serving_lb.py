@@ -173,7 +173,9 @@ serving_lb_listen_port={lb_port}
 
 
 def role_render(inv: Path, work: Path, **extra: object) -> Path:
-    """Run the role's config tasks with real ansible-playbook into `work/etc` (no service management)."""
+    """Run the role's config tasks with real ansible-playbook into `work/etc` (no service management); returns the
+    file the role rendered: with the active health check (the default) its source `work/state/vllm-lb.conf.in`,
+    which the checker turns into the live file, otherwise the live file itself."""
     play = work / "render.yml"
     play.write_text(
         "- name: Render the balancer\n  hosts: lb\n  gather_facts: false\n  tasks:\n"
@@ -202,7 +204,10 @@ def role_render(inv: Path, work: Path, **extra: object) -> Path:
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    return work / "etc" / "vllm-lb.conf"
+    if str(extra.get("serving_lb_active_health", True)).lower() in ("false", "no", "0"):
+        return work / "etc" / "vllm-lb.conf"
+    assert not (work / "etc" / "vllm-lb.conf").exists()  # the checker writes the live file, not the template
+    return work / "state" / "vllm-lb.conf.in"
 
 
 def main_conf(work: Path, snippet: Path) -> Path:
@@ -551,3 +556,75 @@ def test_drained_head_is_rendered_down_and_in_flight_requests_finish(lb, tmp_pat
         lb.stubs["node03"].healthy = True
         main_conf(lb.work, lb.snippet)
         lb.reload()
+
+
+def test_the_drain_step_with_the_active_check_writes_its_source_and_runs_it(lb, tmp_path):
+    """The script of `provision drain`'s step over SSH (drain.balancer_script, run here with bash as it runs as root
+    on a balancer) with the active check (the default): the drained `down` goes into the check's rendered source
+    (as the template renders a drained head), the drained list is written, and the check's own command writes the
+    live file from it (one run at a time: SOURCE.lock), keeping the head down although it generates; a failing
+    `nginx -t` puts the source back and leaves the list alone (exit 7); the return brings the head back."""
+    from provisioner.day2.drain import LbPaths, balancer_script
+
+    if os.geteuid() != 0:
+        pytest.skip("the script installs its state directory owned by root, as on a balancer")
+    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
+    server = f"127.0.0.2:{lb.stubs['node01'].server_address[1]}"
+    state = tmp_path / "state"
+    state.mkdir()
+    source, live, drained = state / "vllm-lb.conf.in", tmp_path / "live.conf", state / "drained"
+    source.write_text(lb.snippet.read_text())
+
+    def paths(check: str) -> LbPaths:
+        return LbPaths(str(drained), str(source), (sys.executable, "-B", str(checker), "--source", str(source),
+                                                   "--dest", str(live), "--timeout", "15", "--check-cmd", check,
+                                                   "--reload-cmd", ""))
+
+    def step(check: str, **change: list[str]) -> int:
+        now = drained.read_text().split() if drained.exists() else []
+        script = balancer_script(paths(check), now, source.read_text(), **change)
+        assert script is not None
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120).returncode
+
+    assert step("/bin/false", add=[server]) == 7  # nginx -t refused the live file: nothing changes
+    assert source.read_text() == lb.snippet.read_text() and not drained.exists() and not live.exists()
+    assert step(str(lb.work / "nginx-check"), add=[server]) == 0
+    assert drained.read_text() == server + "\n" and (state / "vllm-lb.conf.in.lock").exists()
+    downs = [ln for ln in live.read_text().splitlines() if " down" in ln]
+    assert len(downs) == 1 and server in downs[0] and "(drained: provision drain)" in downs[0], downs
+    assert step(str(lb.work / "nginx-check"), remove=[server]) == 0
+    assert source.read_text() == lb.snippet.read_text() and drained.read_text() == ""
+    assert " down" not in live.read_text()
+
+
+def test_active_check_with_no_heads_and_heads_with_no_launch_record(lb, tmp_path):
+    """The check on by default must be sane before anything serves: a source with no server (no head yet) is
+    written as it is; a head with no launch record yet (the balancer set up before its cluster launched) must still
+    generate within the bound, any text; a head that does not answer within it is down unless it is its model's
+    last."""
+    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
+    live = tmp_path / "live.conf"
+
+    def check(source: Path, probe: Path | None = None, timeout: float = 15.0) -> dict:
+        r = subprocess.run([sys.executable, str(checker), "--source", str(source), "--dest", str(live),
+                            "--timeout", str(timeout), "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", "",
+                            *(["--probe", str(probe)] if probe else [])], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    empty = tmp_path / "empty.conf.in"
+    empty.write_text("# no vLLM head yet\n")
+    assert check(empty) == {"changed": True, "down": [], "up": []} and live.read_text() == empty.read_text()
+    assert check(empty)["changed"] is False  # idempotent
+    a1, a3 = (f"127.0.0.{n}:{lb.stubs[h].server_address[1]}" for n, h in ((2, "node01"), (3, "node03")))
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"servers": {a: {"model": "llama", "prompt": "p", "max_tokens": 4, "expected": None,
+                                                 "key": SECRET} for a in (a1, a3)}}))
+    lb.stubs["node01"].answer = "anything at all"
+    try:
+        assert check(lb.snippet, probe)["down"] == []  # no record: any answer within the bound
+        lb.stubs["node01"].stall = 4.0  # no answer within the bound: down, node03 serves the model
+        out = check(lb.snippet, probe, timeout=2.0)
+        assert out["down"] == [a1] and any(a1 in ln and " down;" in ln for ln in live.read_text().splitlines())
+    finally:
+        lb.stubs["node01"].answer, lb.stubs["node01"].stall = " jumps over", 0.0

@@ -9,6 +9,7 @@ import pytest
 from cli_inproc import provision
 from inventory_factory import write_inventory
 
+from provisioner import ROLES
 from provisioner.day2.drain import drained_list, inflight, plan
 from provisioner.errors import UsageError
 from provisioner.inventory import load_fleet
@@ -115,18 +116,41 @@ def test_rewrite_conf_renders_a_drained_head_as_the_template_does() -> None:
 
 
 def test_the_balancer_step_over_ssh_uses_the_roles_paths(tmp_path: Path) -> None:
-    """direct_paths resolves serving_lb's defaults with the balancer's own variables, as the role does, and sends
-    the active health check and non-absolute paths to the playbook."""
-    from provisioner.day2.drain import direct_paths
+    """direct_paths resolves serving_lb's defaults with the balancer's own variables, as the role does: with the
+    active health check (the default) the drained `down`s go into its rendered source and its own command (the
+    systemd unit's ExecStart) writes the live file; without it, into the live file; templated or non-absolute
+    paths go to the playbook."""
+    from provisioner.day2.drain import LbPaths, direct_paths
 
+    checker = ("/usr/bin/python3", "-B", "/usr/local/lib/provisioner/vllm-lb/vllm-lb-healthcheck.py",
+               "--probe", "/var/lib/vllm-lb/probe.json", "--source", "/var/lib/vllm-lb/vllm-lb.conf.in",
+               "--dest", "/etc/nginx/conf.d/vllm-lb.conf", "--timeout", "10",
+               "--check-cmd", "/usr/local/sbin/vllm-lb-nginx-check")
     base = load_fleet(write_inventory(tmp_path / "a", ini=INI, group_vars={"all": {"vllm_cluster": C}}))
-    assert direct_paths(base, "lb1") == ("/var/lib/vllm-lb/drained", "/etc/nginx/conf.d/vllm-lb.conf")
+    assert direct_paths(base, "lb1") == LbPaths("/var/lib/vllm-lb/drained", "/var/lib/vllm-lb/vllm-lb.conf.in",
+                                                checker)
+    # the unit runs exactly this command (its template, rendered with the same values)
+    unit = (ROLES / "serving_lb" / "templates" / "vllm-lb-healthcheck.service.j2").read_text()
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    assert line.split() == ["ExecStart=/usr/bin/python3", "-B",
+                            "{{", "serving_lb_libexec_dir", "}}/vllm-lb-healthcheck.py", "--probe", "{{",
+                            "serving_lb_probe_file", "}}", "--source", "{{", "serving_lb_state_dir",
+                            "}}/vllm-lb.conf.in", "--dest", "{{", "serving_lb_conf_file", "}}", "--timeout", "{{",
+                            "serving_lb_active_health_timeout", "}}", "--check-cmd", "{{", "serving_lb_check_bin",
+                            "}}"]
     moved = load_fleet(write_inventory(tmp_path / "b", ini=INI, group_vars={
-        "all": {"vllm_cluster": C}, "lb": {"serving_lb_conf_dir": "/opt/nginx", "serving_lb_state_dir": "/srv/lb"}}))
-    assert direct_paths(moved, "lb1") == ("/srv/lb/drained", "/opt/nginx/conf.d/vllm-lb.conf")
-    active = load_fleet(write_inventory(tmp_path / "c", ini=INI, group_vars={
-        "all": {"vllm_cluster": C}, "lb": {"serving_lb_active_health": "yes"}}))
-    assert direct_paths(active, "lb1") is None
+        "all": {"vllm_cluster": C, "vllm_probe_timeout": 7},
+        "lb": {"serving_lb_conf_dir": "/opt/nginx", "serving_lb_state_dir": "/srv/lb"}}))
+    m = direct_paths(moved, "lb1")
+    assert m is not None and (m.drained, m.conf) == ("/srv/lb/drained", "/srv/lb/vllm-lb.conf.in")
+    assert m.checker is not None and m.checker[m.checker.index("--timeout") + 1] == "7"
+    assert m.checker[m.checker.index("--dest") + 1] == "/opt/nginx/conf.d/vllm-lb.conf"
+    passive = load_fleet(write_inventory(tmp_path / "c", ini=INI, group_vars={
+        "all": {"vllm_cluster": C}, "lb": {"serving_lb_active_health": "no"}}))
+    assert direct_paths(passive, "lb1") == LbPaths("/var/lib/vllm-lb/drained", "/etc/nginx/conf.d/vllm-lb.conf")
     relative = load_fleet(write_inventory(tmp_path / "d", ini=INI, group_vars={
         "all": {"vllm_cluster": C}, "lb": {"serving_lb_drained_file": "drained"}}))
     assert direct_paths(relative, "lb1") is None
+    spaced = load_fleet(write_inventory(tmp_path / "e", ini=INI, group_vars={
+        "all": {"vllm_cluster": C}, "lb": {"serving_lb_probe_file": "/srv/my probes.json"}}))
+    assert direct_paths(spaced, "lb1") is None

@@ -7,6 +7,8 @@ launch) must GENERATE: a greedy completion that answers within --timeout with th
 controller's provisioner/probes/generate.py). Other heads get `GET /health` only (a liveness hint: vLLM answers 200
 while a wedged engine generates nothing). Writes DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its live servers marked
 down (fail open: nginx's passive checks still apply); servers the source has `down` (drained) stay down. When DEST changes: `nginx -t`, then reload.
+One run at a time (an exclusive lock on SOURCE.lock from reading SOURCE to writing DEST): the drain's step over SSH
+replaces SOURCE and runs this script, so a timer run that read the old SOURCE cannot write DEST after it.
 Prints one JSON line: {"changed": bool, "down": ["addr:port", ...], "up": [...]}.
 Managed by provisioner (roles/serving_lb). Standard library only.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import fcntl
 import json
 import os
 import re
@@ -85,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reload-cmd", default="systemctl reload nginx", help="'' = do not reload")
     args = ap.parse_args(argv)
 
+    with open(args.source + ".lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     with open(args.source, encoding="utf-8") as f:
         source = f.read()
     addrs = sorted({m.group("addr") for m in map(SERVER.match, source.splitlines()) if m})
