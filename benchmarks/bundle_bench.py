@@ -25,8 +25,8 @@ The whole rack from the bundle: a rack with the hosts INVENTORY's [gpu_nodes] de
 rewritten to the rack, provisioner_testbed.airgap.shaped_like: its group_vars/gpu_nodes.yml, the rack's connection,
 no vLLM cluster) and one more host, lb01, the mirror. Times the bundle build (a first build into an empty directory),
 the mirror (playbooks/bundle_mirror.yml), `provision run --bundle` of every GPU node with no way out of the rack
-(drop counters must read 0), and `provision drift` (must be clean); `--online` then resets the nodes and times the
-same run online; `--down` takes the rack down at the end. `--summary` writes `bundle_rack_<label>`.
+(drop counters must read 0), `provision drift` and `drift --full` (both must be clean); `--online` then resets the
+nodes and times the same run online; `--down` takes the rack down at the end. `--summary` writes `bundle_rack_<label>`.
 """
 
 from __future__ import annotations
@@ -60,13 +60,17 @@ def _build(inv: str, out: Path, extra: list[str]) -> dict:
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "summary": r.stderr.strip().splitlines()[-1]}
 
 
-def _timed(args: list[str], env: dict[str, str], what: str) -> dict:
+def _timed(args: list[str], env: dict[str, str], what: str, tail: int = 0) -> dict:
+    """`provision ARGS` timed; `tail`: keep the last lines of its output (a drift's summary)."""
     load0, t0 = loadavg(), time.monotonic()
     r = subprocess.run([PROVISION, *args], capture_output=True, text=True, env=env)
     wall = time.monotonic() - t0
     if r.returncode != 0:
         raise SystemExit(f"{what} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
-    return {"wall_s": round(wall, 1), "load": {"start": load0, "end": loadavg()}}
+    out = {"wall_s": round(wall, 1), "load": {"start": load0, "end": loadavg()}}
+    if tail:
+        out["said"] = (r.stdout + r.stderr).strip().splitlines()[-tail:]
+    return out
 
 
 def rack_compare(name: str, hosts: int, label: str, json_out: Path | None, summary: bool) -> int:
@@ -165,11 +169,13 @@ def rack_like(name: str, like: Path, label: str, online: bool, down: bool, json_
         res["bundle"] = _timed(["run", str(inv), "--bundle", str(bundle)], env, "run from the bundle")
         print(f"bundle run: {res['bundle']}", file=sys.stderr)
         res["drops_after_run"] = airgap.counters(table)
-        res["drift"] = _timed(["drift", str(inv)], env, "drift (exit 0: clean)")
+        # the probe tier (each node against the state its run recorded), then every host with the playbooks
+        res["drift"] = _timed(["drift", str(inv)], env, "drift (exit 0: clean)", tail=3)
+        res["drift_full"] = _timed(["drift", str(inv), "--full"], env, "drift --full (exit 0: clean)", tail=3)
         res["drops"] = airgap.counters(table)
     finally:
         airgap.remove(table)
-    print(f"drift: {res['drift']} drops {res['drops']}", file=sys.stderr)
+    print(f"drift: {res['drift']} {res['drift_full']} drops {res['drops']}", file=sys.stderr)
     if any(res["drops"].values()) or any(res["drops_after_run"].values()):
         raise SystemExit(f"packets tried to leave the rack: {res['drops']}")
     if online:  # the same nodes from fresh disks, the rack's own route (proxy, stand-in repo)
@@ -186,13 +192,14 @@ def rack_like(name: str, like: Path, label: str, online: bool, down: bool, json_
     if json_out:
         json_out.write_text(json.dumps(res, indent=1) + "\n")
     if summary:
-        loads = [v for k in ("build", "mirror", "bundle", "drift", "online") if k in res
+        loads = [v for k in ("build", "mirror", "bundle", "drift", "drift_full", "online") if k in res
                  for v in res[k]["load"].values()]
         record(f"bundle_rack_{label or like.stem}",
                anchor="none (the note's figure: a whole rack provisioned from the bundle with no way out)",
                ours={"bundle_bytes": res["bundle_bytes"], "build_s": res["build"]["wall_s"],
                      "mirror_s": res["mirror"]["wall_s"], "bundle_run_s": res["bundle"]["wall_s"],
                      "online_run_s": res.get("online", {}).get("wall_s"), "drift_s": res["drift"]["wall_s"],
+                     "drift_full_s": res["drift_full"]["wall_s"],
                      "drops": res["drops"]},
                ratio=res.get("ratio_bundle_over_online"), met=None, load={"min": min(loads), "max": max(loads)},
                source=f"benchmarks/bundle_bench.py --rack {name} --like {like}{' --online' if online else ''}",
