@@ -26,7 +26,8 @@ rewritten to the rack, provisioner_testbed.airgap.shaped_like: its group_vars/gp
 no vLLM cluster) and one more host, lb01, the mirror. Times the bundle build (a first build into an empty directory),
 the mirror (playbooks/bundle_mirror.yml), `provision run --bundle` of every GPU node with no way out of the rack
 (drop counters must read 0), `provision drift` and `drift --full` (both must be clean); `--online` then resets the
-nodes and times the same run online; `--down` takes the rack down at the end. `--summary` writes `bundle_rack_<label>`.
+nodes and times the same run online; `--down` takes the rack down at the end. The work directory (the bundle, its
+key, the runs) is removed at the end, kept when a step failed. `--summary` writes `bundle_rack_<label>`.
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ def rack_like(name: str, like: Path, label: str, online: bool, down: bool, json_
         print(f"online run: {res['online']}", file=sys.stderr)
     if down:
         rack.down(name)
+    shutil.rmtree(work)  # the bundle, its signing key's secret half, the runs (kept when a step failed)
     print(json.dumps(res, indent=1))
     if json_out:
         json_out.write_text(json.dumps(res, indent=1) + "\n")
