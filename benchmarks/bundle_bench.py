@@ -17,6 +17,17 @@ GPU nodes, no vLLM cluster) once online (the rack's own route: its apt proxy to 
 stand-in NVIDIA repo) and once from a bundle (built first into the testbed cache, not timed with the run; the hosts
 made an isolated site's image, every way out of the rack dropped and counted; the first host serves the bundle:
 playbooks/bundle_mirror.yml, timed on its own). `--summary` writes `bundle_vs_online_<label>` (default: N hosts).
+
+    flock /tmp/provisioner-rack.lock .venv/bin/python benchmarks/bundle_bench.py --rack NAME --like INVENTORY
+        [--online] [--down] [--label NAME] [--json FILE] [--summary]
+
+The whole rack from the bundle: a rack with the hosts INVENTORY's [gpu_nodes] describes (e.g. inventories/rack-a.ini;
+rewritten to the rack, provisioner_testbed.airgap.shaped_like: its group_vars/gpu_nodes.yml, the rack's connection,
+no vLLM cluster) and one more host, lb01, the mirror. Times the bundle build (a first build into an empty directory),
+the mirror (playbooks/bundle_mirror.yml), `provision run --bundle` of every GPU node with no way out of the rack
+(drop counters must read 0), `provision drift` and `drift --full` (both must be clean); `--online` then resets the
+nodes and times the same run online; `--down` takes the rack down at the end. The work directory (the bundle, its
+key, the runs) is removed at the end, kept when a step failed. `--summary` writes `bundle_rack_<label>`.
 """
 
 from __future__ import annotations
@@ -50,13 +61,17 @@ def _build(inv: str, out: Path, extra: list[str]) -> dict:
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "summary": r.stderr.strip().splitlines()[-1]}
 
 
-def _timed(args: list[str], env: dict[str, str], what: str) -> dict:
+def _timed(args: list[str], env: dict[str, str], what: str, tail: int = 0) -> dict:
+    """`provision ARGS` timed; `tail`: keep the last lines of its output (a drift's summary)."""
     load0, t0 = loadavg(), time.monotonic()
     r = subprocess.run([PROVISION, *args], capture_output=True, text=True, env=env)
     wall = time.monotonic() - t0
     if r.returncode != 0:
         raise SystemExit(f"{what} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
-    return {"wall_s": round(wall, 1), "load": {"start": load0, "end": loadavg()}}
+    out = {"wall_s": round(wall, 1), "load": {"start": load0, "end": loadavg()}}
+    if tail:
+        out["said"] = (r.stdout + r.stderr).strip().splitlines()[-tail:]
+    return out
 
 
 def rack_compare(name: str, hosts: int, label: str, json_out: Path | None, summary: bool) -> int:
@@ -114,15 +129,100 @@ def rack_compare(name: str, hosts: int, label: str, json_out: Path | None, summa
     return 0
 
 
+def rack_like(name: str, like: Path, label: str, online: bool, down: bool, json_out: Path | None,
+              summary: bool) -> int:
+    """A rack shaped like `like`'s GPU nodes provisioned from the bundle alone, then drift (module docstring)."""
+    import tempfile
+
+    from provisioner_testbed import airgap, rack, vault
+
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="200", **vault.env())
+    want = [line.split()[0] for line in airgap.gpu_node_lines(like)]
+    res: dict = {"rack": name, "like": str(like), "commit": commit(), "cpus": os.cpu_count()}
+    t0, load0 = time.monotonic(), loadavg()
+    h = rack.ensure(name, len(want), clusters=False, balancers=1, log=lambda m: print(f"testbed: {m}", file=sys.stderr))
+    res["rack_up"] = {"wall_s": round(time.monotonic() - t0, 1), "load": {"start": load0, "end": loadavg()}}
+    nodes = [n for n in h.names if n in want]
+    if nodes != want:
+        raise SystemExit(f"{like}: hosts {want}, rack {name} has {h.names}")
+    mirror = next(n for n in h.names if n not in want)
+    work = Path(tempfile.mkdtemp(prefix="bundle-rack-"))
+    env["PROVISION_RUNS_DIR"] = str(work / "runs")
+    inv = airgap.shaped_like(like, Path(h.inventory), h.hosts, work / "bundle", mirror)
+    bundle = work / "bundle-dir"  # empty: a first build, every artifact fetched
+    key_home = work / "key"
+    res["hosts"] = {"nodes": nodes, "mirror": mirror}
+    res["build"] = _timed(["bundle", "build", str(inv), "--out", str(bundle), "--no-suite", "--key-home",
+                           str(key_home), "--mirror-url", f"https://{h.hosts[mirror]}:8091/"], env, "bundle build")
+    arts = json.loads((bundle / "manifest.json").read_text())["artifacts"]
+    res["bundle_bytes"] = sum(a["size"] for a in arts)
+    res["bundle_artifacts"] = len(arts)
+    print(f"build: {res['build']} {len(arts)} artifacts {res['bundle_bytes']} bytes", file=sys.stderr)
+    airgap.mirror_tls(inv.parent, *rack.issue_certificate(name, h.hosts[mirror]), vault.password_file())
+    airgap.point_at_bundle(inv.parent, bundle)
+    airgap.isolate(h.ssh, h.names)
+    table = airgap.table_name(name)
+    airgap.drop_out_of(re.sub(r"\.\d+$", ".0/24", h.hosts[mirror]), table)
+    try:
+        res["mirror"] = _timed(["run", str(inv), "--playbook", "playbooks/bundle_mirror.yml", "--skip-preflight"],
+                               env, "bundle mirror")
+        print(f"mirror: {res['mirror']}", file=sys.stderr)
+        res["bundle"] = _timed(["run", str(inv), "--bundle", str(bundle)], env, "run from the bundle")
+        print(f"bundle run: {res['bundle']}", file=sys.stderr)
+        res["drops_after_run"] = airgap.counters(table)
+        # the probe tier (each node against the state its run recorded), then every host with the playbooks
+        res["drift"] = _timed(["drift", str(inv)], env, "drift (exit 0: clean)", tail=3)
+        res["drift_full"] = _timed(["drift", str(inv), "--full"], env, "drift --full (exit 0: clean)", tail=3)
+        res["drops"] = airgap.counters(table)
+    finally:
+        airgap.remove(table)
+    print(f"drift: {res['drift']} {res['drift_full']} drops {res['drops']}", file=sys.stderr)
+    if any(res["drops"].values()) or any(res["drops_after_run"].values()):
+        raise SystemExit(f"packets tried to leave the rack: {res['drops']}")
+    if online:  # the same nodes from fresh disks, the rack's own route (proxy, stand-in repo)
+        rack.reset(name)
+        h = rack.ensure(name, len(want), clusters=False, balancers=1)
+        oinv = airgap.shaped_like(like, Path(h.inventory), h.hosts, work / "online", mirror)
+        oinv.write_text(oinv.read_text().split("\n[bundle_mirror]")[0] + "\n")
+        res["online"] = _timed(["run", str(oinv)], env, "online run")
+        res["ratio_bundle_over_online"] = round(res["bundle"]["wall_s"] / res["online"]["wall_s"], 2)
+        print(f"online run: {res['online']}", file=sys.stderr)
+    if down:
+        rack.down(name)
+    shutil.rmtree(work)  # the bundle, its signing key's secret half, the runs (kept when a step failed)
+    print(json.dumps(res, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(res, indent=1) + "\n")
+    if summary:
+        loads = [v for k in ("build", "mirror", "bundle", "drift", "drift_full", "online") if k in res
+                 for v in res[k]["load"].values()]
+        record(f"bundle_rack_{label or like.stem}",
+               anchor="none (the note's figure: a whole rack provisioned from the bundle with no way out)",
+               ours={"bundle_bytes": res["bundle_bytes"], "build_s": res["build"]["wall_s"],
+                     "mirror_s": res["mirror"]["wall_s"], "bundle_run_s": res["bundle"]["wall_s"],
+                     "online_run_s": res.get("online", {}).get("wall_s"), "drift_s": res["drift"]["wall_s"],
+                     "drift_full_s": res["drift_full"]["wall_s"],
+                     "drops": res["drops"]},
+               ratio=res.get("ratio_bundle_over_online"), met=None, load={"min": min(loads), "max": max(loads)},
+               source=f"benchmarks/bundle_bench.py --rack {name} --like {like}{' --online' if online else ''}",
+               detail=res)
+    return 0
+
+
 def main() -> int:
     if "--rack" in sys.argv[1:]:
         ap = argparse.ArgumentParser()
         ap.add_argument("--rack", required=True)
         ap.add_argument("--hosts", type=int, default=1)
+        ap.add_argument("--like", type=Path)
+        ap.add_argument("--online", action="store_true")
+        ap.add_argument("--down", action="store_true")
         ap.add_argument("--label", default="")
         ap.add_argument("--json", type=Path)
         ap.add_argument("--summary", action="store_true")
         r = ap.parse_args()
+        if r.like:
+            return rack_like(r.rack, r.like, r.label, r.online, r.down, r.json, r.summary)
         return rack_compare(r.rack, r.hosts, r.label, r.json, r.summary)
     ap = argparse.ArgumentParser()
     ap.add_argument("inventory")

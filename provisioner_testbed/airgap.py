@@ -93,3 +93,53 @@ def isolate(ssh: object, hosts: Iterable[str]) -> None:
         r = ssh(host, ISOLATE)  # type: ignore[operator]
         if r.returncode != 0:
             raise RuntimeError(f"{host}: cannot isolate: {r.stderr.strip()[-500:]}")
+
+
+#: What the rack's own inventory keeps over an example's: the connection, and the interface its simulated hosts have.
+RACK_OWNS = ("bootstrap_interface",)
+
+
+def gpu_node_lines(example: Path) -> list[str]:
+    """The host lines of an INI inventory's [gpu_nodes] group (no comments, no blank lines)."""
+    gpu = re.search(r"^\[gpu_nodes\]\n((?:[^\[\n].*\n|\s*\n)+)", example.read_text(), re.M)
+    if not gpu:
+        raise RuntimeError(f"{example}: no [gpu_nodes] group")
+    return [ln.strip() for ln in gpu.group(1).splitlines() if ln.strip() and not ln.lstrip().startswith(("#", ";"))]
+
+
+def shaped_like(example: Path, rack_inventory: Path, rack_hosts: dict[str, str], dest: Path, mirror: str) -> Path:
+    """The hosts an example inventory's [gpu_nodes] describes, rewritten to the rack: each host's ansible_host is the
+    rack host of the same name (the example's addresses are never used), the example's group_vars/gpu_nodes.yml over
+    the rack's (RACK_OWNS kept from the rack), the rack's connection and site variables (group_vars/all.yml: its key,
+    known_hosts, CA, repo), `mirror` in group bundle_mirror. The example's vLLM cluster groups are left out (as `make
+    demo` leaves them: the CUDA build cannot serve on simulated GPUs). Returns the hosts file."""
+    lines = []
+    for line in gpu_node_lines(example):
+        host, *hv = line.split()
+        if host not in rack_hosts:
+            raise RuntimeError(f"{example}: host {host} is not in the rack ({', '.join(sorted(rack_hosts))})")
+        hv = [v for v in hv if not v.startswith("ansible_host=")]
+        lines.append(" ".join([host, f"ansible_host={rack_hosts[host]}", *hv]))
+    if mirror not in rack_hosts:
+        raise RuntimeError(f"mirror {mirror} is not in the rack")
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(rack_inventory.parent, dest)
+    inv = dest / rack_inventory.name
+    inv.write_text(f"# {example.name}'s [gpu_nodes], rewritten to the rack (benchmarks/bundle_bench.py --like)\n"
+                   "[gpu_nodes]\n" + "\n".join(lines)
+                   + f"\n\n[bundle_mirror]\n{mirror} ansible_host={rack_hosts[mirror]}\n")
+    for gv in (dest / "group_vars").iterdir():
+        if gv.stem not in ("all", "gpu_nodes"):
+            gv.unlink()
+    hv_dir = dest / "host_vars"
+    for f in hv_dir.iterdir() if hv_dir.is_dir() else ():
+        if f.stem not in {line.split()[0] for line in lines}:
+            f.unlink()
+    ours = dest / "group_vars" / "gpu_nodes.yml"
+    rack_gpu = yaml.safe_load(ours.read_text()) or {}
+    theirs = example.parent / "group_vars" / "gpu_nodes.yml"
+    merged = {**rack_gpu, **(yaml.safe_load(theirs.read_text()) or {} if theirs.is_file() else {}),
+              **{k: rack_gpu[k] for k in RACK_OWNS if k in rack_gpu}}
+    ours.write_text(f"# {theirs} over the rack's; {', '.join(RACK_OWNS)} the rack's\n---\n"
+                    + yaml.safe_dump(merged, sort_keys=False))
+    return inv

@@ -192,3 +192,61 @@ def key_pins(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
                           "give the fingerprint(s) of the DOCA repository key you checked (`gpg --show-keys "
                           "GPG-KEY-Mellanox.pub`); the role installs no unpinned key", var="infiniband_stack",
                           **_where(g, h))
+
+
+MIRROR_GROUP = "bundle_mirror"
+_PEM_CERT = re.compile(r"\s*-----BEGIN CERTIFICATE-----")
+_PEM_KEY = re.compile(r"\s*-----BEGIN ([A-Z]+ )?PRIVATE KEY-----")
+_FALSE = frozenset({"false", "no", "off", "0", "n", "f"})
+
+
+def _off(v: Any) -> bool:
+    """A literal false as Ansible's `bool` reads it (a template or a vaulted value: not known here, so not off)."""
+    return (isinstance(v, (bool, int)) and not v) or (_literal(v) and str(v).strip().lower() in _FALSE)
+
+
+def _pem_state(v: Any, pattern: re.Pattern[str], what: str) -> str | None:
+    """None when `v` can be the PEM text role bundle_mirror needs (vaulted or a template counts: read at run time),
+    else what was found (never the value: it may be a key)."""
+    if v is None:
+        return "not set"
+    if is_vaulted(v) or (isinstance(v, str) and is_template(v)):
+        return None
+    if not isinstance(v, str):
+        return f"a {type_name(v)}"
+    if not v.strip():
+        return "empty"
+    return None if pattern.match(v) else f"not {what}"
+
+
+@rule("SUP006", "a bundle mirror without its certificate or key")
+def mirror_tls(fleet: Fleet, ctx: RuleContext) -> Iterable[Finding]:
+    """A host of group bundle_mirror serves the bundle over HTTPS (bundle_mirror_tls, the default): role
+    bundle_mirror needs bundle_mirror_tls_certificate (PEM, issued by a CA in site_ca_certificates) and
+    bundle_mirror_tls_key (its PEM key, vaulted). Without them the run would stop on the mirror host; refused here,
+    before any host is touched (the key's value is never shown). bundle_mirror_tls false needs
+    bundle_mirror_http_port (apt only over plain HTTP), else the mirror serves nothing."""
+    for name in fleet.groups.get(MIRROR_GROUP, ()):
+        h = fleet.hosts.get(name)
+        if h is None:
+            continue
+        if _off(h.vars.get("bundle_mirror_tls", True)):
+            port = h.vars.get("bundle_mirror_http_port", 0)
+            if isinstance(port, int) and not isinstance(port, bool) and port <= 0:
+                yield Finding("SUP006", "error", f"{name} (group {MIRROR_GROUP} in {fleet.source.name}): "
+                              "bundle_mirror_tls is false and bundle_mirror_http_port is not set: the mirror would "
+                              "serve nothing; keep HTTPS (bundle_mirror_tls_certificate, bundle_mirror_tls_key) or "
+                              "set bundle_mirror_http_port (the signed apt repository only)", host=name,
+                              group=MIRROR_GROUP, var="bundle_mirror_tls")
+            continue
+        cert = _pem_state(h.vars.get("bundle_mirror_tls_certificate"), _PEM_CERT, "a PEM certificate")
+        key = _pem_state(h.vars.get("bundle_mirror_tls_key"), _PEM_KEY, "a PEM private key")
+        if cert is None and key is None:
+            continue
+        var = "bundle_mirror_tls_certificate" if cert else "bundle_mirror_tls_key"
+        yield Finding("SUP006", "error", f"{name} (group {MIRROR_GROUP} in {fleet.source.name}) serves the bundle "
+                      "over HTTPS (bundle_mirror_tls, the default) and role bundle_mirror needs "
+                      "bundle_mirror_tls_certificate (the mirror's PEM certificate, issued by a CA in "
+                      "site_ca_certificates) and bundle_mirror_tls_key (its PEM private key, vaulted); found "
+                      f"certificate {cert or 'PEM'}, key {key or 'PEM'} (the key is never shown); docs/airgap.md, "
+                      "Serve", host=name, group=MIRROR_GROUP, var=var)

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from inventory_factory import gpu_nodes
+from cli_inproc import provision
+from inventory_factory import BASE_INI, gpu_nodes, write_inventory
 from rules_helpers import findings
 
 from provisioner.defaults import role_default
+from provisioner.inventory import load_fleet
+from provisioner.rules import build_context, run_rules
 from provisioner.rules.supply import _pip_options
 
 
@@ -104,3 +107,57 @@ def test_the_role_default_pins_nvidias_cuda_key() -> None:
     assert role_default("nvidia_driver", "nvidia_repo_key_fingerprints") == [
         "EB693B3035CD5710E231E123A4B469963BF863CC"]
     assert role_default("infiniband", "infiniband_doca_repo_key_fingerprints") == []
+
+
+MIRROR_INI = BASE_INI + "\n[bundle_mirror]\nm1 ansible_host=10.0.0.9\n"
+CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+KEY_SECRET = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"
+KEY = f"-----BEGIN PRIVATE KEY-----\n{KEY_SECRET}\n-----END PRIVATE KEY-----\n"
+
+
+def test_a_mirror_without_its_certificate_and_key_is_an_error_naming_host_group_and_file(tmp_path: Path) -> None:
+    (f,) = findings(tmp_path, "SUP006", ini=MIRROR_INI)
+    assert (f.severity, f.host, f.group, f.var) == ("error", "m1", "bundle_mirror", "bundle_mirror_tls_certificate")
+    assert f.message.startswith("m1 (group bundle_mirror in hosts.ini) serves the bundle over HTTPS")
+    assert "found certificate not set, key not set" in f.message and "site_ca_certificates" in f.message
+    # a key that is not PEM: named as such, its value never shown, the file it is set in named
+    (f,) = findings(tmp_path / "b", "SUP006", ini=MIRROR_INI, host_vars={"m1": {
+        "bundle_mirror_tls_certificate": CERT, "bundle_mirror_tls_key": KEY_SECRET}})
+    assert f.var == "bundle_mirror_tls_key" and "found certificate PEM, key not a PEM private key" in f.message
+    assert KEY_SECRET not in f.message and "host_vars/m1.yml" in f.message
+    (f,) = findings(tmp_path / "c", "SUP006", ini=MIRROR_INI, group_vars={"bundle_mirror": {
+        "bundle_mirror_tls_certificate": "", "bundle_mirror_tls_key": KEY}})
+    assert "found certificate empty, key PEM" in f.message and "group_vars/bundle_mirror.yml" in f.message
+
+
+def test_a_mirror_with_both_or_plain_http_apt_only_passes(tmp_path: Path) -> None:
+    assert findings(tmp_path, "SUP006", ini=MIRROR_INI, group_vars={"bundle_mirror": {
+        "bundle_mirror_tls_certificate": CERT, "bundle_mirror_tls_key": KEY}}) == []
+    assert findings(tmp_path / "b", "SUP006", ini=MIRROR_INI, host_vars={"m1": {
+        "bundle_mirror_tls": False, "bundle_mirror_http_port": 8090}}) == []
+    (f,) = findings(tmp_path / "c", "SUP006", ini=MIRROR_INI, host_vars={"m1": {"bundle_mirror_tls": "false"}})
+    assert f.var == "bundle_mirror_tls" and "bundle_mirror_http_port is not set" in f.message
+    assert findings(tmp_path / "d", "SUP006") == []  # no mirror, nothing to check
+
+
+def test_a_vaulted_key_passes_without_being_read(tmp_path: Path) -> None:
+    from provisioner_testbed.inventory_writer import vault_encrypter
+
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    vaulted = vault_encrypter(pw)("bundle_mirror_tls_key", KEY)
+    inv = write_inventory(tmp_path / "inv", ini=MIRROR_INI, files={"host_vars/m1.yml": (
+        f"bundle_mirror_tls_certificate: |\n  {CERT.replace(chr(10), chr(10) + '  ').rstrip()}\n"
+        "bundle_mirror_tls_key: !vault |\n" + "".join(f"  {ln}\n" for ln in vaulted.splitlines()))})
+    fleet = load_fleet(inv)
+    assert [f for f in run_rules(fleet, build_context(fleet)) if f.code == "SUP006"] == []
+
+
+def test_run_refuses_the_mirror_playbook_before_any_host(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path / "inv", ini=MIRROR_INI, host_vars={"m1": {"bundle_mirror_tls_key": KEY}})
+    p = provision("run", str(inv), "--playbook", "playbooks/bundle_mirror.yml", columns=400,
+                  env={"PROVISION_RUNS_DIR": str(tmp_path / "runs")})
+    assert p.returncode == 1, p.stdout + p.stderr
+    (line,) = [ln for ln in p.stderr.splitlines() if "SUP006" in ln]
+    assert "m1" in line and "bundle_mirror_tls_certificate" in line and KEY_SECRET not in p.stdout + p.stderr
+    assert "PLAY" not in p.stdout and "Traceback" not in p.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from provisioner_testbed import airgap
@@ -88,3 +89,29 @@ class _VaultLoader(yaml.SafeLoader):
 
 
 _VaultLoader.add_constructor("!vault", lambda loader, node: loader.construct_scalar(node))
+
+
+def test_an_example_inventory_is_rewritten_to_the_rack(tmp_path: Path) -> None:
+    ex = tmp_path / "example"
+    (ex / "group_vars").mkdir(parents=True)
+    (ex / "site.ini").write_text("# a site\n[gpu_nodes]\nnode01 ansible_host=10.20.0.11\n; off\n"
+                                 "node02 ansible_host=10.20.0.12 note=x\n\n[c1]\nnode01 node_rank=0\n")
+    (ex / "group_vars" / "gpu_nodes.yml").write_text("gpu_count: 4\nbootstrap_interface: ens10f0np0\nnccl_algo: Ring\n")
+    rack = _rack_inventory(tmp_path)
+    (rack.parent / "hosts.ini").write_text("[gpu_nodes]\nnode01 ansible_host=198.18.9.11\n"
+                                           "node02 ansible_host=198.18.9.12\n")
+    (rack.parent / "group_vars" / "gpu_nodes.yml").write_text("gpu_count: 8\nbootstrap_interface: host0\n")
+    hosts = {"node01": "198.18.9.11", "node02": "198.18.9.12", "lb01": "198.18.9.20"}
+    inv = airgap.shaped_like(ex / "site.ini", rack, hosts, tmp_path / "out", "lb01")
+    text = inv.read_text()
+    assert "10.20.0." not in text  # the example's addresses are never used
+    assert text.splitlines()[1:] == ["[gpu_nodes]", "node01 ansible_host=198.18.9.11",
+                                     "node02 ansible_host=198.18.9.12 note=x", "", "[bundle_mirror]",
+                                     "lb01 ansible_host=198.18.9.20"]
+    gv = yaml.safe_load((inv.parent / "group_vars" / "gpu_nodes.yml").read_text())
+    assert gv == {"gpu_count": 4, "bootstrap_interface": "host0", "nccl_algo": "Ring"}
+    assert sorted(p.name for p in (inv.parent / "group_vars").iterdir()) == ["all.yml", "gpu_nodes.yml"]
+    assert "provision_site: testbed-x" in (inv.parent / "group_vars" / "all.yml").read_text()  # the rack's
+    (ex / "site.ini").write_text("[gpu_nodes]\nnode09 ansible_host=10.20.0.19\n")
+    with pytest.raises(RuntimeError, match="host node09 is not in the rack"):
+        airgap.shaped_like(ex / "site.ini", rack, hosts, tmp_path / "out2", "lb01")

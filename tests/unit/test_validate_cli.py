@@ -52,6 +52,10 @@ GB = {"gpu_model": "GB200-186GB", "gpu_count": 4, "nvlink_domain": "nvl72-a"}
 # the quarantine/remediation policy of docs/lifecycle.md
 POLICY = {"quarantine_on": ["ecc", "xid", "fabricmanager", "ib"], "remediation": ["gpu_reset", "reboot"],
           "replace_after": {"quarantines": 3, "window_days": 30}}
+# a bundle mirror (docs/airgap.md) and the PEM texts role bundle_mirror needs (SUP006)
+MIRROR_INI = BASE_INI + "\n[bundle_mirror]\nm1 ansible_host=10.0.0.9\n"
+MIRROR_TLS = {"bundle_mirror_tls_certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+              "bundle_mirror_tls_key": "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"}
 GB_TP8 = cluster(tensor_parallel_size=8, pipeline_parallel_size=1)
 
 
@@ -330,6 +334,14 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
                                                                        "3BF8 63CC"])},
                 {"group_vars": gpu_nodes(infiniband_stack="doca",
                                          infiniband_doca_repo_key_fingerprints=["AB" * 20, "cd" * 32])}]),
+    "SUP006": ([{"ini": MIRROR_INI}, {"ini": MIRROR_INI, "group_vars": {"bundle_mirror": MIRROR_TLS | {
+                    "bundle_mirror_tls_certificate": "not a cert"}}},
+                {"ini": MIRROR_INI, "host_vars": {"m1": {"bundle_mirror_tls": False}}}],
+               [{"ini": MIRROR_INI, "group_vars": {"bundle_mirror": MIRROR_TLS}},
+                {"ini": MIRROR_INI, "host_vars": {"m1": {"bundle_mirror_tls": "no", "bundle_mirror_http_port": 8090}}},
+                {"ini": MIRROR_INI, "group_vars": {"bundle_mirror": {
+                    "bundle_mirror_tls_certificate": "{{ lookup('file', 'm1.pem') }}",
+                    "bundle_mirror_tls_key": "{{ lookup('file', 'm1.key') }}"}}}]),
 }
 
 WARNINGS = {"HW009", "NCCL005", "CL010", "CL016", "CL017", "MEM003", "NVL005", "BMC004", "BMC005", "LC005", "LC007",
