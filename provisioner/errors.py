@@ -23,3 +23,16 @@ class UsageError(Exception):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an unexpected exception caught to keep a run going: its type, its message with the path(s) an
+    OSError names (its repr drops them), and where it was raised (`file.py:LINE`, the innermost frame)."""
+    import traceback
+    from pathlib import Path
+
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    if frames:
+        text += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})"
+    return text
