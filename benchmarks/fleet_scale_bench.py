@@ -133,7 +133,13 @@ def one_size(n: int, reps: int, changed: float, exec_nodes: int, work: Path) -> 
         if not exec_nodes:
             assert m["clean"], (m, doc["summary"])
         elif not m["clean"]:  # through execution nodes: a probe lost in a tunnel goes to tier 2 (no runner here)
-            print(f"  {n} hosts: NOT clean: rc {m['rc']}, tiers {doc['summary'].get('tiers')}", flush=True)
+            why: dict[str, int] = {}
+            for h in (doc.get("hosts") or {}).values() if isinstance(doc.get("hosts"), dict) else ():
+                if isinstance(h, dict) and h.get("tier") == 2:
+                    k = str(h.get("tier_reason"))[:120]
+                    why[k] = why.get(k, 0) + 1
+            m["tier2_reasons"] = why
+            print(f"  {n} hosts: NOT clean: rc {m['rc']}, tiers {doc['summary'].get('tiers')}, why {why}", flush=True)
         out["drift"].append(m)
         print(f"  {n} hosts: wall {m['wall_s']} s, controller CPU {m['controller_cpu_s']} s "
               f"({1000 * m['controller_cpu_s'] / n:.1f} ms/host), RSS {m['peak_rss_mib']} MiB, fds {m['peak_fds']}, "
