@@ -134,7 +134,11 @@ def link_collection(parent: Path) -> Path:
         tmp = ns / f".{COLLECTION_NAME}.{os.getpid()}.{threading.get_ident()}"
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(target, target_is_directory=True)
-        os.replace(tmp, link)
+        try:
+            os.replace(tmp, link)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
     return parent / "collections"
 
 

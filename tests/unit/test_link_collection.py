@@ -48,10 +48,19 @@ def test_a_stale_link_is_replaced(tmp_path: Path) -> None:
 
 def test_describe_keeps_an_oserrors_paths_and_where_it_was_raised(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
-    with pytest.raises(FileExistsError) as info:
-        (tmp_path / "a").mkdir()
+    (tmp_path / "x").mkdir()
+    ns = tmp_path / "x" / "collections" / "ansible_collections" / "provisioner"
+    ns.mkdir(parents=True)
+    (ns / "gpu").mkdir()  # a directory where the link goes: os.replace refuses it
+    with pytest.raises(OSError) as info:
+        paths.link_collection(tmp_path / "x")
     text = describe(info.value)
-    assert repr(info.value) == "FileExistsError(17, 'File exists')"  # what the shard error used to show
-    assert text.startswith("FileExistsError: [Errno 17] File exists: ") and str(tmp_path / "a") in text
-    assert "(at " in text and text.endswith(")")
+    assert str(ns / "gpu") in text and text.startswith(type(info.value).__name__ + ": [Errno ")
+    assert text.endswith(")") and "(at provisioner/paths.py:" in text
+    assert sorted(p.name for p in ns.iterdir()) == ["gpu"]  # the private link made first is removed again
+    with pytest.raises(FileExistsError) as info2:
+        (tmp_path / "a").mkdir()
+    assert repr(info2.value) == "FileExistsError(17, 'File exists')"  # what the shard error used to show
+    text2 = describe(info2.value)
+    assert text2.startswith("FileExistsError: [Errno 17] File exists: ") and str(tmp_path / "a") in text2
     assert describe(ValueError()) == "ValueError"
