@@ -166,6 +166,8 @@ def one_size(n: int, reps: int, changed: float, exec_nodes: int, work: Path) -> 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     n = len(points)
+    if not n:  # no clean rep to fit
+        return 0.0, 0.0
     mx = sum(x for x, _ in points) / n
     my = sum(y for _, y in points) / n
     sxx = sum((x - mx) ** 2 for x, _ in points)
