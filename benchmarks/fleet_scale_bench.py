@@ -160,6 +160,10 @@ def one_size(n: int, reps: int, changed: float, exec_nodes: int, work: Path) -> 
         out["changed"] = m
         print(f"  {n} hosts, {k} changed: rc {m['rc']}, wall {m['wall_s']} s, controller CPU "
               f"{m['controller_cpu_s']} s, summary {m['summary']}", flush=True)
+    for i in range(exec_nodes):  # PV_HARNESS_EXEC_LOG=1: keep the execution nodes' sshd logs
+        log = hdir / "ep" / str(i) / "upper" / "sshd.log"
+        if log.is_file():
+            (work / f"sshd-h{n}-f{i:05d}.log").write_bytes(log.read_bytes())
     fleet_harness.down(hdir)
     return out
 
