@@ -386,6 +386,27 @@ class Jumps:
                 pass
 
 
+class _Tunnel:
+    """A target's direct-tcpip channel as its SSH connection's socket, its sends and its close serialized: paramiko
+    checks `closed` under the channel's lock but sends after releasing it, so the inner connection's last packet
+    could follow the channel's CLOSE, and OpenSSH on the execution node then drops the node's whole connection ("data
+    packet referred to nonexistent channel N": every tunnel in flight on it dies; seen in the harness's sshd logs)."""
+
+    def __init__(self, chan: Any) -> None:
+        self._chan, self._lock = chan, threading.Lock()
+
+    def send(self, data: bytes) -> int:
+        with self._lock:
+            return int(self._chan.send(data))
+
+    def close(self) -> None:
+        with self._lock:
+            self._chan.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._chan, name)
+
+
 def _alive(client: Any) -> bool:
     transport = client.get_transport()
     return transport is not None and transport.is_active()
@@ -430,7 +451,7 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
         if t.via is not None:
             if jumps is None:
                 jumps = own_jumps = Jumps(known, timeout)
-            sock = jumps.channel(t)
+            sock = _Tunnel(jumps.channel(t))
         client = _client(t, known, res)
         _connect(client, t, known, timeout, sock)
         transport = client.get_transport()
