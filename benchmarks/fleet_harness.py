@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/fleet_harness.py up DIR -n 1000 [--exec-nodes 2]   # prints the inventory path
     .venv/bin/python benchmarks/fleet_harness.py down DIR
+    PV_HARNESS_EXEC_LOG=1 ...: the execution nodes' sshd logs at VERBOSE to DIR/ep/I/upper/sshd.log
 
 Endpoint i has its own loopback address (127.77.i//250.i%250+1, port 22), its own ed25519 host key (its own line
 in DIR/known_hosts, checked strictly), its own root (an overlayfs of the testbed's Debian 12 base root with a
@@ -205,6 +206,7 @@ def serve(d: Path) -> None:
 
     info = json.loads((d / "harness.json").read_text())
     n, base, exec_nodes = info["hosts"], info["base"], info["exec_nodes"]
+    log_exec = os.environ.get("PV_HARNESS_EXEC_LOG") == "1"
     ms_rdonly, ms_bind = 1, 4096
     root = d / "mnt"
     root.mkdir(exist_ok=True)
@@ -243,6 +245,8 @@ def serve(d: Path) -> None:
                     "-o", f"ChrootDirectory=/fleet/{i}"]
             if i < exec_nodes:
                 argv += ["-o", "AllowTcpForwarding=yes"]
+                if log_exec:  # the execution node's sshd says why it ends a connection: DIR/ep/I/upper/sshd.log
+                    argv += ["-E", f"/fleet/{i}/sshd.log", "-o", "LogLevel=VERBOSE"]
             try:
                 subprocess.Popen(argv, stdin=conn.fileno(), stdout=conn.fileno(), stderr=subprocess.DEVNULL,
                                  close_fds=True)

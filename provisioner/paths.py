@@ -23,6 +23,7 @@ Only the standard library here: the CLI's fast path imports it.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from provisioner.errors import UsageError
@@ -126,10 +127,18 @@ def link_collection(parent: Path) -> Path:
     ns = parent / "collections" / "ansible_collections" / COLLECTION_NAMESPACE
     ns.mkdir(parents=True, exist_ok=True)
     link = ns / COLLECTION_NAME
-    if not (link.is_symlink() and link.resolve() == DATA_ROOT.resolve()):
-        if link.is_symlink():
-            link.unlink()
-        link.symlink_to(DATA_ROOT.resolve(), target_is_directory=True)
+    target = DATA_ROOT.resolve()
+    if not (link.is_symlink() and link.resolve() == target):
+        # made under a private name and renamed over: callers racing on one run dir (a sharded run's threads) each
+        # put the same link in place, where a check-then-symlink raised FileExistsError for the later one
+        tmp = ns / f".{COLLECTION_NAME}.{os.getpid()}.{threading.get_ident()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target, target_is_directory=True)
+        try:
+            os.replace(tmp, link)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
     return parent / "collections"
 
 

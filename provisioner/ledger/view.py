@@ -191,7 +191,9 @@ def _latest(ledger: Ledger, hosts: list[str]) -> dict[str, _Latest]:
             "SELECT host, status FROM host_outcomes WHERE run = ?", (run.id,)) if r[0] in todo}
         checks: dict[str, list[dict[str, Any]]] = {}
         if run.command == "health" or not outcomes:
-            for r in db.execute('SELECT host, "check", result, detail FROM health_results WHERE run = ?', (run.id,)):
+            # only what the row shows (failed checks) and what health_driver reads: not a pass's 8 rows per host
+            for r in db.execute('SELECT host, "check", result, detail FROM health_results WHERE run = ? AND '
+                                '(result = \'fail\' OR "check" IN (?, ?))', (run.id, *_DRIVER_CHECKS)):
                 if r[0] in todo:
                     checks.setdefault(str(r[0]), []).append({"check": r[1], "result": r[2], "detail": r[3]})
         items: dict[str, int] | None = None
@@ -223,6 +225,8 @@ def _latest(ledger: Ledger, hosts: list[str]) -> dict[str, _Latest]:
 
 #: The driver packages whose installed version stands for the driver, most telling first (roles/nvidia_driver).
 DRIVER_PACKAGES = ("nvidia-kernel-open-", "nvidia-open-", "nvidia-driver-", "nvidia-utils-")
+#: The health checks whose message names the driver (health_driver reads these, in this order).
+_DRIVER_CHECKS = ("driver", "reboot")
 _HEALTH_DRIVER = re.compile(r"^driver (\d+\.\d+(?:\.\d+)?(?:,\d+\.\d+(?:\.\d+)?)*)\b")
 _HEALTH_LOADED = re.compile(r"loaded kernel module (\d+\.\d+(?:\.\d+)?)\b")
 
@@ -230,7 +234,7 @@ _HEALTH_LOADED = re.compile(r"loaded kernel module (\d+\.\d+(?:\.\d+)?)\b")
 def health_driver(rows: list[dict[str, Any]]) -> tuple[str, str] | None:
     """(driver version, the check it came from) from one health pass's results: the `driver` check's message
     (nvidia-smi's driver version on the node), else the `reboot` check's loaded kernel module."""
-    for check, rx in (("driver", _HEALTH_DRIVER), ("reboot", _HEALTH_LOADED)):
+    for check, rx in zip(_DRIVER_CHECKS, (_HEALTH_DRIVER, _HEALTH_LOADED), strict=True):
         for r in rows:
             m = rx.search(str(r.get("detail") or "")) if r.get("check") == check else None
             if m:

@@ -322,6 +322,8 @@ class Jumps:
         self._clients: dict[str, Any] = {}
         self._errors: dict[str, str] = {}
         self._reopened: dict[str, int] = {}
+        self._opened: dict[str, int] = {}  # connections opened per jump host: which one is the live one
+        self._used: dict[str, tuple[str, int]] = {}  # target -> (jump host, the connection its channel went through)
 
     def _transport(self, via: SshTarget) -> Any:
         """The jump host's live transport (opened, or reopened when it died); raises _JumpError. Under the lock."""
@@ -340,6 +342,7 @@ class Jumps:
                 client = _client(via, self._known, r)
                 _connect(client, via, self._known, self._timeout)
                 self._clients[via.name] = client
+                self._opened[via.name] = self._opened.get(via.name, 0) + 1
             except Exception as exc:  # noqa: BLE001 (reported for every target behind it)
                 r.error = _why(exc, via)
                 self._errors[via.name] = r.error or str(exc)
@@ -356,6 +359,7 @@ class Jumps:
         for attempt in range(2):
             with self._lock:
                 transport = self._transport(via)
+                self._used[t.name] = (via.name, self._opened[via.name])
             try:
                 return transport.open_channel("direct-tcpip", (t.address, t.port), ("127.0.0.1", 0),
                                               timeout=timeout)
@@ -364,12 +368,43 @@ class Jumps:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def lost(self, t: SshTarget) -> bool:
+        """Whether the jump connection `t`'s channel went through has died since (or was replaced): its failure was
+        the node's connection going down, not the target's; False when the node cannot be reached at all."""
+        with self._lock:
+            used = self._used.get(t.name)
+            if used is None or used[0] in self._errors:
+                return False
+            client = self._clients.get(used[0])
+            return self._opened.get(used[0]) != used[1] or client is None or not _alive(client)
+
     def close(self) -> None:
         for c in self._clients.values():
             try:
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class _Tunnel:
+    """A target's direct-tcpip channel as its SSH connection's socket, its sends and its close serialized: paramiko
+    checks `closed` under the channel's lock but sends after releasing it, so the inner connection's last packet
+    could follow the channel's CLOSE, and OpenSSH on the execution node then drops the node's whole connection ("data
+    packet referred to nonexistent channel N": every tunnel in flight on it dies; seen in the harness's sshd logs)."""
+
+    def __init__(self, chan: Any) -> None:
+        self._chan, self._lock = chan, threading.Lock()
+
+    def send(self, data: bytes) -> int:
+        with self._lock:
+            return int(self._chan.send(data))
+
+    def close(self) -> None:
+        with self._lock:
+            self._chan.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._chan, name)
 
 
 def _alive(client: Any) -> bool:
@@ -416,7 +451,7 @@ def run_one(t: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, *,
         if t.via is not None:
             if jumps is None:
                 jumps = own_jumps = Jumps(known, timeout)
-            sock = jumps.channel(t)
+            sock = _Tunnel(jumps.channel(t))
         client = _client(t, known, res)
         _connect(client, t, known, timeout, sock)
         transport = client.get_transport()
@@ -462,7 +497,10 @@ def workers(n_targets: int, forks: int) -> int:
 def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], str], *,
              timeout: float = DEFAULT_TIMEOUT, forks: int = DEFAULT_FORKS,
              on_result: Callable[[ExecResult], None] | None = None) -> dict[str, ExecResult]:
-    """Run `command` (or command(target)) on every target, at most `forks` at a time; results by host name."""
+    """Run `command` (or command(target)) on every target, at most `forks` at a time; results by host name. A target
+    behind an execution node whose attempt failed because that node's shared connection died under it (a loaded node
+    drops it: every tunnel in flight goes with it) is tried once more on the reopened connection; only read-only
+    probes go through execution nodes (tiers.probe)."""
     targets = list(targets)
     out: dict[str, ExecResult] = {}
     lock = threading.Lock()
@@ -472,6 +510,11 @@ def run_many(targets: Iterable[SshTarget], command: str | Callable[[SshTarget], 
     def one(t: SshTarget) -> None:
         cmd = command(t) if callable(command) else command
         r = run_one(t, cmd, timeout=timeout, known=known, jumps=jumps)
+        if not r.ok and t.via is not None and jumps.lost(t):
+            first = r.error
+            r = run_one(t, cmd, timeout=timeout, known=known, jumps=jumps)
+            if not r.ok:
+                r.error = f"{r.error} (tried again: the first attempt's execution node connection died: {first})"
         with lock:
             out[t.name] = r
             if on_result:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from provisioner.errors import describe
 from provisioner.reports.untrusted import terminal_safe
 from provisioner.results import DriftItem, HostResult, RunResult, TaskFailure
 
@@ -274,7 +275,7 @@ class EventFolder:
             if self.on_event is not None:
                 self.on_event(event)
         except Exception as exc:  # a display problem must never kill the run
-            print(f"provision: event handler error: {exc!r}", file=sys.stderr)
+            print(f"provision: event handler error: {describe(exc)}", file=sys.stderr)
         return True  # keep the event in the artifacts
 
     def _host(self, name: str) -> HostResult:

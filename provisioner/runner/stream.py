@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner import paths
 from provisioner.defaults import role_default
-from provisioner.errors import UsageError
+from provisioner.errors import UsageError, describe
 from provisioner.results import RunResult
 from provisioner.runner.config import RunConfig, fact_cache_dir, new_run_dir, size_forks
 from provisioner.runner.events import EventFolder
@@ -355,7 +355,7 @@ def execute_sharded(
         except UsageError as exc:
             outcomes[i].status, outcomes[i].error = "error", str(exc)
         except Exception as exc:  # a broken stream must not take the other shards down
-            outcomes[i].status, outcomes[i].error = "error", f"execution node {shards[i].node}: {exc!r}"
+            outcomes[i].status, outcomes[i].error = "error", f"execution node {shards[i].node}: {describe(exc)}"
 
     threads = [threading.Thread(target=one, args=(i,), name=f"shard-{s.label}") for i, s in enumerate(shards)]
     for t in threads:
