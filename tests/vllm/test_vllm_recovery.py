@@ -135,13 +135,15 @@ def test_worker_network_cut_stops_the_head_and_the_cluster_comes_back(vllm_rack:
 def test_worker_power_loss_stops_the_head_and_the_cluster_comes_back(vllm_rack: VllmRack) -> None:
     _serving(vllm_rack)
     t0 = time.monotonic()
-    with _cut(vllm_rack, WORKER):  # nothing the host sends while it goes down reaches anyone: a power cut
-        _testbed(vllm_rack, "stop", WORKER)
-    detect_s = _wait_down(vllm_rack, t0)
+    try:
+        with _cut(vllm_rack, WORKER):  # nothing the host sends while it goes down reaches anyone: a power cut
+            _testbed(vllm_rack, "stop", WORKER)
+        detect_s = _wait_down(vllm_rack, t0)
+    finally:  # the worker comes back whatever happened: the lane's later tests need vllm_pp
+        t_on = time.monotonic()
+        _testbed(vllm_rack, "start", WORKER)  # boots; vllm.service is enabled
+        boot_s = round(time.monotonic() - t_on, 1)
     assert detect_s <= DETECT_BOUND_S, detect_s
-    t_on = time.monotonic()
-    _testbed(vllm_rack, "start", WORKER)  # boots; vllm.service is enabled
-    boot_s = round(time.monotonic() - t_on, 1)
     recover_s = _back(vllm_rack, t_on)
     print(f"power loss: /health not 200 after {detect_s} s; host booted in {boot_s} s, serving {recover_s} s "
           "after power-on")
