@@ -9,6 +9,7 @@ into the testbed cache (a later session fetches only what changed).
 The host is made an isolated site's image: no apt sources, no proxy. An nftables table on the controller drops and
 counts every packet from the rack's subnet that would leave it (forward) and every new connection from the rack to
 the controller (input: the rack's proxy and stand-in repo are the only ways out it has). Then:
+0. `provision bundle verify BUNDLE INVENTORY`: checksums, signature and completeness against the site's inventory;
 1. `provision run --bundle` with a driver version the bundle lacks: refused before any host, naming it;
 2. playbooks/bundle_mirror.yml: the host unpacks the bundle, installs nginx from it, serves it over HTTPS on :8091
    with a certificate the rack's CA issued (the CA the rack's inventory gives every node in site_ca_certificates,
@@ -209,6 +210,13 @@ def _vllm_site(inv_dir: Path, addr: str) -> tuple[Path, list[str]]:
         # no onboarding step in this test: the run launches the cluster itself
         "vllm_launch_require_in_service": False}))
     return layer, ["--no-index", "--find-links", str(alias.parent), "--find-links", str(cache / "vllm" / "wheelhouse")]
+
+
+def test_the_bundle_verifies_against_the_sites_inventory(air) -> None:
+    """What an operator runs after carrying the bundle in: checksums, the repository's signature and completeness
+    against the isolated site's own inventory (the bundle's site variables in it), before anything is served."""
+    r = air["provision"]("bundle", "verify", str(air["bundle"]), str(air["inv"]))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def test_a_version_the_bundle_lacks_is_refused_before_any_host(air) -> None:
