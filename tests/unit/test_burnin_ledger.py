@@ -104,13 +104,19 @@ def _health_ok(db: Path, path: Path, host: str) -> None:
         lg.run_finished(run, "ok", hosts=[{"host": host, "status": "ok"}])
 
 
-def test_node_command_applies_the_gate_by_default(tmp_path: Path) -> None:
-    path = write_inventory(tmp_path / "inv", ini=INI, group_vars=GV)  # no burnin_gate: on
+def _in_burnin_healthy(tmp_path: Path, path: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh ledger with n1 moved to burn-in by hand and a passed health run: (ledger, env for `provision`)."""
     db = tmp_path / "ledger.sqlite3"
     env = {"PROVISION_LEDGER": str(db)}
     for s in ("provisioning", "burn-in"):
         assert provision("node", str(path), "n1", "--state", s, "--reason", s, env=env).returncode == 0
     _health_ok(db, path, "n1")
+    return db, env
+
+
+def test_node_command_applies_the_gate_by_default(tmp_path: Path) -> None:
+    path = write_inventory(tmp_path / "inv", ini=INI, group_vars=GV)  # no burnin_gate: on
+    db, env = _in_burnin_healthy(tmp_path, path)
     r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "go", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [
@@ -139,11 +145,7 @@ def test_node_command_applies_the_gate_by_default(tmp_path: Path) -> None:
                                                ("flase", True)])
 def test_burnin_gate_off_only_when_the_site_says_so(tmp_path: Path, value: str, gated: bool) -> None:
     path = write_inventory(tmp_path / "inv", ini=INI, group_vars={"all": {**GV["all"], "burnin_gate": value}})
-    db = tmp_path / "ledger.sqlite3"
-    env = {"PROVISION_LEDGER": str(db)}
-    for s in ("provisioning", "burn-in"):
-        assert provision("node", str(path), "n1", "--state", s, "--reason", s, env=env).returncode == 0
-    _health_ok(db, path, "n1")
+    db, env = _in_burnin_healthy(tmp_path, path)
     r = provision("node", str(path), "n1", "--state", "in-service", "--reason", "go", env=env)
     assert (r.returncode == 1 and "needs a passed burn-in" in r.stderr) if gated else r.returncode == 0
 
