@@ -14,7 +14,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from provisioner.errors import Exit, UsageError
+from provisioner.errors import Exit, Failure, UsageError
 
 if TYPE_CHECKING:
     import typer
@@ -140,6 +140,9 @@ def _fast(command: str, argv: list[str]) -> int | None:
     except UsageError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.USAGE)
+    except Failure as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return int(Exit.FAIL)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
@@ -180,6 +183,9 @@ def main() -> None:
     except UsageError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(Exit.USAGE)
+    except Failure as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        sys.exit(Exit.FAIL)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

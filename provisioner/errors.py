@@ -25,6 +25,11 @@ class UsageError(Exception):
         super().__init__(f"{path}: {message}" if path else message)
 
 
+class Failure(Exception):
+    """A failure that stops a command (the ledger cannot be opened or written, ...): the CLI prints the message as
+    one `error:` line (no traceback) and exits 1."""
+
+
 def describe(exc: BaseException) -> str:
     """One line for an unexpected exception caught to keep a run going: its type, its message with the path(s) an
     OSError names (its repr drops them), and where it was raised: the innermost frame of ours (`provisioner/...`)

@@ -51,7 +51,6 @@ def run(inventory: Path, targets: list[str], *, back: bool, reason: str | None, 
         wait: float = 120.0, wait_healthy: float = 900.0, fmt: Format = Format.text) -> int:
     from provisioner.day2.executor import Ops, actor_user, drain_clusters, dumps, return_clusters
     from provisioner.day2.lifecycle import Refused
-    from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
 
     if wait < 0 or wait_healthy <= 0:
@@ -68,9 +67,6 @@ def run(inventory: Path, targets: list[str], *, back: bool, reason: str | None, 
                   else drain_clusters(ops, p, reason=why, force=force, wait=wait))
     except Refused as exc:
         sys.stderr.write(f"refused: {exc}\n")
-        return int(Exit.FAIL)
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
     if fmt is Format.json:
         sys.stdout.write(dumps(ops, clusters=list(p.clusters), hosts=list(p.hosts)))

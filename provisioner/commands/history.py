@@ -22,7 +22,6 @@ Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
 
 
 def run(host: str, inventory: Path | None = None, fmt: Format = Format.text, site: str | None = None) -> int:
-    from provisioner.ledger import LedgerError
     from provisioner.ledger.site import site_name, site_of
     from provisioner.ledger.view import history, read_ledger, unowned_warning, when
 
@@ -37,23 +36,19 @@ def run(host: str, inventory: Path | None = None, fmt: Format = Format.text, sit
         site = site_of(fleet)
     elif site is not None:
         site = site_name(site)
-    try:
-        with read_ledger() as ledger:
-            if site is None:
-                found = ledger.sites_of(host)
-                if len(found) > 1:
-                    raise UsageError(f"{host} has records in {len(found)} sites ({', '.join(found)}): name one with "
-                                     "--inventory or --site")
-                site = found[0] if found else ""
-            ledger.site = site
-            h = history(ledger, host)
-            warning = unowned_warning(ledger)
-        if warning:
-            sys.stderr.write(warning + "\n")
-        h = {"site": site, **h}
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return int(Exit.FAIL)
+    with read_ledger() as ledger:
+        if site is None:
+            found = ledger.sites_of(host)
+            if len(found) > 1:
+                raise UsageError(f"{host} has records in {len(found)} sites ({', '.join(found)}): name one with "
+                                 "--inventory or --site")
+            site = found[0] if found else ""
+        ledger.site = site
+        h = history(ledger, host)
+        warning = unowned_warning(ledger)
+    if warning:
+        sys.stderr.write(warning + "\n")
+    h = {"site": site, **h}
     if fmt is Format.json:
         sys.stdout.write(json.dumps(h, indent=2) + "\n")
         return int(Exit.OK)

@@ -35,7 +35,6 @@ def run(inventory: Path, fmt: Format = Format.text, host: str | None = None, ope
         prometheus: Path | None = None) -> int:
     from provisioner.day2.incidents import distributions, per_node
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import LedgerError
     from provisioner.ledger.site import site_of
     from provisioner.ledger.view import day2_view, read_ledger, when
 
@@ -43,12 +42,8 @@ def run(inventory: Path, fmt: Format = Format.text, host: str | None = None, ope
     if host is not None and host not in fleet.hosts:
         raise UsageError(f"--host {host} is not a host of the inventory", path=str(inventory))
     site = site_of(fleet)
-    try:
-        with read_ledger(site=site) as ledger:
-            view = day2_view(ledger)
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return int(Exit.FAIL)
+    with read_ledger(site=site) as ledger:
+        view = day2_view(ledger)
     table = [r for r in view["incidents"] if (host is None or r["host"] == host)
              and (not open_only or r["status"] == "open")]
     dist = distributions(table)

@@ -26,7 +26,7 @@ Exit codes: 0 adopted (or nothing to adopt), 1 the ledger cannot be written, 2 u
 
 def adopt(inventory: Path) -> int:
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import Ledger, LedgerError
+    from provisioner.ledger import Ledger
     from provisioner.ledger.site import site_of
     from provisioner.paths import ledger_path
 
@@ -35,12 +35,8 @@ def adopt(inventory: Path) -> int:
     if not str(path).startswith(("postgresql://", "postgres://")) and not Path(path).exists():
         sys.stdout.write(f"no ledger at {path}: nothing to adopt\n")
         return int(Exit.OK)
-    try:
-        with Ledger.open(path, site=site) as ledger:
-            moved = ledger.adopt()
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return int(Exit.FAIL)
+    with Ledger.open(path, site=site) as ledger:
+        moved = ledger.adopt()
     n = sum(moved.values())
     if not n:
         sys.stdout.write(f"nothing to adopt: every record of {ledger.where} has a site\n")
@@ -66,7 +62,7 @@ Exit codes: 0 compacted (or nothing to do), 1 the ledger cannot be written, 2 us
 def compact(inventory: Path, keep_days: int, summary_days: int = DEFAULT_SUMMARY_DAYS,
             archive_days: int = DEFAULT_ARCHIVE_DAYS) -> int:
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import Ledger, LedgerError
+    from provisioner.ledger import Ledger
     from provisioner.ledger.retention import compact as fold
     from provisioner.ledger.retention import day_of
     from provisioner.ledger.site import site_of
@@ -82,12 +78,8 @@ def compact(inventory: Path, keep_days: int, summary_days: int = DEFAULT_SUMMARY
     if not str(path).startswith(("postgresql://", "postgres://")) and not Path(path).exists():
         sys.stdout.write(f"no ledger at {path}: nothing to compact\n")
         return int(Exit.OK)
-    try:
-        with Ledger.open(path, site=site) as ledger:
-            done = fold(ledger, keep_days, summary_days=summary_days, archive_days=archive_days)
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return int(Exit.FAIL)
+    with Ledger.open(path, site=site) as ledger:
+        done = fold(ledger, keep_days, summary_days=summary_days, archive_days=archive_days)
     sys.stdout.write(f"site {site}: {done.runs} run(s) before {day_of(done.cutoff)} folded: {done.outcomes} host "
                      f"outcome(s), {done.health} health result(s), {done.drift} drift item(s) -> {done.summaries} "
                      "daily summary row(s); "

@@ -43,7 +43,6 @@ def run(inventory: Path, host: str, state: str, reason: str, *, force: bool = Fa
         fmt: Format = Format.text, adopting: bool = False) -> int:
     from provisioner.day2.lifecycle import SERVING, Refused, adopt, transition
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import LedgerError
     from provisioner.ledger.view import lifecycle_context, open_ledger
 
     if not reason.strip():
@@ -64,9 +63,6 @@ def run(inventory: Path, host: str, state: str, reason: str, *, force: bool = Fa
                                              forced=res.forced)
     except Refused as exc:
         sys.stderr.write(f"refused: {exc}\n")
-        return int(Exit.FAIL)
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
     notes = [n for res in chain for n in res.notes]
     if fmt is Format.json:

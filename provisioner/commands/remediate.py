@@ -63,7 +63,6 @@ def run(inventory: Path, *, limit: str | None = None, dry_run: bool = False, app
     from provisioner.day2.lifecycle import Refused
     from provisioner.day2.service import close_breaker as close
     from provisioner.day2.service import remediate
-    from provisioner.ledger import LedgerError
 
     try:
         if close_breaker:
@@ -75,7 +74,7 @@ def run(inventory: Path, *, limit: str | None = None, dry_run: bool = False, app
             return int(Exit.OK)
         res = remediate(inventory, limit=limit, dry_run=dry_run, app_faults=_app_faults(app_fault or []),
                         timeout=timeout, source=source.value, alert_key=alert_key, approve=approve)
-    except (LedgerError, Refused) as exc:
+    except Refused as exc:
         sys.stderr.write(f"error: {exc}\n")
         return int(Exit.FAIL)
     if res.errors:

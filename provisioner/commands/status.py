@@ -44,15 +44,10 @@ Exit codes: 0 shown, 1 the ledger cannot be read, 2 usage.""")
 
 def all_sites(fmt: Format = Format.text) -> int:
     """`provision status --all-sites`: one row per site of the ledger."""
-    from provisioner.ledger import LedgerError
     from provisioner.ledger.view import read_ledger, when
 
-    try:
-        with read_ledger() as ledger:
-            sites = ledger.sites()
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return int(Exit.FAIL)
+    with read_ledger() as ledger:
+        sites = ledger.sites()
     if fmt is Format.json:
         sys.stdout.write(json.dumps({"sites": sites}, indent=2) + "\n")
         return int(Exit.OK)
@@ -73,7 +68,6 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
         vault_password_file: Path | None = None) -> int:
     use_vault(vault_password_file)
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import LedgerError
     from provisioner.ledger.site import site_of
     from provisioner.ledger.view import (
         burnin_distribution,
@@ -87,18 +81,14 @@ def run(inventory: Path, fmt: Format = Format.text, html: Path | None = None, no
 
     fleet = load_fleet(inventory)
     site = site_of(fleet)
-    try:
-        with read_ledger(site=site) as ledger:
-            rows = status_rows(fleet, ledger)
-            day2 = day2_view(ledger)
-            histories = {r["host"]: history(ledger, r["host"]) for r in rows} if html is not None else {}
-            dist = burnin_distribution(fleet, ledger) if html is not None else []
-            warning = unowned_warning(ledger)
-        if warning:
-            sys.stderr.write(warning + "\n")
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return int(Exit.FAIL)
+    with read_ledger(site=site) as ledger:
+        rows = status_rows(fleet, ledger)
+        day2 = day2_view(ledger)
+        histories = {r["host"]: history(ledger, r["host"]) for r in rows} if html is not None else {}
+        dist = burnin_distribution(fleet, ledger) if html is not None else []
+        warning = unowned_warning(ledger)
+    if warning:
+        sys.stderr.write(warning + "\n")
     serving: list[dict] | None = None
     if nodes:
         from provisioner.probes.seen import look

@@ -48,7 +48,6 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
     from provisioner.day2.rollout import spec_digest
     from provisioner.drift.tiers import host_inputs
     from provisioner.inventory import load_fleet
-    from provisioner.ledger import LedgerError
     from provisioner.ledger.view import open_ledger
 
     if max_unavailable < 1:
@@ -73,18 +72,14 @@ def run(inventory: Path, extra: list[str] | None = None, *, max_unavailable: int
         return int(Exit.FAIL)
     models = _models(fleet)
     members = sorted({m for c in fleet.clusters.values() for m in c.members})
-    try:
-        with open_ledger(fleet) as ledger:
-            key = ledger.digest_key()  # the ledger's one key (the spec digest is recorded there)
-            digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
-            ops = Ops(inventory, fleet, ledger, actor=actor_user(), quiet=fmt is Format.json, extravars=xv,
-                      command="upgrade")
-            ok, rid, refused = upgrade(ops, ledger, fleet, models, key=_key(inventory), digest=digest, xv=xv,
-                                       max_unavailable=max_unavailable, abort=abort, force=force, reason=why,
-                                       wait=wait, wait_healthy=wait_healthy)
-    except LedgerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return int(Exit.FAIL)
+    with open_ledger(fleet) as ledger:
+        key = ledger.digest_key()  # the ledger's one key (the spec digest is recorded there)
+        digest = spec_digest(host_inputs(fleet, members, code=False, key=key), xv, key)
+        ops = Ops(inventory, fleet, ledger, actor=actor_user(), quiet=fmt is Format.json, extravars=xv,
+                  command="upgrade")
+        ok, rid, refused = upgrade(ops, ledger, fleet, models, key=_key(inventory), digest=digest, xv=xv,
+                                   max_unavailable=max_unavailable, abort=abort, force=force, reason=why,
+                                   wait=wait, wait_healthy=wait_healthy)
     if refused is not None:
         sys.stderr.write(refused + "\n")
         return int(Exit.FAIL)

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provisioner.errors import Failure
 from provisioner.ledger.day2 import Day2Records
 from provisioner.ledger.schema import MIGRATIONS, VERSION
 
 
-class LedgerError(Exception):
+class LedgerError(Failure):
     """The ledger cannot be opened or written (a path, a newer schema, a locked or corrupt file)."""
 
 
@@ -255,7 +256,10 @@ class Ledger(Day2Records):
         except (OSError, sqlite3.Error) as exc:
             raise LedgerError(f"cannot open the ledger {where}: {exc}") from None
         except LedgerError as exc:
-            raise LedgerError(f"cannot open the ledger {where}: {str(exc).removeprefix(f'the ledger {where}: ')}") \
+            text = str(exc)
+            if not text.startswith(f"the ledger {where}: "):
+                raise  # names the ledger already ("... has schema version N, newer than ...")
+            raise LedgerError(f"cannot open the ledger {where}: {text.removeprefix(f'the ledger {where}: ')}") \
                 from None
         ledger._sweep()
         return ledger

@@ -235,3 +235,25 @@ def test_a_locked_ledger_is_one_line_from_the_command(checkout: dict[str, object
         other.execute("ROLLBACK")
     assert r.returncode == 1 and r.stdout == "", r.stdout
     assert r.stderr.splitlines() == [f"error: the ledger {db}: database is locked"], r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("status", "{b}"),  # the fast path (no typer)
+    ("status", "{b}", "-f", "json", "--nodes"),  # typer
+    ("history", "node01", "--inventory", "{b}"),
+    ("incidents", "{b}"),
+    ("node", "{b}", "node01", "--state", "provisioning", "--reason", "x"),
+    ("ledger", "adopt", "{b}"),
+])
+def test_a_ledger_newer_than_the_code_is_one_line_from_every_command(checkout: dict[str, object],
+                                                                       args: tuple[str, ...]) -> None:
+    """A ledger error is one `error:` line and exit 1 from the CLI itself, whichever command opened the ledger."""
+    b, db, env = checkout["b"], checkout["db"], checkout["env"]
+    Ledger.open(db).close()  # type: ignore[arg-type]
+    with sqlite3.connect(db) as con:  # type: ignore[arg-type]
+        con.execute("UPDATE schema_version SET version = ?", (VERSION + 1,))
+    r = provision(*(a.format(b=b) for a in args), env=env)  # type: ignore[arg-type]
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.splitlines() == [f"error: the ledger {db} has schema version {VERSION + 1}, newer than this "
+                                     f"provisioner ({VERSION}): upgrade provisioner"], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
