@@ -151,7 +151,7 @@ def extra_vars(values: list[str] | None) -> dict[str, Any]:
     import yaml
 
     from provisioner import vault
-    from provisioner.input_limits import check_yaml_file
+    from provisioner.inventory.limits import check_yaml_file
     from provisioner.runner.config import ExtraVars
 
     out = ExtraVars()
@@ -166,7 +166,7 @@ def extra_vars(values: list[str] | None) -> dict[str, Any]:
             path = Path(value[1:]).expanduser()
             vault.setup()  # the configured secrets (a command's --vault-password-file came first)
             try:
-                check_yaml_file(path)  # a FIFO would block, an alias bomb would not end (provisioner/input_limits.py)
+                check_yaml_file(path)  # a FIFO would block, an alias bomb would not end (inventory/limits.py)
                 head = path.read_bytes()[:14] if path.is_file() else b""
             except OSError as exc:
                 raise UsageError(f"-e @FILE: cannot read it: {exc.strerror or exc}", path=str(path)) from None

@@ -85,8 +85,8 @@ def run_rules(fleet: Fleet, ctx: RuleContext | None = None) -> list[Finding]:
 
 
 def origin(value: Any) -> str | None:
-    """'path:line' of a value Ansible loaded (provisioner.origin), relative to the working directory, else None."""
-    from provisioner.origin import where
+    """'path:line' of a value Ansible loaded (inventory/origin.py), relative to the working directory, else None."""
+    from provisioner.inventory.origin import where
 
     w = where(value)
     if w is None:

@@ -22,7 +22,7 @@ def _unset(v: Any) -> bool:
 
 
 def _origin_path(v: Any) -> str | None:
-    from provisioner.origin import where
+    from provisioner.inventory.origin import where
 
     w = where(v)
     return w[0] if w else None

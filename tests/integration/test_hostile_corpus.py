@@ -31,7 +31,7 @@ from provisioner import INVENTORIES, PROJECT_ROOT, ROLES, TEMPLATES, defaults, p
 from provisioner.inventory import load_fleet
 from provisioner.model import Fleet
 from provisioner.monitoring import render_lb_config, render_monitoring
-from provisioner.origin import where
+from provisioner.inventory.origin import where
 from provisioner.rules import run_rules
 from provisioner_testbed import inventory_writer as invw
 

@@ -1,4 +1,4 @@
-"""Resource limits on inventory input (provisioner/input_limits.py): a FIFO/device among the inventory's files, a
+"""Resource limits on inventory input (provisioner/inventory/limits.py): a FIFO/device among the inventory's files, a
 YAML alias bomb in group_vars/host_vars or an -e @FILE, `/dev/null` or an inventory without hosts are refused in one
 line naming the file (exit 2), fast, before ansible-core reads them."""
 
@@ -17,7 +17,7 @@ from inventory_factory import write_inventory
 
 from provisioner.commands.common import extra_vars
 from provisioner.errors import UsageError
-from provisioner.input_limits import MAX_ALIAS_VALUES, alias_problem
+from provisioner.inventory.limits import MAX_ALIAS_VALUES, alias_problem
 from provisioner.inventory import load_fleet
 
 

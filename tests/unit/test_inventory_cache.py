@@ -1,4 +1,4 @@
-"""The parsed-inventory cache (provisioner/inventory_cache.py): a second load of the same bytes is the same fleet
+"""The parsed-inventory cache (provisioner/inventory/cache.py): a second load of the same bytes is the same fleet
 without Ansible's parse; any change to the inventory, group_vars/, host_vars/ or -e is a fresh parse; vaulted values
 are kept as ciphertext only; an entry anyone else could have written is never unpickled."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import inventory_cache, vault
+from provisioner import vault
+from provisioner.inventory import cache as inventory_cache
 from provisioner.inventory import load_fleet
 from tests.support.inventory_factory import write_inventory
 
@@ -47,7 +48,7 @@ def test_a_second_load_is_the_cached_fleet_and_equal(tmp_path: Path, cache_here:
     assert second.ansible_inventory is None  # not parsed by Ansible
     assert second.hosts == first.hosts and second.clusters == first.clusters
     assert dict(second.group_vars) == dict(first.group_vars) and dict(second.groups) == dict(first.groups)
-    from provisioner.origin import where
+    from provisioner.inventory.origin import where
 
     value = second.hosts["n1"].vars["gpu_model"]  # the file and line a finding names survive the cache
     assert where(value) == where(first.hosts["n1"].vars["gpu_model"]) is not None

@@ -1,6 +1,6 @@
 """The suite reads Ansible only through public interfaces (shared/design.md): no `_`-prefixed attribute of an Ansible
 object in the package or the plugins, no role task calling a filter that rebuilds the Fleet, and ansible-core's
-internal data tagging read in one place only (provisioner/origin.py, until ansible-core makes it public), its template
+internal data tagging read in one place only (provisioner/inventory/origin.py, until ansible-core makes it public), its template
 compilation wrapped in one other (provisioner/runner/forkcost.py: a speed-up gated to the checked ansible-core series)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_no_private_ansible_attribute_is_read() -> None:
 
 def test_internal_data_tagging_is_read_in_one_place() -> None:
     users = sorted(str(p.relative_to(ROOT)) for p in SOURCES if "ansible._internal" in p.read_text(encoding="utf-8"))
-    assert users == ["provisioner/origin.py", "provisioner/runner/forkcost.py"], users
+    assert users == ["provisioner/inventory/origin.py", "provisioner/runner/forkcost.py"], users
 
 
 def test_no_role_task_rebuilds_the_fleet() -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import UsageError
+from provisioner.inventory.origin import where
 from provisioner.model import Cluster, Fleet, Host, freeze
-from provisioner.origin import where
 from provisioner.plan import make_cluster, make_host
 
 
@@ -85,9 +85,9 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
         raise UsageError("inventory is not readable", path=str(p))
     if p.is_file() and p.stat().st_size == 0:
         raise UsageError("inventory is empty", path=str(p))
-    from provisioner import inventory_cache
+    from provisioner.inventory import cache as inventory_cache
 
-    # the same bytes as a load that passed every check below: the fleet it built (provisioner/inventory_cache.py)
+    # the same bytes as a load that passed every check below: the fleet it built (provisioner/inventory/cache.py)
     digest = inventory_cache.key(p, extra_vars)
     cached = inventory_cache.lookup(p, digest)
     if cached is not None:
@@ -95,7 +95,7 @@ def load_fleet(path: str | os.PathLike[str], extra_vars: Mapping[str, Any] | Non
         inventory_cache.keep(len(c_hosts))
         return Fleet(source=p, hosts=freeze(c_hosts), clusters=freeze(c_clusters), group_vars=freeze(c_group_vars),
                      groups=freeze(c_groups), ansible_inventory=None)  # --limit parses the hosts (limit_hosts)
-    from provisioner.input_limits import check_inventory
+    from provisioner.inventory.limits import check_inventory
 
     check_inventory(p)  # before ansible-core reads it: no FIFO/device, no YAML alias bomb (resource limits)
     from ansible import constants as C

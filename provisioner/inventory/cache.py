@@ -124,8 +124,9 @@ def key(source: Path, extra_vars: Mapping[str, Any] | None) -> str | None:
         env = sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))
         part("env", json.dumps(env).encode())
         part("extra", json.dumps(dict(extra_vars or {}), sort_keys=True, default=repr).encode())
-        code = Path(__file__).parent
-        for name in ("inventory.py", "inventory_cache.py", "model.py", "plan.py", "defaults.py", "origin.py"):
+        code = Path(__file__).parents[1]
+        for name in ("inventory/__init__.py", "inventory/cache.py", "inventory/origin.py", "model.py", "plan.py",
+                     "defaults.py"):
             part("code " + name, (code / name).read_bytes())
         return h.hexdigest()
     except (OSError, UnicodeError, ValueError):
@@ -143,19 +144,19 @@ def _freeze(d: dict[str, Any]) -> Mapping[str, Any]:
 def _vaulted(ciphertext: str) -> Any:
     from ansible.parsing.vault import EncryptedString
 
-    from provisioner.origin import tag_like
+    from provisioner.inventory.origin import tag_like
 
     return tag_like(ciphertext, EncryptedString(ciphertext=str.__str__(ciphertext)))  # plain str in, tags copied
 
 
 def _origin(path: str | None, description: str | None, line_num: int | None, col_num: int | None) -> Any:
-    from provisioner.origin import make_origin
+    from provisioner.inventory.origin import make_origin
 
     return make_origin(path, description, line_num, col_num)
 
 
 def _dispatch() -> dict[Any, Any]:
-    from provisioner.origin import origin_type
+    from provisioner.inventory.origin import origin_type
 
     table = copyreg.dispatch_table.copy()
     table[MappingProxyType] = lambda mp: (_freeze, (dict(mp),))
