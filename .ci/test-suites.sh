@@ -17,7 +17,7 @@ T=tests/testbed
 # minutes measured on the 2-core machine with all lanes running (docs/development.md): keep the lanes even
 # test_inservice_gate reuses test_preflight_health's rack `health` (after it); test_airgap resets and reuses
 # test_site_trust's one-host rack `trust`
-RACK_A="$T/test_fabrics.py $T/test_drift_matrix.py $T/test_dataflow.py $T/test_preflight_health.py
+RACK_A="$T/test_fabrics.py $T/test_dataflow.py $T/test_preflight_health.py
         $T/test_inservice_gate.py $T/test_site_trust.py $T/test_airgap.py $T/test_drift_tiers.py"
 # test_demo converges the session rack `rack`; test_installed_rack, test_preflight_iface_rack, test_rack,
 # test_unit_restarts and test_remediation_modes reuse it (in this order: test_rack stops and restarts a host)

@@ -2,7 +2,7 @@
 drift path (ansible-runner, `--check --diff`, the event folder) on local-connection hosts: no venv, a venv without
 vLLM, another vLLM version, the pinned one. Each is drift named by what a run would do, never a failed check (the
 issue 16 bug: the version probe ran the missing venv's python), and check mode changes nothing on disk. The rack
-matrix (tests/testbed/test_drift_matrix.py) covers the rest of the roles; no root, no network here.
+matrix (tests/testbed/test_drift_tiers.py) covers the rest of the roles; no root, no network here.
 """
 
 from __future__ import annotations
