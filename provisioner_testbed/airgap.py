@@ -12,8 +12,10 @@ from pathlib import Path
 
 import yaml
 
-#: What makes a host an isolated site's image: no apt source, no proxy, no lists from before.
-ISOLATE = ("rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
+#: What makes a host an isolated site's image: no apt source, no proxy (the rack's, or one an earlier run set), no
+#: lists from before.
+ISOLATE = ("rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/apt.conf.d/90provisioner-proxy /etc/apt/sources.list.d/*"
+           " && : > /etc/apt/sources.list"
            " && rm -rf /var/lib/apt/lists/* && apt-get clean")
 
 
