@@ -23,8 +23,9 @@ rack's proxy and stand-in repo are the only ways out they have); the rack's othe
    to vLLM serving (the completion answered from the controller), verifying the mirror's certificate (no
    --trusted-host, no weakened check anywhere);
 4. the drop counters read 0; drift is clean.
-Afterwards node01's apt sources and proxy are put back; node03 stays the air-gapped host (a later onboarding of
-this rack resets it: `provision testbed reset`).
+Afterwards node01's apt sources and proxy are put back; node03 stays the air-gapped host on the base root alone
+(`provision testbed reset --name NAME` puts every host back on the rack's layers before the rack is onboarded again;
+this module alone can run again as it is: it resets node03 first).
 """
 
 from __future__ import annotations
