@@ -4,7 +4,7 @@
 #   integration   tests/integration: real ansible-playbook/ansible-runner, lint, wheel, galaxy, nginx, promtool
 #   rack-a/rack-b tests/testbed, split by module into two lanes of about the same length (each module brings up its
 #                 own racks, so modules in different lanes never share one)
-#   vllm          tests/vllm: vLLM CPU clusters on the rack
+#   vllm          tests/vllm: vLLM CPU clusters on the rack; last, the air-gapped site (one node bare -> serving)
 # Every tests/testbed module must be in exactly one rack lane (checked below: a new module is never left out).
 # Each lane's `--durations` table ends its log, so the next slow test is visible. Exit: the first failing lane's
 # code (5 = a lane collected no tests, which fails CI).
@@ -15,10 +15,10 @@ LOGS=${PROVISIONER_TEST_LOGS:-.runs/test-logs}
 mkdir -p "$LOGS"
 T=tests/testbed
 # minutes measured on the 2-core machine with all lanes running (docs/development.md): keep the lanes even
-# test_inservice_gate reuses test_preflight_health's rack `health` (after it); test_airgap resets and reuses
-# test_site_trust's one-host rack `trust`
+# test_inservice_gate reuses test_preflight_health's rack `health` (after it). The air-gap test is in the vllm lane
+# (tests/vllm/test_airgap.py, last: it resets node03 of the lane's session rack to a bare host)
 RACK_A="$T/test_fabrics.py $T/test_dataflow.py $T/test_preflight_health.py
-        $T/test_inservice_gate.py $T/test_site_trust.py $T/test_airgap.py $T/test_drift_tiers.py"
+        $T/test_inservice_gate.py $T/test_site_trust.py $T/test_drift_tiers.py"
 # test_demo converges the session rack `rack`; test_installed_rack, test_preflight_iface_rack, test_rack,
 # test_unit_restarts and test_remediation_modes reuse it (in this order: test_rack stops and restarts a host)
 RACK_B="$T/test_run_drift.py $T/test_site.py $T/test_bmc_rack.py $T/test_demo.py $T/test_installed_rack.py

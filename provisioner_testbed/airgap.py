@@ -1,6 +1,6 @@
 """The air-gapped site on the simulated rack: hosts made an isolated site's image, every way out of the rack dropped
 and counted on the controller, the rack's inventory pointed at a bundle (benchmarks/bundle_bench.py --rack; the same
-steps as tests/testbed/test_airgap.py)."""
+steps as tests/vllm/test_airgap.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from pathlib import Path
 
 import yaml
 
-#: What makes a host an isolated site's image: no apt source, no proxy, no lists from before.
-ISOLATE = ("rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/sources.list.d/* && : > /etc/apt/sources.list"
+#: What makes a host an isolated site's image: no apt source, no proxy (the rack's, or one an earlier run set), no
+#: lists from before.
+ISOLATE = ("rm -f /etc/apt/apt.conf.d/80testbed-proxy /etc/apt/apt.conf.d/90provisioner-proxy /etc/apt/sources.list.d/*"
+           " && : > /etc/apt/sources.list"
            " && rm -rf /var/lib/apt/lists/* && apt-get clean")
 
 
@@ -21,17 +23,19 @@ def table_name(rack: str) -> str:
     return "provisioner_airgap_" + re.sub(r"[^A-Za-z0-9_]", "_", rack)
 
 
-def drop_out_of(net: str, table: str) -> None:
+def drop_out_of(net: str, table: str, sources: Iterable[str] = ()) -> None:
     """An nftables table on the controller dropping and counting every packet from `net` that would leave it
-    (forward, counter `leaving`) and every new connection from it to the controller (input, `to_controller`)."""
+    (forward, counter `leaving`) and every new connection from it to the controller (input, `to_controller`).
+    `sources`: only packets from these addresses of `net` (the isolated site's hosts on a rack shared with others)."""
+    src = f"{{ {', '.join(sources)} }}" if sources else net
     script = f"""table inet {table} {{
   chain out_of_rack {{
     type filter hook forward priority -5; policy accept;
-    ip saddr {net} ip daddr != {net} counter drop comment "leaving"
+    ip saddr {src} ip daddr != {net} counter drop comment "leaving"
   }}
   chain into_controller {{
     type filter hook input priority -5; policy accept;
-    ip saddr {net} ct state new counter drop comment "to_controller"
+    ip saddr {src} ct state new counter drop comment "to_controller"
   }}
 }}
 """
@@ -60,6 +64,42 @@ def plain_inventory(rack_inventory: Path, dest: Path, mirror: str | None) -> Pat
     for gv in (dest / "group_vars").iterdir():
         if gv.stem not in ("all", "gpu_nodes"):
             gv.unlink()
+    return inv
+
+
+def vllm_site_inventory(rack_inventory: Path, dest: Path, host: str, cluster: str, mirror: str,
+                        remove_packages: Iterable[str]) -> Path:
+    """A copy of a vLLM rack's inventory cut to an isolated site of two of its hosts: `host` the only GPU node and
+    the only member of its one-host `cluster` (the rack's cluster settings kept; no onboarding step, so the run
+    launches it), `mirror` (another rack host, no GPU node here) in group bundle_mirror. Python packages from a
+    site index: vLLM's closure as pip resolves it, `remove_packages` removed after (vllm_pip_remove_packages). The
+    rack's other hosts, groups and group_vars are left out. Returns the hosts file."""
+    text = rack_inventory.read_text()
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"^(\S+) ansible_host=.*$", text, re.M)}
+    for h in (host, mirror):
+        if h not in lines:
+            raise RuntimeError(f"{rack_inventory}: no host {h}")
+    if not re.search(rf"^\[{re.escape(cluster)}\]\n{re.escape(host)}\n(\n|\[|$)", text, re.M):
+        raise RuntimeError(f"{rack_inventory}: {host} is not the only member of [{cluster}]")
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(rack_inventory.parent, dest)
+    inv = dest / rack_inventory.name
+    mline = re.sub(r" node_rank=\S+", "", lines[mirror])
+    inv.write_text(f"[gpu_nodes]\n{lines[host]}\n\n[{cluster}]\n{host}\n\n[bundle_mirror]\n{mline}\n")
+    for gv in (dest / "group_vars").iterdir():
+        if gv.stem not in ("all", "gpu_nodes", cluster):
+            gv.unlink()
+    hv_dir = dest / "host_vars"
+    for f in hv_dir.iterdir() if hv_dir.is_dir() else ():
+        if f.stem not in (host, mirror):
+            f.unlink()
+    all_yml = dest / "group_vars" / "all.yml"
+    if re.search(r"^vllm_pip_remove_packages:", all_yml.read_text(), re.M):
+        raise RuntimeError(f"{all_yml}: vllm_pip_remove_packages is set already")
+    with open(all_yml, "a") as fh:
+        fh.write(yaml.safe_dump({"vllm_pip_remove_packages": list(remove_packages)}))
+    with open(dest / "group_vars" / f"{cluster}.yml", "a") as fh:  # no onboarding step: the run launches it
+        fh.write(yaml.safe_dump({"vllm_launch_require_in_service": False}))
     return inv
 
 

@@ -558,9 +558,14 @@ def _repair(st: RackState, log: Log) -> list[str]:
     return fixed
 
 
+def host_lowers(st: RackState, h: HostState) -> list[str]:
+    """The host's overlay lower dirs, top first: its own (reset_host(bare=True)) or the rack's."""
+    return h.lowers if h.lowers is not None else st.lowers
+
+
 def start_host(st: RackState, h: HostState) -> None:
     hp = hostmod.paths(st, h)
-    hostmod.mount_root(hp, st.lowers)
+    hostmod.mount_root(hp, host_lowers(st, h))
     h.nspawn = hostmod.boot(st, h).to_json()
 
 
@@ -683,27 +688,54 @@ def reset(name: str, log: Log = _nolog) -> RackState:
         st = load(name)
         with ThreadPoolExecutor(max_workers=min(16, len(st.hosts))) as ex:
             list(ex.map(hostmod.stop, st.hosts))
-        import shutil
-
         specs = host_input_specs(Path(st.spec_file) if st.spec_file else None, [h.name for h in st.hosts],
                                  with_vllm=st.with_vllm)
         key = Path(f"{st.dir}/ssh/id_ed25519.pub").read_text()
         proxy_url = f"http://{st.gateway}:{proxy.PORT}"
         for h in st.hosts:
-            hp = hostmod.paths(st, h)
-            hostmod.umount_all(hp.root)
-            shutil.rmtree(hp.upper, ignore_errors=True)
-            shutil.rmtree(hp.work, ignore_errors=True)
-            hostmod.mount_root(hp, st.lowers)
-            hostmod.write_identity(st, h, key, proxy_url=proxy_url)
-            materialize(hp, specs[h.name])
-            h.nspawn = hostmod.boot(st, h).to_json()
+            h.lowers = None
+            _fresh_disk(st, h, key, proxy_url, specs[h.name])
         st.save()
         _wait_ready(st, [h.name for h in st.hosts])
         _write_inventory(st)
         st.save()
         log(f"rack '{name}' reset: {len(st.hosts)} host(s) on fresh disks")
         return st
+
+
+def _fresh_disk(st: RackState, h: HostState, key: str, proxy_url: str, spec: dict[str, Any]) -> None:
+    """Boot a stopped host on an empty upper dir over its lowers, identity and hardware written again."""
+    import shutil
+
+    hp = hostmod.paths(st, h)
+    hostmod.umount_all(hp.root)
+    shutil.rmtree(hp.upper, ignore_errors=True)
+    shutil.rmtree(hp.work, ignore_errors=True)
+    hostmod.mount_root(hp, host_lowers(st, h))
+    hostmod.write_identity(st, h, key, proxy_url=proxy_url)
+    materialize(hp, spec)
+    h.nspawn = hostmod.boot(st, h).to_json()
+
+
+def reset_host(name: str, host: str, *, bare: bool = False, log: Log = _nolog) -> HostState:
+    """One host back to a fresh disk (same identity, address and host key; hardware back to the rack spec), the
+    others untouched. bare: the base root alone, no vLLM golden layer (a host as a site receives it); otherwise the
+    rack's layers. The inventory is not rewritten."""
+    require_root()
+    with rootfs.locked(racks_dir() / f".{name}.lock"):
+        st = load(name)
+        h = get_host(st, host)
+        hostmod.stop(h)
+        specs = host_input_specs(Path(st.spec_file) if st.spec_file else None, [x.name for x in st.hosts],
+                                 with_vllm=st.with_vllm)
+        h.lowers = st.lowers[-1:] if bare else None  # the base root is the last lower
+        _fresh_disk(st, h, Path(f"{st.dir}/ssh/id_ed25519.pub").read_text(), f"http://{st.gateway}:{proxy.PORT}",
+                    specs[h.name])
+        st.save()
+        _wait_ready(st, [h.name])
+        st.save()
+        log(f"rack '{name}': {host} on a fresh disk{' (base root only)' if bare else ''}")
+        return h
 
 
 def stop_host(name: str, host: str) -> None:

