@@ -190,7 +190,7 @@ serving_lb_listen_port={lb_port}
 
 def role_render(inv: Path, work: Path, **extra: object) -> Path:
     """Run the role's config tasks with real ansible-playbook into `work/etc` (no service management); returns the
-    file the role rendered: with the active health check on, its source `work/state/vllm-lb.conf.in`,
+    file the role rendered: with the active health check (the default) its source `work/state/vllm-lb.conf.in`,
     which the checker turns into the live file, otherwise the live file itself."""
     play = work / "render.yml"
     play.write_text(
@@ -220,7 +220,7 @@ def role_render(inv: Path, work: Path, **extra: object) -> Path:
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    if str(extra.get("serving_lb_active_health", False)).lower() not in ("true", "yes", "1", "on"):
+    if str(extra.get("serving_lb_active_health", True)).lower() in ("false", "no", "0", "off"):
         return work / "etc" / "vllm-lb.conf"
     assert not (work / "etc" / "vllm-lb.conf").exists()  # the checker writes the live file, not the template
     return work / "state" / "vllm-lb.conf.in"
