@@ -104,7 +104,15 @@ def test_launch_answers_recorded_and_the_balancer_drops_a_wedged_engine(vllm_rac
         in_flight = client.in_flight(w.stopped_at)
         failed = [r for r in client.done if r.code != 200]
         assert all(r in in_flight for r in failed), (failed, in_flight)
+        # busy or stuck: the check read the wedged engine's token counters on /metrics (vLLM's names on this
+        # version: a missing counter would say "no token counters") and found them flat
+        log = rack.ssh(LB, "journalctl -u vllm-lb-healthcheck.service -o cat --no-pager -n 300").stdout
+        verdicts = [json.loads(ln) for ln in log.splitlines() if ln.startswith("{") and '"why"' in ln]
+        stuck = [v["why"].get(servers[WEDGED], "") for v in verdicts if servers[WEDGED] in v["down"]]
+        assert any("token counters flat" in why for why in stuck), (stuck[-5:], log[-2000:])
+        busy = sum(len(v.get("busy", [])) for v in verdicts)
         print(f"wedge: out after {w.out_s:.1f} s, back {w.back_s:.1f} s after SIGCONT; {len(client.done)} requests, "
-              f"{len(in_flight)} in flight at the wedge, {len(failed)} failed, {len(after)} started while out")
+              f"{len(in_flight)} in flight at the wedge, {len(failed)} failed, {len(after)} started while out; "
+              f"{len(verdicts)} check runs, {busy} busy verdicts")
     finally:
         wedge.signal_engine(rack.handle, WEDGED, "CONT")  # type: ignore[arg-type]
