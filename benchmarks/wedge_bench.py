@@ -6,10 +6,9 @@ server keeps answering `GET /health` 200), then the time until the balancer's ac
 client loop sends completions through the balancer throughout: counted per cycle are the requests in flight at the
 wedge moment and how many of them failed, and the requests that started after the head was out (+1 s for nginx's
 reload) and failed or took longer than the probe's bound (they would have reached the wedged head): the goal is 0.
-Needs root and a vLLM rack brought up and onboarded as `make demo-vllm` does with the balancer's active check on
-(off by default), the balancer's run repeated once the clusters serve so that it reads their launch answers:
-    flock /tmp/provisioner-rack.lock .venv/bin/provision run inventories/testbed-NAME/hosts.ini --limit lb \
-        -e serving_lb_active_health=true
+Needs root and a vLLM rack brought up and onboarded as `make demo-vllm` does (the balancer's active check is on by
+default), the balancer's run repeated once the clusters serve so that it reads their launch answers:
+    flock /tmp/provisioner-rack.lock .venv/bin/provision run inventories/testbed-NAME/hosts.ini --limit lb
     flock /tmp/provisioner-rack.lock .venv/bin/python benchmarks/wedge_bench.py --rack NAME --cycles 10 \
         --json benchmarks/wedge_bench.json --summary
 """

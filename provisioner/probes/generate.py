@@ -1,11 +1,14 @@
 """The generation probe: a cluster serves when a greedy completion of a fixed prompt, sent with its API key, comes
 back within a bound and says what the cluster said when its configuration was launched (docs/serving.md,
-"Readiness"). `GET /health` is only a liveness hint. Pure decisions apart from `probe` (one HTTP call); stdlib only.
+"Readiness"). `GET /health` is only a liveness hint. A probe that is only slow is told busy from stuck by the engine's
+token counters on `/metrics`. Pure decisions apart from `probe` and `engine_tokens_at` (one HTTP call each); stdlib.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +23,11 @@ MAX_TOKENS = 4
 TIMEOUT_S = 10.0
 RECORD_FILE = "/var/lib/provisioner/vllm-probe.json"
 MAX_TEXT = 4096  # a node's answer is data: kept short
+MAX_METRICS = 4 << 20  # bytes of a head's /metrics page read at most
+#: counters the engine core advances as it works, summed over their label sets (vLLM 0.32 V1 engine; prometheus'
+#: client adds `_total`). The API server keeps answering /metrics while the engine core is stopped: these stay flat.
+PROGRESS_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+_COUNTER_LINE = re.compile(r'^(?P<name>vllm:[a-z_]+)(?:\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?[ \t]+(?P<value>[^ \t]+)')
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,9 @@ class Verdict:
     reason: str  # "" when ok
     text: str | None = None
     latency_s: float | None = None
+    #: no answer within the bound, or the right answer after it: what a busy head and a stuck one have in common
+    #: (never set for a refused connection, an HTTP error or a wrong answer: those fail whatever the load)
+    slow: bool = False
 
 
 def request_body(model: str, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
@@ -43,15 +54,20 @@ def answer_text(payload: Any) -> str | None:
     return text[:MAX_TEXT] if isinstance(text, str) else None
 
 
-def verdict(status: int, payload: Any, latency_s: float, expected: str | None, bound_s: float) -> Verdict:
-    """Serving or not, from one probe's outcome. expected None: no launch record to compare with (any text)."""
+def verdict(status: int, payload: Any, latency_s: float, expected: str | None, bound_s: float, *,
+            timed_out: bool = False) -> Verdict:
+    """Serving or not, from one probe's outcome. expected None: no launch record to compare with (any text).
+    timed_out: status 0 because the bound ran out (not a refused or broken connection)."""
     if status != 200:
+        if not status and timed_out:
+            return Verdict(False, f"no answer within {bound_s:g} s", None, latency_s, slow=True)
         return Verdict(False, f"HTTP {status}" if status else "no answer", None, latency_s)
     text = answer_text(payload)
     if text is None:
         return Verdict(False, "not a completion", None, latency_s)
     if latency_s > bound_s:
-        return Verdict(False, f"answered in {latency_s:.1f} s > {bound_s:g} s", text, latency_s)
+        return Verdict(False, f"answered in {latency_s:.1f} s > {bound_s:g} s", text, latency_s,
+                       slow=expected is None or text == expected)
     if expected is not None and text != expected:
         return Verdict(False, f"answered {text!r}, at launch {expected!r}", text, latency_s)
     return Verdict(True, "", text, latency_s)
@@ -101,16 +117,59 @@ def probe(base_url: str, model: str, *, key: str = "", prompt: str = PROMPT, max
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     t0 = time.monotonic()
-    status, payload = 0, None
+    status, payload, timed_out = 0, None, False
     try:
         with urllib.request.urlopen(req, timeout=bound_s) as r:  # noqa: S310 - http(s) URL built above
             status = r.status
             payload = json.loads(r.read(1 << 20))
     except urllib.error.HTTPError as e:
         status = e.code
-    except (urllib.error.URLError, OSError, ValueError):
+    except urllib.error.URLError as e:  # a connect that timed out comes wrapped
+        timed_out = isinstance(e.reason, TimeoutError)
+    except TimeoutError:  # the answer did not come within the bound (socket.timeout)
+        timed_out = True
+    except (OSError, ValueError):
         status = 0
-    return verdict(status, payload, time.monotonic() - t0, expected, bound_s)
+    return verdict(status, payload, time.monotonic() - t0, expected, bound_s, timed_out=timed_out)
+
+
+def engine_tokens(page: str) -> float | None:
+    """Tokens the engine has processed (PROGRESS_COUNTERS summed over their label sets) from a Prometheus text page;
+    None when none of them is there. A node's page is data: other and malformed lines are skipped."""
+    total, seen = 0.0, False
+    for line in page.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        m = _COUNTER_LINE.match(line)
+        if m is None or m["name"] not in PROGRESS_COUNTERS:
+            continue
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0:
+            total, seen = total + value, True
+    return total if seen else None
+
+
+def busy(before: float | None, after: float | None) -> bool:
+    """A slow head is busy (not stuck) when its engine processed tokens while the probe waited."""
+    return before is not None and after is not None and after > before
+
+
+def engine_tokens_at(base_url: str, timeout_s: float = 3.0) -> float | None:
+    """`engine_tokens` of GET base_url/metrics (vLLM serves it on the API port without the key); None when the page
+    cannot be read within timeout_s or has no counter. Reads MAX_METRICS bytes at most (a cut last line dropped)."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout_s) as r:  # noqa: S310
+            if r.status != 200:
+                return None
+            raw = r.read(MAX_METRICS + 1)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if len(raw) > MAX_METRICS:
+        raw = raw[:MAX_METRICS].rpartition(b"\n")[0]
+    return engine_tokens(raw.decode("utf-8", "replace"))
 
 
 # Runs ON the head (python3, stdlib): the probe against 127.0.0.1 with the key read from the vLLM env file (it never

@@ -57,6 +57,9 @@ class Stub(ThreadingHTTPServer):
         self.healthy = True
         self.answer = " jumps over"  # choices[0].text of every completion (the generation probe compares it)
         self.stall = 0.0  # seconds a completion takes (a wedged engine: /health still answers)
+        self.error = 0  # HTTP status of every completion when set (an engine that died: vLLM's 500/503)
+        self.tokens = 100.0  # vllm:generation_tokens_total on /metrics (flat: a stopped engine core)
+        self.generating = False  # True: the counter advances between two reads of /metrics (busy for others)
         self.lock = threading.Lock()
         super().__init__(addr, Handler)
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -85,6 +88,16 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/health":
             self._send(200 if self.server.healthy else 503, "")
+            return
+        if self.path == "/metrics":  # what vLLM's API server exposes (no key), a few lines of it
+            with self.server.lock:
+                if self.server.generating:
+                    self.server.tokens += 7
+                tokens = self.server.tokens
+            self._send(200, "# TYPE vllm:generation_tokens counter\n"
+                            f'vllm:generation_tokens_total{{engine="0",model_name="llama"}} {tokens}\n'
+                            f'vllm:generation_tokens_created{{engine="0",model_name="llama"}} 1.7e9\n'
+                            'vllm:num_requests_running{engine="0",model_name="llama"} 3.0\n', "text/plain")
             return
         self._record(None)
         self._send(200, {"served_by": self.server.name, "path": self.path})
@@ -116,6 +129,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._chunk("")
                 return
             time.sleep(float(body.get("hold", 0)) + self.server.stall)
+            if self.server.error:
+                self._send(self.server.error, {"object": "error", "message": "engine dead"})
+                return
             self._send(200, {"served_by": self.server.name, "model": body.get("model"),
                              "choices": [{"index": 0, "text": self.server.answer}]})
         finally:
@@ -174,7 +190,7 @@ serving_lb_listen_port={lb_port}
 
 def role_render(inv: Path, work: Path, **extra: object) -> Path:
     """Run the role's config tasks with real ansible-playbook into `work/etc` (no service management); returns the
-    file the role rendered: with the active health check on, its source `work/state/vllm-lb.conf.in`,
+    file the role rendered: with the active health check (the default) its source `work/state/vllm-lb.conf.in`,
     which the checker turns into the live file, otherwise the live file itself."""
     play = work / "render.yml"
     play.write_text(
@@ -204,7 +220,7 @@ def role_render(inv: Path, work: Path, **extra: object) -> Path:
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    if str(extra.get("serving_lb_active_health", False)).lower() not in ("true", "yes", "1", "on"):
+    if str(extra.get("serving_lb_active_health", True)).lower() in ("false", "no", "0", "off"):
         return work / "etc" / "vllm-lb.conf"
     assert not (work / "etc" / "vllm-lb.conf").exists()  # the checker writes the live file, not the template
     return work / "state" / "vllm-lb.conf.in"
@@ -472,8 +488,9 @@ def test_active_check_takes_out_a_head_that_does_not_generate_as_at_launch(lb, t
 
     def check(timeout: float = 15.0) -> dict:  # generous where a head must pass: the lane runs niced under load
         r = subprocess.run([sys.executable, str(checker), "--source", str(lb.snippet), "--dest", str(live),
-                            "--timeout", str(timeout), "--probe", str(probe), "--check-cmd", str(lb.work / "nginx-check"),
-                            "--reload-cmd", ""], capture_output=True, text=True, timeout=60)
+                            "--timeout", str(timeout), "--probe", str(probe),
+                            "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
@@ -485,11 +502,63 @@ def test_active_check_takes_out_a_head_that_does_not_generate_as_at_launch(lb, t
         lb.stubs["node01"].answer, lb.stubs["node01"].stall = " jumps over", 6.0  # wedged: /health still 200
         out = check(timeout=2.0)
         assert [servers[a] for a in out["down"]] == ["node01"] and lb.stubs["node01"].healthy
+        a1 = f"127.0.0.2:{lb.stubs['node01'].server_address[1]}"
+        assert out["busy"] == [] and "token counters flat" in out["why"][a1], out  # a stub's counter is flat
         assert "# node01  # active check failed" in live.read_text() or "active check failed" in live.read_text()
         lb.stubs["node01"].stall = 0.0
         assert check()["down"] == [] and " down;" not in live.read_text()
     finally:
         lb.stubs["node01"].answer, lb.stubs["node01"].stall = " jumps over", 0.0
+
+
+def test_active_check_keeps_a_busy_head_and_takes_out_a_stuck_one(lb, tmp_path):
+    """Busy or stuck (what the check on by default needs, docs/serving.md "Health of the heads"): both miss the
+    probe's bound; a head whose engine token counter (vllm:generation_tokens_total on /metrics) advanced while the
+    probe waited is kept and said busy, one whose counter stayed flat is down. A wrong answer or an HTTP error is
+    down however fast the counter runs, and so is a slow head with no counter to read."""
+    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
+    live = tmp_path / "live.conf"
+    a1, a3 = (f"127.0.0.{n}:{lb.stubs[h].server_address[1]}" for n, h in ((2, "node01"), (3, "node03")))
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"servers": {a: {"model": "llama", "prompt": "p", "max_tokens": 4,
+                                                 "expected": " jumps over", "key": SECRET} for a in (a1, a3)}}))
+
+    def check(timeout: float) -> dict:
+        r = subprocess.run([sys.executable, str(checker), "--source", str(lb.snippet), "--dest", str(live),
+                            "--timeout", str(timeout), "--probe", str(probe),
+                            "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def down_in_live() -> list[str]:
+        return [a for a in (a1, a3) if any(a in ln and " down;" in ln for ln in live.read_text().splitlines())]
+
+    node01 = lb.stubs["node01"]
+    try:
+        # busy: the probe runs out of time, the engine keeps generating for others -> kept, and said why
+        node01.stall, node01.generating = 4.0, True
+        out = check(timeout=1.5)
+        assert out["down"] == [] and out["busy"] == [a1] and a1 in out["up"], out
+        assert "no answer within 1.5 s" in out["why"][a1] and "tokens meanwhile" in out["why"][a1], out
+        assert down_in_live() == []
+        # stuck: as slow, the counter flat (a stopped engine core; the API server still answers) -> down
+        node01.generating = False
+        out = check(timeout=1.5)
+        assert out["down"] == [a1] and out["busy"] == [] and "token counters flat" in out["why"][a1], out
+        assert down_in_live() == [a1]
+        # garbage, fast, while the counter runs -> down (a wrong answer is never load)
+        node01.stall, node01.generating, node01.answer = 0.0, True, "garbage"
+        out = check(timeout=10.0)
+        assert out["down"] == [a1] and out["busy"] == [] and "at launch ' jumps over'" in out["why"][a1], out
+        # an HTTP error (the engine died: vLLM's 500) while the counter runs -> down
+        node01.answer, node01.error = " jumps over", 500
+        out = check(timeout=10.0)
+        assert out["down"] == [a1] and out["why"][a1] == "HTTP 500", out
+        node01.error = 0
+        assert check(timeout=10.0)["down"] == [] and down_in_live() == []
+    finally:
+        node01.stall, node01.generating, node01.answer, node01.error = 0.0, False, " jumps over", 0
 
 
 def test_failover_when_one_head_stops(lb):
@@ -614,7 +683,8 @@ def test_active_check_with_no_heads_and_heads_with_no_launch_record(lb, tmp_path
 
     empty = tmp_path / "empty.conf.in"
     empty.write_text("# no vLLM head yet\n")
-    assert check(empty) == {"changed": True, "down": [], "up": []} and live.read_text() == empty.read_text()
+    assert check(empty) == {"changed": True, "down": [], "up": [], "busy": [], "why": {}}
+    assert live.read_text() == empty.read_text()
     assert check(empty)["changed"] is False  # idempotent
     a1, a3 = (f"127.0.0.{n}:{lb.stubs[h].server_address[1]}" for n, h in ((2, "node01"), (3, "node03")))
     probe = tmp_path / "probe.json"

@@ -117,7 +117,7 @@ def test_rewrite_conf_renders_a_drained_head_as_the_template_does() -> None:
 
 def test_the_balancer_step_over_ssh_uses_the_roles_paths(tmp_path: Path) -> None:
     """direct_paths resolves serving_lb's defaults with the balancer's own variables, as the role does: with the
-    active health check on the drained `down`s go into its rendered source and its own command (the
+    active health check (the default) the drained `down`s go into its rendered source and its own command (the
     systemd unit's ExecStart) writes the live file; without it, into the live file; templated or non-absolute
     paths go to the playbook."""
     from provisioner.day2.drain import LbPaths, direct_paths
@@ -126,8 +126,7 @@ def test_the_balancer_step_over_ssh_uses_the_roles_paths(tmp_path: Path) -> None
                "--probe", "/var/lib/vllm-lb/probe.json", "--source", "/var/lib/vllm-lb/vllm-lb.conf.in",
                "--dest", "/etc/nginx/conf.d/vllm-lb.conf", "--timeout", "10",
                "--check-cmd", "/usr/local/sbin/vllm-lb-nginx-check")
-    on = {"serving_lb_active_health": True}
-    base = load_fleet(write_inventory(tmp_path / "a", ini=INI, group_vars={"all": {"vllm_cluster": C}, "lb": on}))
+    base = load_fleet(write_inventory(tmp_path / "a", ini=INI, group_vars={"all": {"vllm_cluster": C}}))
     assert direct_paths(base, "lb1") == LbPaths("/var/lib/vllm-lb/drained", "/var/lib/vllm-lb/vllm-lb.conf.in",
                                                 checker)
     # the unit runs exactly this command (its template, rendered with the same values)
@@ -141,17 +140,17 @@ def test_the_balancer_step_over_ssh_uses_the_roles_paths(tmp_path: Path) -> None
                             "}}"]
     moved = load_fleet(write_inventory(tmp_path / "b", ini=INI, group_vars={
         "all": {"vllm_cluster": C, "vllm_probe_timeout": 7},
-        "lb": {**on, "serving_lb_conf_dir": "/opt/nginx", "serving_lb_state_dir": "/srv/lb"}}))
+        "lb": {"serving_lb_conf_dir": "/opt/nginx", "serving_lb_state_dir": "/srv/lb"}}))
     m = direct_paths(moved, "lb1")
     assert m is not None and (m.drained, m.conf) == ("/srv/lb/drained", "/srv/lb/vllm-lb.conf.in")
     assert m.checker is not None and m.checker[m.checker.index("--timeout") + 1] == "7"
     assert m.checker[m.checker.index("--dest") + 1] == "/opt/nginx/conf.d/vllm-lb.conf"
     passive = load_fleet(write_inventory(tmp_path / "c", ini=INI, group_vars={
-        "all": {"vllm_cluster": C}}))  # the default: the passive checks only
+        "all": {"vllm_cluster": C}, "lb": {"serving_lb_active_health": "no"}}))
     assert direct_paths(passive, "lb1") == LbPaths("/var/lib/vllm-lb/drained", "/etc/nginx/conf.d/vllm-lb.conf")
     relative = load_fleet(write_inventory(tmp_path / "d", ini=INI, group_vars={
         "all": {"vllm_cluster": C}, "lb": {"serving_lb_drained_file": "drained"}}))
     assert direct_paths(relative, "lb1") is None
     spaced = load_fleet(write_inventory(tmp_path / "e", ini=INI, group_vars={
-        "all": {"vllm_cluster": C}, "lb": {**on, "serving_lb_probe_file": "/srv/my probes.json"}}))
+        "all": {"vllm_cluster": C}, "lb": {"serving_lb_probe_file": "/srv/my probes.json"}}))
     assert direct_paths(spaced, "lb1") is None

@@ -37,6 +37,38 @@ def test_verdicts() -> None:
     assert generate.verdict(200, {"object": "error"}, 0.1, None, 10).reason == "not a completion"
 
 
+def test_only_running_out_of_time_is_slow() -> None:
+    """`slow` (the balancer's check then asks the engine's counters whether it is busy) only when the bound ran out
+    or the right answer came late; a refused connection, an HTTP error or a wrong answer is never slow."""
+    timed_out = generate.verdict(0, None, 10.0, " jumps over", 10, timed_out=True)
+    assert not timed_out.ok and timed_out.slow and timed_out.reason == "no answer within 10 s"
+    assert not generate.verdict(0, None, 0.01, " jumps over", 10).slow  # refused
+    assert generate.verdict(200, DONE, 12.5, " jumps over", 10).slow
+    assert generate.verdict(200, DONE, 12.5, None, 10).slow  # no launch record: any text
+    assert not generate.verdict(200, DONE, 12.5, " lazy dog", 10).slow  # late and wrong
+    assert not generate.verdict(503, None, 12.5, None, 10, timed_out=True).slow
+    assert not generate.verdict(200, {"object": "error"}, 12.5, None, 10).slow
+
+
+def test_engine_tokens_from_a_metrics_page_are_checked_data() -> None:
+    page = "\n".join([
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE vllm:generation_tokens_total counter",
+        'vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 120.0',
+        'vllm:generation_tokens_total{engine="1",model_name="a}b \\"q\\""} 3',  # braces and quotes in a label
+        'vllm:generation_tokens_created{engine="0",model_name="tiny-llama"} 1.7e9',
+        'vllm:prompt_tokens_total{engine="0",model_name="tiny-llama"} 40.0',
+        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 2.0',
+        'vllm:prompt_tokens_total{engine="2"} NaN', 'vllm:prompt_tokens_total{engine="3"} -5',
+        'vllm:prompt_tokens_total{engine="4"} many', "vllm:prompt_tokens_total{broken 9", "",
+    ])
+    assert generate.engine_tokens(page) == 163.0
+    assert generate.engine_tokens("vllm:num_requests_running 1\n<html>not metrics</html>") is None
+    assert generate.engine_tokens("") is None
+    assert generate.busy(10.0, 11.0) and not generate.busy(10.0, 10.0)
+    assert not generate.busy(None, 11.0) and not generate.busy(10.0, None) and not generate.busy(11.0, 10.0)
+
+
 def test_records_from_a_node_are_checked_data() -> None:
     rec = generate.make_record(" jumps", "c1", "m", "p", 4)
     assert generate.parse_record(json.dumps(rec)) == rec

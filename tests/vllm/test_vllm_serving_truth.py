@@ -1,13 +1,14 @@
 """Serving truth on the CPU vLLM rack (issue 44 section 1): "this cluster serves" means it just generated.
 
 The launch wait recorded each head's answer to the generation probe (a greedy completion of a fixed prompt with the
-API key) on the head; the balancer's active check (serving_lb, turned on here for this module and off again: it is
-off by default, docs/serving.md) posts the same probe to both heads every few
-seconds and compares. Shown with a paced client loop through the balancer
-running throughout: a head whose answer no longer matches its launch record is taken out; a head whose engine is
-wedged (SIGSTOP of `VLLM::EngineCore`/`VLLM::Worker*`, the API server still answering `/health` 200) is taken out,
-no request that starts after that reaches it, failures only among those in flight at the wedge moment, and it is
-back after SIGCONT. Deadlines here are generous (no timed tests): the figures are benchmarks/wedge_bench.py's.
+API key) on the head; the balancer's active check (serving_lb's default; the balancer's run here reads the launch
+records, which the session's setup ran before the clusters launched) posts the same probe to both heads every few
+seconds and compares; a head that is only slow stays while its engine's token counters advance (busy, not stuck).
+Shown with a paced client loop through the balancer running throughout: a head whose answer no longer matches its
+launch record is taken out; a head whose engine is wedged (SIGSTOP of `VLLM::EngineCore`/`VLLM::Worker*`, the API
+server still answering `/health` 200 and `/metrics`, its token counters flat) is taken out, no request that starts
+after that reaches it, failures only among those in flight at the wedge moment, and it is back after SIGCONT.
+Deadlines here are generous (no timed tests): the figures are benchmarks/wedge_bench.py's.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def test_launch_answers_recorded_and_the_balancer_drops_a_wedged_engine(vllm_rac
     fleet = load_fleet(Path(inv))
     servers = {h: f"{fleet.hosts[h].address}:8000" for h in (OTHER, WEDGED)}
     lb_url = f"http://{fleet.hosts[LB].address}:8000"
-    p = provision("run", inv, "--limit", LB, "-e", "serving_lb_active_health=true")
+    p = provision("run", inv, "--limit", LB)
     try:
         assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
         assert rack.api_key not in p.stdout + p.stderr
@@ -103,11 +104,15 @@ def test_launch_answers_recorded_and_the_balancer_drops_a_wedged_engine(vllm_rac
         in_flight = client.in_flight(w.stopped_at)
         failed = [r for r in client.done if r.code != 200]
         assert all(r in in_flight for r in failed), (failed, in_flight)
+        # busy or stuck: the check read the wedged engine's token counters on /metrics (vLLM's names on this
+        # version: a missing counter would say "no token counters") and found them flat
+        log = rack.ssh(LB, "journalctl -u vllm-lb-healthcheck.service -o cat --no-pager -n 300").stdout
+        verdicts = [json.loads(ln) for ln in log.splitlines() if ln.startswith("{") and '"why"' in ln]
+        stuck = [v["why"].get(servers[WEDGED], "") for v in verdicts if servers[WEDGED] in v["down"]]
+        assert any("token counters flat" in why for why in stuck), (stuck[-5:], log[-2000:])
+        busy = sum(len(v.get("busy", [])) for v in verdicts)
         print(f"wedge: out after {w.out_s:.1f} s, back {w.back_s:.1f} s after SIGCONT; {len(client.done)} requests, "
-              f"{len(in_flight)} in flight at the wedge, {len(failed)} failed, {len(after)} started while out")
+              f"{len(in_flight)} in flight at the wedge, {len(failed)} failed, {len(after)} started while out; "
+              f"{len(verdicts)} check runs, {busy} busy verdicts")
     finally:
         wedge.signal_engine(rack.handle, WEDGED, "CONT")  # type: ignore[arg-type]
-        # the rack's own inventory has the active check off (the default): put the balancer back as the other
-        # tests expect it
-        q = provision("run", inv, "--limit", LB)
-        assert q.returncode == 0, (q.stdout + q.stderr)[-4000:]

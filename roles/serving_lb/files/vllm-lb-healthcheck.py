@@ -4,12 +4,18 @@
 Reads the configuration the role rendered (SOURCE, every head up) and probes each upstream server. A head listed in
 PROBE (a root-only JSON file: per "addr:port" the model, prompt, max_tokens, API key and the answer recorded at its
 launch) must GENERATE: a greedy completion that answers within --timeout with the launch answer (vllm_probe.py, the
-controller's provisioner/probes/generate.py). Other heads get `GET /health` only (a liveness hint: vLLM answers 200
-while a wedged engine generates nothing). Writes DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its live servers marked
-down (fail open: nginx's passive checks still apply); servers the source has `down` (drained) stay down. When DEST changes: `nginx -t`, then reload.
+controller's provisioner/probes/generate.py). Busy or stuck: a head whose probe only ran out of time (no answer within
+the bound, or the right answer after it) stays up when its engine's token counters on /metrics advanced while the
+probe waited (busy generating for others); flat counters (a stopped or deadlocked engine core: the API server still
+answers) or no page mean down. A wrong answer, an HTTP error or a refused connection is down whatever the load.
+Other heads get `GET /health` only (a liveness hint: vLLM answers 200 while a wedged engine generates nothing).
+Writes DEST with ` down` added to the server lines of heads that failed. An upstream never gets all its live servers
+marked down (fail open: nginx's passive checks still apply); servers the source has `down` (drained) stay down.
+When DEST changes: `nginx -t`, then reload.
 One run at a time (an exclusive lock on SOURCE.lock from reading SOURCE to writing DEST): the drain's step over SSH
 replaces SOURCE and runs this script, so a timer run that read the old SOURCE cannot write DEST after it.
-Prints one JSON line: {"changed": bool, "down": ["addr:port", ...], "up": [...]}.
+Prints one JSON line: {"changed": bool, "down": ["addr:port", ...], "up": [...], "busy": [kept up, but slow],
+"why": {"addr:port": why, for the down and busy ones}}.
 Managed by provisioner (roles/serving_lb). Standard library only.
 """
 
@@ -32,19 +38,34 @@ import vllm_probe  # this script's directory: provisioner/probes/generate.py as 
 SERVER = re.compile(r"^(?P<indent>\s*)server\s+(?P<addr>\S+)(?P<rest>[^;]*);(?P<tail>.*)$")
 DOWN = re.compile(r"(^|\s)down(\s|$)")
 UPSTREAM = re.compile(r"^\s*upstream\s+(?P<name>\S+)\s*\{")
+METRICS_TIMEOUT_S = 5.0  # one read of a head's /metrics (its API server may be slow under load)
 
 
-def probe(addr: str, timeout: float, spec: dict | None = None) -> bool:
+def probe(addr: str, timeout: float, spec: dict | None = None) -> tuple[str, str]:
+    """("up" | "busy" | "down", why) for one head."""
     if spec is not None:
-        return vllm_probe.probe(f"http://{addr}", str(spec.get("model", "")), key=str(spec.get("key") or ""),
-                                prompt=str(spec.get("prompt", vllm_probe.PROMPT)),
-                                max_tokens=int(spec.get("max_tokens", vllm_probe.MAX_TOKENS)),
-                                expected=spec.get("expected"), bound_s=timeout).ok
+        base = f"http://{addr}"
+        before = vllm_probe.engine_tokens_at(base, min(METRICS_TIMEOUT_S, timeout))
+        v = vllm_probe.probe(base, str(spec.get("model", "")), key=str(spec.get("key") or ""),
+                             prompt=str(spec.get("prompt", vllm_probe.PROMPT)),
+                             max_tokens=int(spec.get("max_tokens", vllm_probe.MAX_TOKENS)),
+                             expected=spec.get("expected"), bound_s=timeout)
+        if v.ok:
+            return "up", ""
+        if v.slow:
+            after = vllm_probe.engine_tokens_at(base, min(METRICS_TIMEOUT_S, timeout))
+            if vllm_probe.busy(before, after):
+                return "busy", f"{v.reason}; the engine processed {(after or 0) - (before or 0):g} tokens meanwhile"
+            flat = "no token counters on /metrics" if before is None or after is None else "its token counters flat"
+            return "down", f"{v.reason}; {flat}"
+        return "down", v.reason[:200]
     try:
         with urllib.request.urlopen(f"http://{addr}/health", timeout=timeout) as resp:  # noqa: S310 (http only)
-            return resp.status == 200
+            return ("up", "") if resp.status == 200 else ("down", f"/health {resp.status}")
+    except urllib.error.HTTPError as e:
+        return "down", f"/health {e.code}"
     except (urllib.error.URLError, OSError, ValueError):
-        return False
+        return "down", "/health: no answer"
 
 
 def rewrite(source: str, healthy: dict[str, bool]) -> str:
@@ -102,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         with open(args.probe, encoding="utf-8") as f:
             specs = json.load(f).get("servers") or {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(addrs) or 1)) as pool:
-        healthy = dict(zip(addrs, pool.map(lambda a: probe(a, args.timeout, specs.get(a)), addrs)))
+        states = dict(zip(addrs, pool.map(lambda a: probe(a, args.timeout, specs.get(a)), addrs)))
+    healthy = {a: state != "down" for a, (state, _) in states.items()}
     new = rewrite(source, healthy)
     try:
         with open(args.dest, encoding="utf-8") as f:
@@ -125,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
         if args.reload_cmd:
             subprocess.run(args.reload_cmd.split(), check=False)
     print(json.dumps({"changed": changed, "down": [a for a, ok in healthy.items() if not ok],
-                      "up": [a for a, ok in healthy.items() if ok]}))
+                      "up": [a for a, ok in healthy.items() if ok],
+                      "busy": [a for a, (state, _) in states.items() if state == "busy"],
+                      "why": {a: why for a, (_, why) in states.items() if why}}))
     return 0
 
 
