@@ -74,7 +74,7 @@ def test_metadata_names_the_collection_and_the_package_version() -> None:
     assert GALAXY["version"] == VERSION, "galaxy.yml and pyproject.toml disagree on the version"
     assert GALAXY["license"] == ["Apache-2.0"]
     runtime = yaml.safe_load((REPO / "meta/runtime.yml").read_text())
-    assert runtime["requires_ansible"] == ">=2.20"
+    assert runtime["requires_ansible"] == ">=2.20,<2.22"
     # the EE files name the built files by version
     assert f"provisioner-{VERSION}-py3-none-any.whl" in (REPO / "requirements.txt").read_text()
     assert f"provisioner-gpu-{VERSION}.tar.gz" in (REPO / "requirements.yml").read_text()
@@ -227,7 +227,7 @@ def test_execution_environment_build_context(tarball: Path, tmp_path: Path) -> N
     containerfile = (ctx / "Containerfile").read_text()
     assert "ansible-galaxy collection install" in containerfile and "-r requirements.yml" in containerfile
     assert "COPY _build/dist/ /tmp/provisioner-dist/" in containerfile
-    assert "ansible-core>=2.20" in containerfile and "ansible-runner" in containerfile
+    assert "ansible-core>=2.20,<2.22" in containerfile and "ansible-runner" in containerfile
     assert (ctx / "_build/dist" / tarball.name).is_file()
     reqs = (ctx / "_build/requirements.txt").read_text()
     assert f"provisioner @ file:///tmp/provisioner-dist/provisioner-{VERSION}-py3-none-any.whl" in reqs
