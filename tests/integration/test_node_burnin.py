@@ -24,6 +24,9 @@ from provisioner.probes.ssh import ExecResult
 PROGRAM = PROJECT_ROOT / "roles" / "node_burnin" / "files" / "node_burnin.py"
 PACKAGES = PROJECT_ROOT / "provisioner_testbed" / "packages"
 hwsim = pytest.importorskip("provisioner_testbed.hwsim")
+#: the load phase's length: nvidia-smi's samples count from a quarter of it on, and the stand-in nvidia-smi (python)
+#: takes seconds to answer on a loaded machine (a CI rehearsal at load 10 got none within a 2 s load: clocks skipped)
+LOAD_S = 6
 
 
 class Node:
@@ -59,7 +62,7 @@ class Node:
         doc = burnin.thresholds("H100-SXM5-80GB", gpus)
         argv = [sys.executable, str(PROGRAM), "--tier", tier, "--thresholds", json.dumps(doc),
                 "--measure-cmd", str(self.tools["hwsim-burnin"]), "--kmsg", str(self.hwsim / "kmsg"),
-                "--load-seconds", "2", "--stress-seconds", "2", "--skip", "dcgm", *extra]
+                "--load-seconds", str(LOAD_S), "--stress-seconds", "2", "--skip", "dcgm", *extra]
         p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
         return p.returncode, p.stdout, [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
 
