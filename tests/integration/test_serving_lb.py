@@ -335,6 +335,19 @@ def lb(tmp_path_factory):
             pass
 
 
+CHECKER = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
+
+
+def run_check(lb: LB, source: Path, live: Path, *, timeout: float, probe: Path | None = None) -> dict:
+    """The balancer's active check as its timer runs it (nginx -t with the test's nginx, no reload), `source` ->
+    `live`: its JSON line."""
+    r = subprocess.run([sys.executable, str(CHECKER), "--source", str(source), "--dest", str(live),
+                        "--timeout", str(timeout), "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", "",
+                        *(["--probe", str(probe)] if probe else [])], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def reset(lb: LB) -> None:
     for s in lb.stubs.values():
         with s.lock:
@@ -451,16 +464,10 @@ def test_authorization_forwarded_but_not_logged(lb):
 
 def test_active_health_check_marks_a_failing_head_down(lb, tmp_path):
     # the checker the role installs, run on the rendered config against the stubs' /health
-    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
-    check = lb.work / "nginx-check"
     live = tmp_path / "live.conf"
     lb.stubs["node01"].healthy = False
     try:
-        r = subprocess.run([sys.executable, str(checker), "--source", str(lb.snippet), "--dest", str(live),
-                            "--timeout", "2", "--check-cmd", str(check), "--reload-cmd", ""],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        out = json.loads(r.stdout)
+        out = run_check(lb, lb.snippet, live, timeout=2)
         assert out["changed"] and [a.split(":")[0] for a in out["down"]] == ["127.0.0.2"]
         down_lines = [ln for ln in live.read_text().splitlines() if " down;" in ln]
         assert len(down_lines) == 1 and "127.0.0.2:" in down_lines[0]
@@ -478,7 +485,6 @@ def test_active_health_check_marks_a_failing_head_down(lb, tmp_path):
 def test_active_check_takes_out_a_head_that_does_not_generate_as_at_launch(lb, tmp_path):
     """The generation probe (a root-only probe file as serving_lb writes it): /health 200 is not enough; a head
     whose completion is slower than the bound (a wedged engine) or differs from its launch answer is marked down."""
-    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
     live = tmp_path / "live.conf"
     servers = {f"127.0.0.{n}:{lb.stubs[h].server_address[1]}": h for n, h in ((2, "node01"), (4, "node04"))}
     probe = tmp_path / "probe.json"
@@ -487,12 +493,7 @@ def test_active_check_takes_out_a_head_that_does_not_generate_as_at_launch(lb, t
                                              for a, h in servers.items()}}))
 
     def check(timeout: float = 15.0) -> dict:  # generous where a head must pass: the lane runs niced under load
-        r = subprocess.run([sys.executable, str(checker), "--source", str(lb.snippet), "--dest", str(live),
-                            "--timeout", str(timeout), "--probe", str(probe),
-                            "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+        return run_check(lb, lb.snippet, live, timeout=timeout, probe=probe)
 
     try:
         assert check()["down"] == []
@@ -516,7 +517,6 @@ def test_active_check_keeps_a_busy_head_and_takes_out_a_stuck_one(lb, tmp_path):
     probe's bound; a head whose engine token counter (vllm:generation_tokens_total on /metrics) advanced while the
     probe waited is kept and said busy, one whose counter stayed flat is down. A wrong answer or an HTTP error is
     down however fast the counter runs, and so is a slow head with no counter to read."""
-    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
     live = tmp_path / "live.conf"
     a1, a3 = (f"127.0.0.{n}:{lb.stubs[h].server_address[1]}" for n, h in ((2, "node01"), (3, "node03")))
     probe = tmp_path / "probe.json"
@@ -524,12 +524,7 @@ def test_active_check_keeps_a_busy_head_and_takes_out_a_stuck_one(lb, tmp_path):
                                                  "expected": " jumps over", "key": SECRET} for a in (a1, a3)}}))
 
     def check(timeout: float) -> dict:
-        r = subprocess.run([sys.executable, str(checker), "--source", str(lb.snippet), "--dest", str(live),
-                            "--timeout", str(timeout), "--probe", str(probe),
-                            "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+        return run_check(lb, lb.snippet, live, timeout=timeout, probe=probe)
 
     def down_in_live() -> list[str]:
         return [a for a in (a1, a3) if any(a in ln and " down;" in ln for ln in live.read_text().splitlines())]
@@ -614,11 +609,7 @@ def test_drained_head_is_rendered_down_and_in_flight_requests_finish(lb, tmp_pat
         # is not marked down (it is the model's only live server: fail open)
         lb.stubs["node03"].healthy = False
         live = tmp_path / "live.conf"
-        r = subprocess.run([sys.executable, str(ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"),
-                            "--source", str(drained), "--dest", str(live), "--timeout", "2",
-                            "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", ""],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
+        run_check(lb, drained, live, timeout=2)
         downs = [ln for ln in live.read_text().splitlines() if " down" in ln]
         assert len(downs) == 1 and f"127.0.0.2:{port}" in downs[0] and "down down" not in downs[0], downs
     finally:
@@ -637,7 +628,6 @@ def test_the_drain_step_with_the_active_check_writes_its_source_and_runs_it(lb, 
 
     if os.geteuid() != 0:
         pytest.skip("the script installs its state directory owned by root, as on a balancer")
-    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
     server = f"127.0.0.2:{lb.stubs['node01'].server_address[1]}"
     state = tmp_path / "state"
     state.mkdir()
@@ -645,7 +635,7 @@ def test_the_drain_step_with_the_active_check_writes_its_source_and_runs_it(lb, 
     source.write_text(lb.snippet.read_text())
 
     def paths(check: str) -> LbPaths:
-        return LbPaths(str(drained), str(source), (sys.executable, "-B", str(checker), "--source", str(source),
+        return LbPaths(str(drained), str(source), (sys.executable, "-B", str(CHECKER), "--source", str(source),
                                                    "--dest", str(live), "--timeout", "15", "--check-cmd", check,
                                                    "--reload-cmd", ""))
 
@@ -671,15 +661,10 @@ def test_active_check_with_no_heads_and_heads_with_no_launch_record(lb, tmp_path
     written as it is; a head with no launch record yet (the balancer set up before its cluster launched) must still
     generate within the bound, any text; a head that does not answer within it is down unless it is its model's
     last."""
-    checker = ROLES / "serving_lb" / "files" / "vllm-lb-healthcheck.py"
     live = tmp_path / "live.conf"
 
     def check(source: Path, probe: Path | None = None, timeout: float = 15.0) -> dict:
-        r = subprocess.run([sys.executable, str(checker), "--source", str(source), "--dest", str(live),
-                            "--timeout", str(timeout), "--check-cmd", str(lb.work / "nginx-check"), "--reload-cmd", "",
-                            *(["--probe", str(probe)] if probe else [])], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+        return run_check(lb, source, live, timeout=timeout, probe=probe)
 
     empty = tmp_path / "empty.conf.in"
     empty.write_text("# no vLLM head yet\n")
