@@ -137,7 +137,7 @@ def direct_paths(fleet: Fleet, host: str) -> LbPaths | None:
     v = template_context(fleet, roles=("serving_lb",), host=host)
     drained, conf = str(v.get("serving_lb_drained_file")), str(v.get("serving_lb_conf_file"))
     checker: tuple[str, ...] | None = None
-    if ansible_bool(v.get("serving_lb_active_health", False)):
+    if ansible_bool(v["serving_lb_active_health"]):  # the role default is in v: no second default here
         source = f"{v.get('serving_lb_state_dir')}/vllm-lb.conf.in"
         script = f"{v.get('serving_lb_libexec_dir')}/vllm-lb-healthcheck.py"
         probe, check, timeout = (str(v.get(k)) for k in ("serving_lb_probe_file", "serving_lb_check_bin",
