@@ -438,7 +438,7 @@ ALERT_RECEIVER_TOKEN = "testbed-alert-receiver-token"
 
 def alert_loop_vars(gateway: str) -> dict[str, Any]:
     """group_vars/monitoring.yml of a vLLM rack: Prometheus and Alertmanager on the one host, the acting alerts to the
-    controller's receiver (also scraped: the site's incidents and breaker), no DCGM exporter (the nodes' GPUs are simulated)."""
+    controller's receiver (also scraped: the site's incidents and breaker), no DCGM exporter (simulated GPUs)."""
     return {"monitoring_alertmanagers": ["127.0.0.1:9093"], "monitoring_dcgm_exporter": False,
             "alertmanager_receiver_url": f"http://{gateway}:{ALERT_RECEIVER_PORT}/alerts",
             "monitoring_receiver_targets": [f"{gateway}:{ALERT_RECEIVER_PORT}"]}

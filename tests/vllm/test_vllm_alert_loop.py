@@ -27,7 +27,6 @@ s at load 7 before the flap ran alongside the XID; the setup's share is in bench
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import threading
@@ -39,13 +38,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vllm_e2e import PROVISION, VllmRack, http
+from vllm_e2e import LB_HOST, PROVISION, VllmRack, http
 
 from provisioner import PROJECT_ROOT
 
 pytestmark = pytest.mark.vllm
 
-LB_HOST = "lb01"
 NODE = "node01"  # vllm_pp's head
 MEMBER = "node02"  # vllm_pp's other member
 SINGLE = "node03"  # vllm_single's one member: the model's last cluster while vllm_pp is out
@@ -150,9 +148,7 @@ class Loop:
         return self.log.read_text()
 
     def out_of_balancer(self, cluster: str) -> bool:
-        head = f"{self.rack.heads[cluster]}:{self.rack.ports[cluster]}"
-        conf = self.rack.ssh(LB_HOST, "cat /etc/nginx/conf.d/vllm-lb.conf").stdout
-        return re.search(rf"server {re.escape(head)}\b[^;]* down;", conf) is not None
+        return cluster in self.rack.out_of_balancer()
 
     def actions(self) -> float:
         return sum(v for k, v in _metrics(self.url).items() if k.startswith("provisioner_receiver_actions_total"))

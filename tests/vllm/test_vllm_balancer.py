@@ -31,17 +31,17 @@ import pytest
 
 from provisioner import PROJECT_ROOT
 
-from vllm_e2e import PROVISION, VllmRack, http  # noqa: E402  (tests/vllm's shared helpers)
+from vllm_e2e import LB_HOST, PROVISION, VllmRack, http  # noqa: E402  (tests/vllm's shared helpers)
 
 
 pytestmark = pytest.mark.vllm
 
-LB_HOST = "lb01"  # the balancer host (`testbed up --balancers 1`)
 LB_PORT = 8000  # serving_lb's default port
 MODEL = "tiny-llama"
 STOP_CLUSTER = "vllm_single"
 SINGLE_HOST = "node03"  # vllm_single's one member and head
 HEALTH_BOUND_S = 900  # CPU vLLM start-up on a shared 2-core machine
+IN_BALANCER_BOUND_S = 180  # a healthy head back in the balancer: its check's next passing probe (30 s timer)
 BODY = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0}
 
 
@@ -76,6 +76,13 @@ def edge(vllm_rack: VllmRack, tmp_path_factory) -> Iterator[Edge]:
             pytest.fail(f"cluster {cluster} is not healthy before the balancer test")
     if vllm_rack.edge_rc != 0 and os.environ.get("PROVISIONER_VLLM_SKIP_RUN") != "1":
         pytest.fail(f"the demo's balancer run failed:\n{vllm_rack.edge_output[-4000:]}")
+    # the lane's test before this module killed vllm_pp's worker: healthy again at its head, but the balancer
+    # takes it back only when its active check's probe passes
+    back = vllm_rack.wait_in_balancer(IN_BALANCER_BOUND_S)
+    if back is None:
+        pytest.fail(f"{vllm_rack.out_of_balancer()} still out of the balancer {IN_BALANCER_BOUND_S} s after every "
+                    f"head answered /health:\n{vllm_rack.balancer_why()}")
+    print(f"every head in the balancer {back:.1f} s after all answered /health")
     # a copy of the rack's inventory (hosts.ini + group_vars/): the upgrade test changes its driver version
     inv_dir = tmp_path_factory.mktemp("edge") / "inventory"
     shutil.copytree(Path(vllm_rack.inventory).parent, inv_dir)
@@ -164,6 +171,8 @@ def test_keeps_serving_when_one_cluster_is_stopped(edge: Edge) -> None:
         rack.ssh(SINGLE_HOST, "systemctl start vllm.service")
         healthy = rack.wait_healthy(STOP_CLUSTER, HEALTH_BOUND_S)
     assert healthy is not None, f"{STOP_CLUSTER} did not come back within {HEALTH_BOUND_S} s"
+    # and the balancer sends to it again (the next test drains the other cluster under a client loop)
+    assert rack.wait_in_balancer(IN_BALANCER_BOUND_S) is not None, rack.balancer_why()
 
 
 class ClientLoop:

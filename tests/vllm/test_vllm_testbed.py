@@ -29,6 +29,7 @@ CLUSTERS = ("vllm_pp", "vllm_single")
 #: A killed worker: the head exits within seconds, both restart (5 s), then vLLM's CPU start-up (75-125 s on an idle
 #: 2-core machine; several times that when the machine is shared). The test's bound:
 RECOVERY_BOUND_S = 900
+IN_BALANCER_BOUND_S = 180  # healthy again -> back in the balancer: the check's next passing probe (30 s timer)
 
 
 def test_run_succeeded_and_clusters_became_healthy(vllm_rack: VllmRack) -> None:
@@ -172,11 +173,16 @@ def test_killing_the_worker_brings_the_cluster_back(vllm_rack: VllmRack) -> None
     back = vllm_rack.wait_healthy("vllm_pp", RECOVERY_BOUND_S)
     assert back is not None, f"vllm_pp not healthy {RECOVERY_BOUND_S} s after its worker was killed"
     recovered_s = round(time.monotonic() - t0, 1)
-    print(f"vllm_pp recovered {recovered_s} s after kill -9 of the worker's vLLM")
+    # serving again means the balancer sends to it: its active check takes the head back at its next passing probe
+    in_lb = vllm_rack.wait_in_balancer(IN_BALANCER_BOUND_S)
+    assert in_lb is not None, f"vllm_pp healthy but out of the balancer after {IN_BALANCER_BOUND_S} s:\n" + \
+        vllm_rack.balancer_why()
+    print(f"vllm_pp recovered {recovered_s} s after kill -9 of the worker's vLLM, in the balancer {in_lb:.1f} s later")
     (PROJECT_ROOT / ".runs").mkdir(exist_ok=True)
     results = PROJECT_ROOT / ".runs/vllm-testbed-recovery.json"  # shared with test_vllm_recovery.py
     data = json.loads(results.read_text()) if results.is_file() else {}
-    results.write_text(json.dumps({**data, "worker_kill_s": recovered_s}, indent=2) + "\n")
+    results.write_text(json.dumps({**data, "worker_kill_s": recovered_s,
+                                   "worker_kill_in_balancer_s": round(in_lb, 1)}, indent=2) + "\n")
     body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 4}
     code, text = http(vllm_rack.url("vllm_pp", "/v1/completions"), data=body, key=vllm_rack.api_key, timeout=300)
     assert code == 200, text

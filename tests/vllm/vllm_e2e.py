@@ -19,6 +19,7 @@ SPEC = Path(__file__).with_name("rack-spec.yaml")  # one GPU per simulated node:
 NODES = 3
 RUN_TIMEOUT = 3600
 MAKEFILE = Path(__file__).resolve().parents[2] / "Makefile"
+LB_HOST = "lb01"  # the balancer host (`testbed up --balancers 1`)
 #: The README's demo: `make demo-vllm`. The session fixture runs exactly its commands (on its own rack name).
 DEMO_TARGET = "demo-vllm"
 
@@ -87,3 +88,27 @@ class VllmRack:
                 return time.monotonic() - t0
             time.sleep(2)
         return None
+
+    def out_of_balancer(self) -> list[str]:
+        """Clusters whose head the balancer's live configuration has `down` (drained or failing its check)."""
+        from provisioner_testbed import wedge
+
+        return [c for c in self.heads
+                if wedge.marked_down(self.handle, LB_HOST, f"{self.heads[c]}:{self.ports[c]}")]  # type: ignore[arg-type]
+
+    def wait_in_balancer(self, timeout: float) -> float | None:
+        """Seconds until the balancer has every head up again (its active check takes a head back at its first
+        passing probe, up to one timer interval after the head answers), None when it did not within timeout.
+        A head healthy at its own port is not yet one the balancer sends requests to (seen in CI: six requests
+        all went to one cluster right after the other's worker restarted)."""
+        from provisioner_testbed import wedge
+
+        return wedge.wait_for(lambda: not self.out_of_balancer(), timeout, poll=2)
+
+    def balancer_why(self) -> str:
+        """The live configuration's server lines and the active check's last runs, for a failure message."""
+        from provisioner_testbed import wedge
+
+        r = self.ssh(LB_HOST, f"grep -n server {wedge.LB_CONF}; journalctl -u vllm-lb-healthcheck.service -n 12 "
+                              "-o cat --no-pager")
+        return (r.stdout + r.stderr)[-4000:]
