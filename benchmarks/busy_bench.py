@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,23 +22,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-
-
-def verdicts(h, lb: str, since: float) -> list[tuple[float, dict]]:
-    """The check's JSON lines on `lb` since `since` (epoch s), with their times."""
-    r = h.ssh(lb, f"journalctl -u vllm-lb-healthcheck.service -o short-unix --no-pager --since @{int(since)}",
-              timeout=60)
-    out = []
-    for line in r.stdout.splitlines():
-        head, _, rest = line.partition(" ")
-        i = rest.find("{")
-        if i < 0:
-            continue
-        try:
-            out.append((float(head), json.loads(rest[i:])))
-        except ValueError:
-            continue
-    return out
 
 
 def tally(vs: list[tuple[float, dict]], server: str, t0: float, t1: float) -> dict[str, int]:
@@ -64,56 +46,47 @@ def main() -> int:
     ap.add_argument("--summary", action="store_true", help="write the record into benchmarks/summary.json")
     args = ap.parse_args()
 
-    from provisioner.inventory import load_fleet
     from provisioner_testbed import rack, vault, vllm_image, wedge
 
     vault.export_for_tests()
     h = rack.handle(rack.load(args.rack))
     inv = str(h.inventory)
-    fleet = load_fleet(Path(inv))
-    cluster = next(c for c in fleet.clusters.values() if c.head == args.host)
-    server = f"{fleet.hosts[args.host].address}:{int(cluster.settings.get('port', 8000))}"
-    provision = [str(ROOT / ".venv/bin/provision"), "run", inv, "--limit", args.lb]
+    server = wedge.head_server(inv, args.host)
     loads = [float(Path("/proc/loadavg").read_text().split()[0])]
-
-    p = subprocess.run([*provision, "-e", f"serving_lb_active_health_timeout={args.bound}"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=1800)
-    if p.returncode != 0:
-        print((p.stdout + p.stderr)[-3000:], file=sys.stderr)
-        return 1
     result: dict = {"rack": args.rack, "host": args.host, "server": server, "bound_s": args.bound,
                     "threads": args.threads, "max_tokens": args.max_tokens}
-    try:
-        body = {"model": "tiny-llama", "prompt": "The quick brown fox " * 20, "max_tokens": args.max_tokens,
-                "temperature": 0, "ignore_eos": True}
-        with wedge.Client(f"http://{server}", vllm_image.TESTBED_API_KEY, body, threads=args.threads, period=0.0,
-                          timeout=300) as client:
-            t_load = time.time()
-            time.sleep(args.seconds)
+    # the role's default interval (a testbed rack's inventory slows the check) and the bench's probe bound
+    with wedge.balancer_vars(inv, args.lb, serving_lb_active_health_timeout=args.bound,
+                             serving_lb_active_health_interval=wedge.role_default("serving_lb_active_health_interval")):
+        try:
+            body = {"model": "tiny-llama", "prompt": "The quick brown fox " * 20, "max_tokens": args.max_tokens,
+                    "temperature": 0, "ignore_eos": True}
+            with wedge.Client(f"http://{server}", vllm_image.TESTBED_API_KEY, body, threads=args.threads,
+                              period=0.0, timeout=300) as client:
+                t_load = time.time()
+                time.sleep(args.seconds)
+                loads.append(float(Path("/proc/loadavg").read_text().split()[0]))
+                t_stop = time.time()
+                w = wedge.wedge_cycle(h, args.host, args.lb, server, hold=3, health_url=f"http://{server}/health")
+                t_end = time.time()
             loads.append(float(Path("/proc/loadavg").read_text().split()[0]))
-            t_stop = time.time()
-            w = wedge.wedge_cycle(h, args.host, args.lb, server, hold=3, health_url=f"http://{server}/health")
-            t_end = time.time()
-        loads.append(float(Path("/proc/loadavg").read_text().split()[0]))
-        time.sleep(6)  # the journal has the last run
-        vs = verdicts(h, args.lb, t_load - 1)
-        wedged = [v for t, v in vs if t_stop <= t < t_end and server in v.get("down", [])]
-        result.update({
-            "load_phase": {**tally(vs, server, t_load, t_stop), "seconds": round(t_stop - t_load, 1),
-                           "requests": len(client.done),
-                           "failed": sum(r.code != 200 for r in client.done)},
-            "busy_why": next((v["why"][server] for t, v in vs if t_load <= t < t_stop and server in v.get("busy", [])),
-                             None),
-            "wedge": {"out_s": round(w.out_s, 1) if w.out_s is not None else None,
-                      "back_s": round(w.back_s, 1) if w.back_s is not None else None,
-                      "health_while_wedged": w.health_while_wedged,
-                      "down_why": wedged[0]["why"].get(server) if wedged else None},
-            "load": {"min": min(loads), "max": max(loads)},
-        })
-    finally:
-        wedge.signal_engine(h, args.host, "CONT")
-        q = subprocess.run(provision, capture_output=True, text=True, cwd=ROOT, timeout=1800)
-        result["restored"] = q.returncode == 0
+            time.sleep(6)  # the journal has the last run
+            vs = wedge.check_runs(h, args.lb, t_load - 1)
+            wedged = [v for t, v in vs if t_stop <= t < t_end and server in v.get("down", [])]
+            result.update({
+                "load_phase": {**tally(vs, server, t_load, t_stop), "seconds": round(t_stop - t_load, 1),
+                               "requests": len(client.done),
+                               "failed": sum(r.code != 200 for r in client.done)},
+                "busy_why": next((v["why"][server] for t, v in vs
+                                  if t_load <= t < t_stop and server in v.get("busy", [])), None),
+                "wedge": {"out_s": round(w.out_s, 1) if w.out_s is not None else None,
+                          "back_s": round(w.back_s, 1) if w.back_s is not None else None,
+                          "health_while_wedged": w.health_while_wedged,
+                          "down_why": wedged[0]["why"].get(server) if wedged else None},
+                "load": {"min": min(loads), "max": max(loads)},
+            })
+        finally:
+            wedge.signal_engine(h, args.host, "CONT")
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -7,7 +7,8 @@ client loop sends completions through the balancer throughout: counted per cycle
 wedge moment and how many of them failed, and the requests that started after the head was out (+1 s for nginx's
 reload) and failed or took longer than the probe's bound (they would have reached the wedged head): the goal is 0.
 Needs root and a vLLM rack brought up and onboarded as `make demo-vllm` does (the balancer's active check is on by
-default), the balancer's run repeated once the clusters serve so that it reads their launch answers:
+default; the bench runs it at the role's default interval, which the testbed's inventory slows, and restores the
+inventory's after), the balancer's run repeated once the clusters serve so that it reads their launch answers:
     flock /tmp/provisioner-rack.lock .venv/bin/provision run inventories/testbed-NAME/hosts.ini --limit lb
     flock /tmp/provisioner-rack.lock .venv/bin/python benchmarks/wedge_bench.py --rack NAME --cycles 10 \
         --json benchmarks/wedge_bench.json --summary
@@ -52,17 +53,16 @@ def main() -> int:
 
     vault.export_for_tests()
     h = rack.handle(rack.load(args.rack))
-    fleet = load_fleet(Path(h.inventory))
-    head = fleet.hosts[args.host]
-    cluster = next(c for c in fleet.clusters.values() if c.head == args.host)
-    port = int(cluster.settings.get("port", 8000))
-    server = f"{head.address}:{port}"
-    lb_url = f"http://{fleet.hosts[args.lb].address}:8000"
+    server = wedge.head_server(str(h.inventory), args.host)
+    lb_url = f"http://{load_fleet(Path(h.inventory)).hosts[args.lb].address}:8000"
     body = {"model": "tiny-llama", "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0}
     bound = 10.0  # the probe's latency bound (vllm_probe_timeout): a request slower than this after out is suspect
     loads = [float(Path("/proc/loadavg").read_text().split()[0])]
     cycles = []
-    with wedge.Client(lb_url, vllm_image.TESTBED_API_KEY, body, threads=2, period=2.0, timeout=120) as client:
+    # the role's default check interval: a testbed rack's inventory slows the check (provisioner_testbed/vllm_image.py)
+    interval = wedge.role_default("serving_lb_active_health_interval")
+    with (wedge.balancer_vars(str(h.inventory), args.lb, serving_lb_active_health_interval=interval),
+          wedge.Client(lb_url, vllm_image.TESTBED_API_KEY, body, threads=2, period=2.0, timeout=120) as client):
         time.sleep(4)
         for i in range(args.cycles):
             w = wedge.wedge_cycle(h, args.host, args.lb, server, hold=args.hold,

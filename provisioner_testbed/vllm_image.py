@@ -489,6 +489,11 @@ def testbed_inventory_vars() -> dict:
         # CPU start-up on a shared 2-core controller: minutes, not seconds
         "vllm_health_timeout": 1200,
         "vllm_engine_ready_timeout": 1200,
+        # The balancer's generation check every 30 s, not the role's 5 s: each probe holds the head's engine
+        # processes in vLLM's 1 s shared-memory busy-wait (shm_broadcast, busy_loop_s fixed at 1 in 0.32), and on
+        # an idle 3-node rack the vLLM processes took 0.43 cores at 5 s, 0.14 at 30 s, 0.06 without (docs/serving.md).
+        # The rack tests bound a wedge's out and back at 180 s; benchmarks/wedge_bench.py measures the default.
+        "serving_lb_active_health_interval": "30s",
     }
 
 

@@ -5,12 +5,17 @@ a server (its `down` mark in the nginx file the active check writes)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 ENGINE = "^VLLM::(EngineCore|Worker)"
@@ -27,10 +32,63 @@ def signal_engine(rack: Ssh, host: str, sig: str) -> list[int]:
     return [int(p) for p in r.stdout.split()]
 
 
+ROLE_DEFAULTS = Path(__file__).resolve().parents[1] / "roles/serving_lb/defaults/main.yml"
+
+
+def role_default(var: str) -> Any:
+    """A serving_lb default as the role's defaults/main.yml has it (a testbed rack's inventory may override it)."""
+    import yaml
+
+    return yaml.safe_load(ROLE_DEFAULTS.read_text())[var]
+
+
+@contextlib.contextmanager
+def balancer_vars(inventory: str, lb: str, **values: object) -> Iterator[None]:
+    """The balancer host provisioned with these values (`-e`) for the block, then with the inventory's own again: a
+    bench's probe bound, or the role's default check interval on a testbed rack (its inventory slows the check)."""
+    run = [str(Path(sys.executable).parent / "provision"), "run", inventory, "--limit", lb]
+    extra = [a for k, v in values.items() for a in ("-e", f"{k}={v}")]
+    p = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=1800, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"`provision run --limit {lb}` with {values} failed:\n{(p.stdout + p.stderr)[-3000:]}")
+    try:
+        yield
+    finally:
+        q = subprocess.run(run, capture_output=True, text=True, timeout=1800, check=False)
+        if q.returncode != 0:
+            print(f"restoring {lb} failed:\n{(q.stdout + q.stderr)[-3000:]}", file=sys.stderr)
+
+
+def head_server(inventory: str, host: str) -> str:
+    """"addr:port" of head `host` as the balancer lists it: its address and its cluster's vLLM port."""
+    from provisioner.inventory import load_fleet
+
+    fleet = load_fleet(Path(inventory))
+    cluster = next(c for c in fleet.clusters.values() if c.head == host)
+    return f"{fleet.hosts[host].address}:{int(cluster.settings.get('port', 8000))}"
+
+
 def marked_down(rack: Ssh, lb: str, server: str) -> bool:
     """The balancer's live file has `server` (addr:port) marked `down`."""
     r = rack.ssh(lb, f"grep -F 'server {server} ' {LB_CONF}", timeout=30)
     return r.returncode == 0 and " down;" in r.stdout
+
+
+def check_runs(rack: Ssh, lb: str, since: float) -> list[tuple[float, dict]]:
+    """The balancer's active check runs on `lb` since `since` (epoch s): (time, its JSON line) each (its journal)."""
+    r = rack.ssh(lb, f"journalctl -u vllm-lb-healthcheck.service -o short-unix --no-pager --since @{int(since)}",
+                 timeout=60)
+    out = []
+    for line in r.stdout.splitlines():
+        head, _, rest = line.partition(" ")
+        i = rest.find("{")
+        if i < 0:
+            continue
+        try:
+            out.append((float(head), json.loads(rest[i:])))
+        except ValueError:
+            continue
+    return out
 
 
 def wait_for(pred: Any, timeout: float, poll: float = 0.5) -> float | None:
