@@ -969,10 +969,11 @@ def host_memory_mib(st: RackState, h: HostState) -> float | None:
     p = h.proc
     if p is None or not p.alive():
         return None
-    return sum(pss_kib(x) for x in _descendants(p.pid)) / 1024
+    return sum(pss_kib(x) for x in descendants(p.pid)) / 1024
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it (a host's nspawn: its whole container)."""
     out, todo = [], [pid]
     while todo:
         x = todo.pop()
