@@ -30,9 +30,11 @@ def test_probe_snippet_lists_interfaces_with_shell_builtins(tmp_path: Path) -> N
     assert facts.kernel == "6.1.0-test"
     assert facts.disk is not None  # df ran on the nearest existing parent
     assert facts.topology is not None and facts.topology.nic_names == {"NIC0": "mlx5_0"}
-    host = _host(bootstrap_interface="eth9", gpu_count=1)
+    # df ran on this machine's own disk: ask for 1 MB, not a model's 20 GB (a fresh-clone rehearsal on 2026-12-07, with
+    # 16 GB free, failed this test on `disk`, which is not what it checks)
+    host = _host(bootstrap_interface="eth9", gpu_count=1, preflight_min_free_gb=0.001)
     assert [m.check for m in pf.compare(_fleet(host), host, facts) if m.severity == "error"] == ["socket_ifname"]
-    host = _host(bootstrap_interface="eth0", gpu_count=1)
+    host = _host(bootstrap_interface="eth0", gpu_count=1, preflight_min_free_gb=0.001)
     assert [m for m in pf.compare(_fleet(host), host, facts) if m.severity == "error"] == []
 
 
