@@ -41,20 +41,20 @@ def cpu_seconds(pids: list[int]) -> tuple[float, float]:
 
 
 def measure(st, seconds: float) -> dict[str, float]:  # noqa: ANN001 - a rack state
+    from _summary import loadavg
+
     from provisioner_testbed import rack
 
-    def pids() -> list[int]:
-        return [p for h in st.hosts if h.proc is not None and h.proc.alive() for p in rack.descendants(h.proc.pid)]
-
-    before = dict.fromkeys(pids(), None)
-    a = cpu_seconds(list(before))
-    load0 = float(Path("/proc/loadavg").read_text().split()[0])
+    # the same processes before and after: new ones (a relaunch) would be a different experiment
+    pids = [p for h in st.hosts if h.proc is not None and h.proc.alive() for p in rack.descendants(h.proc.pid)]
+    a = cpu_seconds(pids)
+    load0 = loadavg()
     t0 = time.monotonic()
     time.sleep(seconds)
     wall = time.monotonic() - t0
-    b = cpu_seconds(list(before))  # the same processes: new ones (a relaunch) would be a different experiment
+    b = cpu_seconds(pids)
     return {"rack_cores": round((b[0] - a[0]) / wall, 3), "vllm_cores": round((b[1] - a[1]) / wall, 3),
-            "seconds": round(wall, 1), "load": [load0, float(Path("/proc/loadavg").read_text().split()[0])]}
+            "seconds": round(wall, 1), "load": [load0, loadavg()]}
 
 
 def main() -> int:
